@@ -1,0 +1,27 @@
+# `make demo` and `make test` set up the virtual environment themselves (PyPI only, no weights).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.dicosa-installed
+
+.PHONY: setup demo test lint clean-demo
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt pytest ruff
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m dicosa demo --out outputs/demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) lint
+	$(PY) -m pytest -q -rs
+
+clean-demo:
+	rm -rf outputs/demo

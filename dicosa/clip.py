@@ -1,0 +1,175 @@
+"""open_clip loading, the tiny test architecture, and CLIP's text forward at N_t < 77 tokens."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
+import open_clip
+import torch
+from open_clip.model import CLIP
+
+TINY_ARCH = "dicosa-tiny"
+_CONFIG_DIR = Path(__file__).parent / "model_configs"
+
+# CLIP's preprocessing constants, applied on the device to uint8 frames.
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def register_architectures() -> None:
+    """Make dicosa's architectures (the tiny test model) known to open_clip's registry."""
+    if TINY_ARCH not in open_clip.list_models():
+        open_clip.add_model_config(_CONFIG_DIR)
+
+
+def available_architectures() -> list[str]:
+    register_architectures()
+    return open_clip.list_models()
+
+
+def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(path))
+    else:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except RuntimeError as e:
+            if "TorchScript" in str(e) or "constants.pkl" in str(e):
+                raise ValueError(
+                    f"{path} is a TorchScript archive (OpenAI's original .pt); use "
+                    "pretrained='openai' or an open_clip state dict instead"
+                ) from e
+            raise
+    for key in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} does not hold a state dict (found {type(state).__name__})")
+    # Checkpoints written under DDP prefix every key with "module.".
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def load_clip(
+    arch: str = "ViT-B-32",
+    pretrained: str | Path | None = "openai",
+    *,
+    cache_dir: str | None = None,
+) -> CLIP:
+    """Build an open_clip CLIP model and load its weights.
+
+    Args:
+        arch: any open_clip architecture with a CLIP text tower (``open_clip.list_models()``),
+            or ``"dicosa-tiny"`` (width 64, 2 layers, 32 px, patch 8) for tests.
+        pretrained: an open_clip pretrained tag (``"openai"``), a path to a state dict
+            (``.pt``/``.bin``/``.pth``/``.safetensors``, plain or under ``"state_dict"``),
+            or ``None`` for random weights.
+
+    OpenAI's weights were trained with QuickGELU; open_clip's plain ``ViT-B-32`` config uses
+    nn.GELU, so QuickGELU is forced whenever ``pretrained == "openai"``.
+    """
+    register_architectures()
+    if arch not in open_clip.list_models():
+        import difflib
+
+        close = difflib.get_close_matches(arch, open_clip.list_models(), n=3)
+        raise ValueError(f"unknown CLIP architecture '{arch}'; close matches: {close}")
+
+    path = Path(pretrained) if pretrained is not None else None
+    is_file = path is not None and (
+        path.suffix in (".pt", ".pth", ".bin", ".safetensors") or "/" in str(pretrained)
+        or path.is_file()
+    )
+    if is_file:
+        if not path.is_file():
+            raise FileNotFoundError(f"CLIP checkpoint not found: {path}")
+        model = open_clip.create_model(
+            arch, pretrained=None, force_quick_gelu=_wants_quick_gelu(arch)
+        )
+        state = _load_state_dict(path)
+        missing, unexpected = _diff_keys(model, state)
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint {path} does not match architecture '{arch}': "
+                f"{len(missing)} missing keys (e.g. {missing[:3]}), "
+                f"{len(unexpected)} unexpected keys (e.g. {unexpected[:3]})"
+            )
+        try:
+            model.load_state_dict(state, strict=True)
+        except RuntimeError as e:
+            raise ValueError(f"checkpoint {path} does not match architecture '{arch}': {e}") from e
+    else:
+        quick = pretrained == "openai" or _wants_quick_gelu(arch)
+        model = open_clip.create_model(
+            arch, pretrained=pretrained, force_quick_gelu=quick, cache_dir=cache_dir
+        )
+    if not isinstance(model, CLIP):
+        raise ValueError(
+            f"architecture '{arch}' builds {type(model).__name__}; dicosa needs open_clip's CLIP "
+            "class (a CLIP text transformer to initialise the temporal transformer from)"
+        )
+    return model
+
+
+def _wants_quick_gelu(arch: str) -> bool:
+    return arch.endswith("-quickgelu")
+
+
+def _diff_keys(model: torch.nn.Module, state: dict) -> tuple[list[str], list[str]]:
+    expected = set(model.state_dict())
+    given = set(state)
+    return sorted(expected - given), sorted(given - expected)
+
+
+def clip_dims(clip: CLIP) -> dict[str, int]:
+    """Embedding width, text width/heads/layers and image size of an open_clip CLIP model."""
+    image_size = clip.visual.image_size
+    if isinstance(image_size, (tuple, list)):
+        image_size = image_size[0]
+    return {
+        "embed_dim": clip.text_projection.shape[1],
+        "text_width": clip.transformer.width,
+        "text_heads": clip.transformer.resblocks[0].attn.num_heads,
+        "text_layers": len(clip.transformer.resblocks),
+        "context_length": clip.positional_embedding.shape[0],
+        "image_size": int(image_size),
+    }
+
+
+def encode_text_tokens(clip: CLIP, tokens: torch.Tensor) -> torch.Tensor:
+    """CLIP's text tower on ``tokens [B, L]`` with L <= 77, returning the EOT vector ``[B, D]``.
+
+    open_clip's ``encode_text`` adds all 77 positional rows; DiCoSA uses the first L rows
+    (not an interpolation), so the forward is rewritten here with the sliced embedding and
+    causal mask.
+    """
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be [B, L], got shape {tuple(tokens.shape)}")
+    length = tokens.shape[1]
+    if length > clip.positional_embedding.shape[0]:
+        raise ValueError(
+            f"{length} tokens exceed CLIP's context length {clip.positional_embedding.shape[0]}"
+        )
+    cast_dtype = clip.transformer.get_cast_dtype()
+    x = clip.token_embedding(tokens).to(cast_dtype)  # [B, L, W]
+    x = x + clip.positional_embedding[:length].to(cast_dtype)
+    x = clip.transformer(x, attn_mask=clip.attn_mask[:length, :length])
+    x = clip.ln_final(x)
+    # The EOT token has the largest id in CLIP's vocabulary, so argmax finds it.
+    eot = x[torch.arange(x.shape[0], device=x.device), tokens.argmax(dim=-1)]  # [B, W]
+    if isinstance(clip.text_projection, torch.nn.Linear):
+        return clip.text_projection(eot)
+    return eot @ clip.text_projection
+
+
+def get_tokenizer(arch: str, context_length: int) -> Callable[[list[str]], torch.Tensor]:
+    """A picklable callable mapping a list of captions to ``LongTensor [B, context_length]``.
+
+    Long captions are truncated with the EOT token kept as the last token.
+    """
+    register_architectures()
+    tokenizer = open_clip.get_tokenizer(arch)
+    return functools.partial(tokenizer, context_length=context_length)

@@ -1,0 +1,162 @@
+"""DiCoSA's equations as pure tensor functions (no weights held here).
+
+Shape letters: B_t texts, B_v videos, N frames per video, D feature width, K concepts,
+d = D/K factor width, H hidden width of the confidence MLP. Equation numbers refer to
+Jin et al., "Text-Video Retrieval with Disentangled Conceptualization and Set-to-Set
+Alignment", IJCAI 2023.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+MaskMode = Literal["before", "after"]
+
+
+def pooling_weights(
+    text: Tensor, frames: Tensor, frame_mask: Tensor, temperature: float,
+    mask_mode: MaskMode = "before",
+) -> Tensor:
+    """Eq. 1, text-conditioned frame weights a_i = softmax_i(Tᵀ f_i / τ).
+
+    Args:
+        text: ``[B_t, D]`` raw (unnormalised) text vectors T.
+        frames: ``[B_v, N, D]`` raw frame vectors f_i.
+        frame_mask: ``[B_v, N]`` bool, False for padded frames.
+        mask_mode: ``"before"`` excludes padded frames from the softmax (the paper);
+            ``"after"`` multiplies the softmax by the mask without renormalising (the
+            authors' released code).
+    Returns:
+        ``[B_t, B_v, N]`` weights, in float32.
+    """
+    logits = torch.einsum("td,vnd->tvn", text, frames).float() / temperature  # [B_t, B_v, N]
+    mask = frame_mask[None]  # [1, B_v, N]
+    if mask_mode == "before":
+        return logits.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    return logits.softmax(dim=-1) * mask
+
+
+def matched_pooling_weights(
+    text: Tensor, frames: Tensor, frame_mask: Tensor, temperature: float,
+    mask_mode: MaskMode = "before",
+) -> Tensor:
+    """Eq. 1 for matched pairs only (text i with video i): ``[B, D], [B, N, D] -> [B, N]``."""
+    logits = torch.einsum("bd,bnd->bn", text, frames).float() / temperature
+    if mask_mode == "before":
+        return logits.masked_fill(~frame_mask, float("-inf")).softmax(dim=-1)
+    return logits.softmax(dim=-1) * frame_mask
+
+
+def split_concepts(x: Tensor, num_concepts: int) -> Tensor:
+    """Eq. 2's split of ``[..., D]`` into K factors ``[..., K, D/K]`` (after any projection W_k)."""
+    if x.shape[-1] % num_concepts:
+        raise ValueError(f"feature width {x.shape[-1]} is not divisible by K={num_concepts}")
+    return rearrange(x, "... (k d) -> ... k d", k=num_concepts)
+
+
+def concept_similarity(
+    text_factors: Tensor,
+    frame_factors: Tensor,
+    weights: Tensor,
+    text_hidden: Tensor | None,
+    frame_hidden: Tensor | None,
+    out_weight: Tensor | None,
+    out_bias: Tensor | None,
+    eps: float = 1e-6,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Eqs. 8–9, S = Σ_k g_k cos(e_k^t, e_k^v), for every (text, video) pair.
+
+    The video factor of a pair is e_k^v = Σ_i a_i e_{k,i}^v (Eq. 1 is linear in the frames),
+    so nothing of width D is built per pair: the cosine's numerator pools per-frame dot
+    products, its video norm is aᵀ G_k a with the per-video frame Gram matrix G_k, and the
+    confidence MLP's first layer is split into a text half (``text_hidden``, bias included)
+    and a video half applied to frames before pooling (``frame_hidden``).
+
+    Args:
+        text_factors: ``[B_t, K, d]`` e^t.
+        frame_factors: ``[B_v, N, K, d]`` per-frame video factors.
+        weights: ``[B_t, B_v, N]`` pooling weights a (Eq. 1).
+        text_hidden: ``[B_t, K, H]`` W_1^t e^t + b_1, or None for g_k = 1/K (no adaptive pooling).
+        frame_hidden: ``[B_v, N, K, H]`` W_1^v e_i^v per frame.
+        out_weight, out_bias: ``[H]`` and ``[]``, the MLP's second layer.
+    Returns:
+        ``(S [B_t, B_v], cosines [B_t, B_v, K], confidences [B_t, B_v, K])``.
+    """
+    weights = weights.to(frame_factors.dtype)
+    dots = torch.einsum("tkc,vnkc,tvn->tvk", text_factors, frame_factors, weights)
+    gram = torch.einsum("vnkc,vmkc->vknm", frame_factors, frame_factors)  # [B_v, K, N, N]
+    video_sq = torch.einsum("tvn,vknm,tvm->tvk", weights, gram, weights)  # ‖e^v‖² per pair
+    text_sq = text_factors.pow(2).sum(-1)  # [B_t, K]
+    cosines = dots.float() / (text_sq[:, None].float() * video_sq.float()).clamp_min(eps**2).sqrt()
+    if text_hidden is None:
+        confidences = torch.full_like(cosines, 1.0 / cosines.shape[-1])
+    else:
+        pooled_hidden = torch.einsum("tvn,vnkh->tvkh", weights, frame_hidden)  # [B_t, B_v, K, H]
+        hidden = F.relu(pooled_hidden + text_hidden[:, None])
+        confidences = (torch.einsum("tvkh,h->tvk", hidden, out_weight) + out_bias).float()
+    similarity = (confidences * cosines).sum(-1)  # [B_t, B_v]
+    return similarity, cosines, confidences
+
+
+def info_nce(logits: Tensor) -> Tensor:
+    """Eq. 10, symmetric InfoNCE over ``logits [B, B]`` (texts × videos, matches on the diagonal).
+
+    ``logits`` already holds S / τ'.
+    """
+    if logits.ndim != 2 or logits.shape[0] != logits.shape[1]:
+        raise ValueError(f"InfoNCE needs a square [B, B] matrix, got {tuple(logits.shape)}")
+    targets = torch.arange(logits.shape[0], device=logits.device)
+    logits = logits.float()
+    return 0.5 * (F.cross_entropy(logits, targets) + F.cross_entropy(logits.t(), targets))
+
+
+def factor_correlation(text_factors: Tensor, video_factors: Tensor, eps: float = 1e-5) -> Tensor:
+    """Eqs. 4–5 as written, C_ij = E[z_iᵀ z_j] ∈ [−1, 1], for matched pairs.
+
+    Each factor channel is standardised over the batch (Eq. 4), and C averages the per-channel
+    correlations of text factor i with video factor j over the d channels.
+
+    Args:
+        text_factors, video_factors: ``[B, K, d]`` e^t and e^v of matched pairs.
+    Returns:
+        ``C [K, K]``.
+    """
+    z_t = _standardise(text_factors.float(), dim=0, unbiased=False, eps=eps)
+    z_v = _standardise(video_factors.float(), dim=0, unbiased=False, eps=eps)
+    batch, _, width = z_t.shape
+    return torch.einsum("bic,bjc->ij", z_t, z_v) / (batch * width)
+
+
+def factor_correlation_released(
+    text_factors: Tensor, video_factors: Tensor, divisor: float, eps: float = 1e-5
+) -> Tensor:
+    """Eqs. 4–5 as the released code computes them.
+
+    Each sample's factor is standardised over its own d channels (unbiased std), and
+    C = mean_b z_tᵀ z_v / divisor, where the released code divides by the text length
+    (max_words). C_ii then peaks at (d − 1) / divisor rather than 1.
+    """
+    z_t = _standardise(text_factors.float(), dim=-1, unbiased=True, eps=eps)
+    z_v = _standardise(video_factors.float(), dim=-1, unbiased=True, eps=eps)
+    return torch.einsum("bic,bjc->ij", z_t, z_v) / (z_t.shape[0] * divisor)
+
+
+def _standardise(x: Tensor, dim: int, unbiased: bool, eps: float) -> Tensor:
+    centred = x - x.mean(dim=dim, keepdim=True)
+    return centred / (x.var(dim=dim, keepdim=True, unbiased=unbiased) + eps).sqrt()
+
+
+def decoupling_loss(correlation: Tensor) -> Tensor:
+    """Eq. 6, inter-concept decoupling L_D = Σ_i Σ_{j≠i} C_ij²."""
+    off_diagonal = correlation - torch.diag_embed(torch.diagonal(correlation))
+    return off_diagonal.pow(2).sum()
+
+
+def alignment_loss(correlation: Tensor) -> Tensor:
+    """Eq. 7, intra-concept alignment L_A = Σ_i (1 − C_ii)²."""
+    return (1 - torch.diagonal(correlation)).pow(2).sum()

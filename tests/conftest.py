@@ -1,0 +1,41 @@
+import pytest
+import torch
+
+from dicosa.config import ModelConfig
+from dicosa.model import DiCoSA
+
+torch.set_num_threads(2)
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    """The tiny random-weight architecture: 3.5M parameters, 32 px, width 64."""
+    values = dict(arch="dicosa-tiny", pretrained=None, temporal_layers=2, num_frames=4,
+                  max_words=16)
+    values.update(overrides)
+    return ModelConfig(**values)
+
+
+@pytest.fixture(params=["released", "paper"])
+def variant(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def tiny_model(variant) -> DiCoSA:
+    torch.manual_seed(0)
+    return DiCoSA.from_config(tiny_config(variant=variant)).eval()
+
+
+def random_batch(batch: int = 4, frames: int = 4, words: int = 16, size: int = 32, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(1, 1000, (batch, words), generator=g)
+    tokens[:, 0] = 49406  # SOT
+    lengths = torch.randint(3, words + 1, (batch,), generator=g)
+    for i, n in enumerate(lengths.tolist()):
+        tokens[i, n - 1] = 49407  # EOT, the largest id
+        tokens[i, n:] = 0
+    video = torch.randint(0, 256, (batch, frames, 3, size, size), generator=g, dtype=torch.uint8)
+    mask = torch.ones(batch, frames, dtype=torch.bool)
+    mask[1, frames // 2:] = False
+    mask[-1, 1:] = False
+    return {"tokens": tokens, "frames": video, "frame_mask": mask}
