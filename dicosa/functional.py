@@ -96,11 +96,29 @@ def concept_similarity(
     if text_hidden is None:
         confidences = torch.full_like(cosines, 1.0 / cosines.shape[-1])
     else:
-        pooled_hidden = torch.einsum("tvn,vnkh->tvkh", weights, frame_hidden)  # [B_t, B_v, K, H]
-        hidden = F.relu(pooled_hidden + text_hidden[:, None])
-        confidences = (torch.einsum("tvkh,h->tvk", hidden, out_weight) + out_bias).float()
+        confidences = pair_confidences(weights, text_hidden, frame_hidden, out_weight, out_bias)
     similarity = (confidences * cosines).sum(-1)  # [B_t, B_v]
     return similarity, cosines, confidences
+
+
+def pair_confidences(weights: Tensor, text_hidden: Tensor, frame_hidden: Tensor,
+                     out_weight: Tensor, out_bias: Tensor) -> Tensor:
+    """Eq. 8, g_k = w_2ᵀ ReLU(W_1^t e_k^t + W_1^v e_k^v + b_1) + b_2 for all pairs: [B_t, B_v, K].
+
+    The pooled video half is one batched matmul over videos; the ``[B_v, B_t, K, H]`` hidden
+    activation it makes is the largest tensor of scoring, so it is updated in place (under
+    torch.compile the add, ReLU and reduction fuse into one pass over it).
+    """
+    num_videos, num_frames, num_concepts, width = frame_hidden.shape
+    pooled = torch.bmm(weights.transpose(0, 1),  # [B_v, B_t, N]
+                       frame_hidden.reshape(num_videos, num_frames, num_concepts * width))
+    hidden = pooled.view(num_videos, -1, num_concepts, width)  # [B_v, B_t, K, H]
+    if torch.is_grad_enabled() and (pooled.requires_grad or text_hidden.requires_grad):
+        hidden = F.relu(hidden + text_hidden[None])
+    else:
+        hidden = hidden.add_(text_hidden[None]).relu_()
+    confidences = hidden @ out_weight.to(hidden.dtype) + out_bias  # [B_v, B_t, K]
+    return confidences.transpose(0, 1).float()
 
 
 def info_nce(logits: Tensor) -> Tensor:

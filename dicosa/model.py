@@ -79,7 +79,6 @@ class TemporalTransformer(nn.Module):
         self.num_heads = dims["text_heads"]
         self.position = nn.Parameter(clip.positional_embedding[:num_frames].detach().clone())
         self.blocks = nn.ModuleList(copy.deepcopy(b) for b in clip.transformer.resblocks[:layers])
-        self.grad_checkpointing = False
 
     def forward(self, frames: Tensor, frame_mask: Tensor) -> Tensor:
         """``[B, N, D]`` frame vectors and ``[B, N]`` mask -> ``[B, N, D]``."""
@@ -93,11 +92,7 @@ class TemporalTransformer(nn.Module):
         attn_mask = key_mask.expand(batch, self.num_heads, num, num).reshape(-1, num, num)
         x = frames + self.position[:num].to(frames.dtype)
         for block in self.blocks:
-            if self.grad_checkpointing and self.training:
-                x = torch.utils.checkpoint.checkpoint(block, x, None, None, attn_mask,
-                                                      use_reentrant=False)
-            else:
-                x = block(x, attn_mask=attn_mask)
+            x = block(x, attn_mask=attn_mask)
         return frames + x
 
 
@@ -185,6 +180,7 @@ class DiCoSA(nn.Module):
         self.register_buffer("pixel_std", torch.tensor(CLIP_STD).view(1, 3, 1, 1),
                              persistent=False)
         self.set_grad_checkpointing(config.grad_checkpointing)
+        self._similarity_fn = DF.concept_similarity
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> DiCoSA:
@@ -192,8 +188,24 @@ class DiCoSA(nn.Module):
         return cls(load_clip(config.arch, config.pretrained), config)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.clip.set_grad_checkpointing(enable)
-        self.temporal.grad_checkpointing = enable
+        """Recompute the image tower's activations in the backward pass (memory mode).
+
+        The image tower holds nearly all activation memory (B·N_v frames × 50 tokens × 12
+        blocks); the text tower (B × 32 tokens) and the temporal transformer (B × N_v) hold
+        little, so recomputing them would cost time and save almost nothing.
+        """
+        self.clip.visual.set_grad_checkpointing(enable)
+
+    def compile_towers(self, **compile_kwargs) -> None:
+        """torch.compile the image and text towers and the temporal transformer in place
+        (``nn.Module.compile`` keeps state-dict keys, so checkpoints are unaffected)."""
+        self.clip.visual.compile(**compile_kwargs)
+        self.clip.transformer.compile(**compile_kwargs)
+        self.temporal.compile(**compile_kwargs)
+
+    def compile_scoring(self, **compile_kwargs) -> None:
+        """torch.compile the pairwise similarity (fuses the confidence MLP's epilogue)."""
+        self._similarity_fn = torch.compile(DF.concept_similarity, **compile_kwargs)
 
     @property
     def logit_scale(self) -> Tensor:
@@ -263,7 +275,7 @@ class DiCoSA(nn.Module):
         out_weight = out_bias = None
         if self.head.adaptive:
             out_weight, out_bias = self.head.conf_out.weight[0], self.head.conf_out.bias[0]
-        similarity, cosines, confidences = DF.concept_similarity(
+        similarity, cosines, confidences = self._similarity_fn(
             text_factors, frame_factors, weights, self.head.text_hidden(text_factors),
             frame_hidden, out_weight, out_bias,
         )
