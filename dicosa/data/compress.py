@@ -1,0 +1,126 @@
+"""Re-encode a folder of videos to a low frame rate and short side, for fast decoding.
+
+Uses the ffmpeg binary shipped by the ``imageio-ffmpeg`` package. Outputs go to
+``<dst>/<same relative path>.mp4``; each is written to a hidden temporary file and renamed
+when complete, so an interrupted run leaves no half-written output and a rerun skips every
+finished file.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .datasets import VIDEO_EXTENSIONS
+
+__all__ = ["compress_video", "compress_videos", "ffmpeg_exe", "plan_outputs"]
+
+
+def ffmpeg_exe() -> str:
+    """Path of the ffmpeg binary from ``imageio-ffmpeg``."""
+    import imageio_ffmpeg  # deferred: only this module needs it
+
+    return imageio_ffmpeg.get_ffmpeg_exe()
+
+
+def _scale_filter(short_side: int) -> str:
+    # Short side to `short_side` (never upscaled), long side by aspect ratio; every size
+    # rounded to even numbers because yuv420p needs them.
+    s = f"trunc(min({short_side},min(iw,ih))/2)*2"
+    return f"scale='if(lte(iw,ih),{s},-2)':'if(lte(iw,ih),-2,{s})'"
+
+
+def compress_video(
+    src: str | Path,
+    dst: str | Path,
+    fps: float = 3,
+    short_side: int = 224,
+    ffmpeg: str | None = None,
+    timeout: float | None = None,
+) -> str | None:
+    """Re-encode ``src`` to an H.264 mp4 at ``dst`` (atomically).
+
+    Returns:
+        None on success, else the reason it failed (ffmpeg's last error lines).
+    """
+    src, dst = Path(src), Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.stem}.partial.mp4")
+    cmd = [
+        ffmpeg or ffmpeg_exe(), "-y", "-nostdin", "-loglevel", "error", "-i", str(src),
+        "-vf", f"fps={fps},{_scale_filter(short_side)}", "-an",
+        "-c:v", "libx264", "-preset", "veryfast", "-crf", "23", "-pix_fmt", "yuv420p",
+        # Every frame a keyframe: sampling 12 of ~60 frames then decodes 12, not the whole
+        # GOP before each (measured 75 -> 23 ms per 12-frame clip of 3-fps 398x224 video);
+        # fastdecode (no CABAC, no deblocking) cuts decoding further for ~20% more bytes.
+        "-g", "1", "-tune", "fastdecode",
+        # Index at the front: readers need not seek to the end to open the file.
+        "-movflags", "+faststart", "-threads", "1", str(tmp),
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        tmp.unlink(missing_ok=True)
+        return f"timed out after {timeout} s"
+    if proc.returncode != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
+        tmp.unlink(missing_ok=True)
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or f"exit {proc.returncode}"
+        return tail
+    os.replace(tmp, dst)
+    return None
+
+
+def plan_outputs(src_dir: str | Path, dst_dir: str | Path) -> list[tuple[Path, Path]]:
+    """``(source, output)`` for every video under ``src_dir``, outputs mirroring its tree.
+
+    Raises:
+        ValueError: ``dst_dir`` is ``src_dir`` or inside it (sources must never be touched).
+    """
+    src_dir, dst_dir = Path(src_dir).resolve(), Path(dst_dir).resolve()
+    if dst_dir == src_dir or src_dir in dst_dir.parents:
+        raise ValueError(f"output folder {dst_dir} must be outside the input folder {src_dir}")
+    if not src_dir.is_dir():
+        raise FileNotFoundError(f"input folder not found: {src_dir}")
+    pairs = []
+    for path in sorted(src_dir.rglob("*")):
+        if path.suffix.lower() in VIDEO_EXTENSIONS and not path.name.startswith("."):
+            pairs.append((path, (dst_dir / path.relative_to(src_dir)).with_suffix(".mp4")))
+    return pairs
+
+
+def compress_videos(
+    src_dir: str | Path,
+    dst_dir: str | Path,
+    fps: float = 3,
+    short_side: int = 224,
+    num_workers: int = 4,
+    progress: bool = True,
+    timeout: float | None = None,
+) -> dict:
+    """Re-encode every video under ``src_dir`` into ``dst_dir``, skipping finished outputs.
+
+    Returns:
+        ``{"done": int, "skipped": int, "failed": [(source path, reason), ...]}``.
+    """
+    pairs = plan_outputs(src_dir, dst_dir)
+    todo = [(s, d) for s, d in pairs if not d.is_file()]
+    exe = ffmpeg_exe()
+    failed: list[tuple[str, str]] = []
+    # Threads suffice: each job is an ffmpeg subprocess.
+    with ThreadPoolExecutor(max_workers=max(1, num_workers)) as pool, tqdm(
+        total=len(todo), desc="compressing", unit="video", disable=not progress
+    ) as bar:
+        futures = {
+            pool.submit(compress_video, s, d, fps, short_side, exe, timeout): s for s, d in todo
+        }
+        for future in as_completed(futures):
+            reason = future.result()
+            if reason is not None:
+                failed.append((str(futures[future]), reason))
+            bar.update()
+    return {"done": len(todo) - len(failed), "skipped": len(pairs) - len(todo),
+            "failed": failed}

@@ -1,0 +1,74 @@
+"""Test helpers: write tiny real video files whose frames encode their own index.
+
+Frame ``i`` is a flat grey image of level :func:`frame_level` ``(i)``, so a test can read
+back which frames a decoder returned from the mean pixel value (codecs keep flat regions
+within a few levels).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import av
+import numpy as np
+
+# Steps of 5 survive the 1-2 level shifts of codecs and decoder-side scaling.
+LEVEL_START = 10
+LEVEL_STEP = 5
+
+
+def frame_level(index: int | np.ndarray) -> int | np.ndarray:
+    """Grey level of frame ``index`` in videos written by :func:`write_video`."""
+    return LEVEL_START + LEVEL_STEP * np.asarray(index)
+
+
+def level_to_index(mean: float | np.ndarray) -> np.ndarray:
+    """Invert :func:`frame_level` from a measured mean pixel value."""
+    return np.rint((np.asarray(mean) - LEVEL_START) / LEVEL_STEP).astype(int)
+
+
+def write_video(
+    path: str | Path,
+    num_frames: int,
+    fps: int = 10,
+    width: int = 48,
+    height: int = 32,
+    codec: str = "mpeg4",
+) -> Path:
+    """Write ``num_frames`` flat grey frames (frame i at ``frame_level(i)``) to ``path``.
+
+    Supports up to 50 frames (levels stay below 256). Returns ``path``.
+    """
+    if LEVEL_START + LEVEL_STEP * (num_frames - 1) > 255:
+        raise ValueError("too many frames for distinct grey levels")
+    levels = frame_level(np.arange(num_frames)).astype(np.uint8)
+    frames = np.broadcast_to(levels[:, None, None, None], (num_frames, height, width, 3))
+    return write_frames(path, frames, fps, codec)
+
+
+def write_frames(path: str | Path, frames: np.ndarray, fps: int = 10, codec: str = "mpeg4"):
+    """Encode uint8 ``[T, H, W, 3]`` RGB frames (H, W even) to ``path``; returns ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    height, width = frames.shape[1:3]
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codec, rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        if codec == "libx264":
+            stream.options = {"crf": "0", "preset": "ultrafast"}
+        else:
+            # A fine quantiser so flat levels survive encoding.
+            stream.codec_context.qmax = 2
+        for img in frames:
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return path
+
+
+def truncate(path: str | Path, keep_fraction: float = 0.5) -> Path:
+    """Cut ``path`` to its first ``keep_fraction`` of bytes (a typical broken download)."""
+    path = Path(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep_fraction)])
+    return path

@@ -1,0 +1,212 @@
+"""Frame sampling, decoding, error handling, file checks and re-encoding."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from dicosa.data.compress import compress_videos, plan_outputs
+from dicosa.data.video import (
+    VideoDecodeError,
+    check_video,
+    check_videos,
+    load_video,
+    sample_indices,
+    video_info,
+)
+from tests._videos import level_to_index, truncate, write_frames, write_video
+
+
+def decoded_indices(frames: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+    """Which source frames ``load_video`` returned, read from their grey levels."""
+    return level_to_index(frames[mask].float().mean(dim=(1, 2, 3)).numpy())
+
+
+# ---------------------------------------------------------------- sample_indices
+
+
+def test_eval_indices_are_segment_centres():
+    # 8 frames in 4 segments of 2: centres at 1, 3, 5, 7.
+    assert sample_indices(8, 4, train=False).tolist() == [1, 3, 5, 7]
+    # 10 frames in 4 segments of 2.5: centres 1.25, 3.75, 6.25, 8.75.
+    assert sample_indices(10, 4, train=False).tolist() == [1, 3, 6, 8]
+    assert sample_indices(100, 4, train=False, start=20, end=60).tolist() == [25, 35, 45, 55]
+
+
+def test_eval_indices_are_deterministic_and_ignore_rng():
+    a = sample_indices(97, 12, train=False, rng=np.random.default_rng(1))
+    b = sample_indices(97, 12, train=False, rng=np.random.default_rng(2))
+    assert a.tolist() == b.tolist()
+
+
+@pytest.mark.parametrize("total,n,start,end", [(13, 12, 0, None), (100, 12, 0, None),
+                                                (1000, 64, 0, None), (300, 7, 40, 91)])
+def test_train_indices_fall_one_per_segment(total, n, start, end):
+    rng = np.random.default_rng(0)
+    stop = total if end is None else end
+    edges = start + np.floor(np.arange(n + 1) * (stop - start) / n)
+    seen = set()
+    for _ in range(50):
+        idx = sample_indices(total, n, train=True, rng=rng, start=start, end=end)
+        assert len(idx) == n
+        assert np.all((idx >= edges[:-1]) & (idx < edges[1:]))
+        seen.add(tuple(idx.tolist()))
+    # Random offsets: 50 draws are not all the same (segments here span >= 1 frame choice).
+    if stop - start > n:
+        assert len(seen) > 1
+
+
+def test_train_indices_reproducible_with_seeded_rng():
+    a = sample_indices(500, 12, True, np.random.default_rng(7))
+    b = sample_indices(500, 12, True, np.random.default_rng(7))
+    assert a.tolist() == b.tolist()
+
+
+def test_short_range_returns_every_frame():
+    assert sample_indices(5, 12, train=True).tolist() == [0, 1, 2, 3, 4]
+    assert sample_indices(5, 12, train=False).tolist() == [0, 1, 2, 3, 4]
+    assert sample_indices(100, 12, False, start=10, end=13).tolist() == [10, 11, 12]
+
+
+def test_range_is_clipped_and_may_be_empty():
+    assert sample_indices(20, 4, False, start=18, end=50).tolist() == [18, 19]
+    assert sample_indices(20, 4, False, start=25).size == 0
+    assert sample_indices(0, 4, False).size == 0
+    with pytest.raises(ValueError):
+        sample_indices(10, 0, False)
+
+
+# ---------------------------------------------------------------- load_video
+
+
+@pytest.mark.parametrize("codec,fps", [("mpeg4", 10), ("libx264", 25)])
+def test_eval_decodes_the_centre_frames(tmp_path, codec, fps):
+    path = write_video(tmp_path / "v.mp4", 40, fps=fps, codec=codec)
+    frames, mask = load_video(path, 12, 32)
+    assert frames.shape == (12, 3, 32, 32) and frames.dtype == torch.uint8
+    assert mask.dtype == torch.bool and mask.all()
+    assert decoded_indices(frames, mask).tolist() == sample_indices(40, 12, False).tolist()
+    again, _ = load_video(path, 12, 32)
+    assert torch.equal(frames, again)
+
+
+def test_train_decodes_one_frame_per_segment(tmp_path):
+    path = write_video(tmp_path / "v.mp4", 50)
+    frames, mask = load_video(path, 5, 32, train=True, rng=np.random.default_rng(3))
+    got = decoded_indices(frames, mask)
+    assert got.tolist() == sample_indices(50, 5, True, np.random.default_rng(3)).tolist()
+    assert np.all(got // 10 == np.arange(5))  # segments of 10 frames
+
+
+def test_short_video_is_padded_and_masked(tmp_path):
+    path = write_video(tmp_path / "short.mp4", 5)
+    frames, mask = load_video(path, 12, 32, train=True)
+    assert mask.tolist() == [True] * 5 + [False] * 7
+    assert decoded_indices(frames, mask).tolist() == [0, 1, 2, 3, 4]
+    assert frames[5:].eq(0).all()
+
+
+def test_segment_in_seconds(tmp_path):
+    path = write_video(tmp_path / "v.mp4", 50, fps=10)
+    frames, mask = load_video(path, 4, 32, segment=(2.0, 4.0))
+    assert decoded_indices(frames, mask).tolist() == [22, 27, 32, 37]
+    frames, mask = load_video(path, 4, 32, segment=(4.5, 7.0))  # clipped at the end
+    assert decoded_indices(frames, mask).tolist() == [45, 46, 48, 49]
+    # A segment past the end still yields the last frame rather than nothing.
+    frames, mask = load_video(path, 4, 32, segment=(6.0, 8.0))
+    assert mask.tolist() == [True, False, False, False]
+    assert decoded_indices(frames, mask).tolist() == [49]
+
+
+@pytest.mark.parametrize("width,height,size", [(80, 48, 32), (48, 32, 64), (40, 96, 24),
+                                               (320, 240, 224)])
+def test_output_is_square_crop_of_requested_size(tmp_path, width, height, size):
+    path = write_video(tmp_path / "v.mp4", 2, width=width, height=height)
+    frames, mask = load_video(path, 2, size)
+    assert frames.shape == (2, 3, size, size)
+    assert decoded_indices(frames, mask).tolist() == [0, 1]
+
+
+def test_centre_crop_keeps_the_middle(tmp_path):
+    # A wide clip: red outer bands, green middle square. After resizing the short side to
+    # 32 and cropping 32x32 from the centre only green remains.
+    img = np.zeros((2, 32, 96, 3), np.uint8)
+    img[:, :, :, 0] = 220
+    img[:, :, 32:64] = (20, 220, 20)
+    path = write_frames(tmp_path / "wide.mp4", img)
+    frames, _ = load_video(path, 2, 32)
+    centre = frames[:, :, :, 4:-4].float().mean(dim=(0, 2, 3))
+    assert centre[1] > 180 and centre[0] < 60
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "truncated", "garbage"])
+def test_bad_files_raise_video_decode_error(tmp_path, kind):
+    path = tmp_path / f"{kind}.mp4"
+    if kind == "empty":
+        path.touch()
+    elif kind == "truncated":
+        truncate(write_video(path, 30), 0.5)
+    elif kind == "garbage":
+        path.write_bytes(b"not a video" * 200)
+    with pytest.raises(VideoDecodeError) as info:
+        load_video(path, 4, 32)
+    assert info.value.path == str(path)
+    assert str(path) in str(info.value)
+    # Picklable, so it crosses process boundaries intact.
+    again = pickle.loads(pickle.dumps(info.value))
+    assert (again.path, str(again)) == (info.value.path, str(info.value))
+    with pytest.raises(VideoDecodeError):
+        video_info(path)
+    assert check_video(path) is not None
+
+
+def test_video_info(tmp_path):
+    path = write_video(tmp_path / "v.mp4", 25, fps=10, width=64, height=48)
+    info = video_info(path)
+    assert info == {"fps": 10.0, "num_frames": 25, "duration": 2.5, "width": 64, "height": 48}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_check_videos_lists_every_bad_file_in_order(tmp_path, workers):
+    good = [write_video(tmp_path / f"g{i}.mp4", 6) for i in range(3)]
+    empty = tmp_path / "empty.mp4"
+    empty.touch()
+    broken = truncate(write_video(tmp_path / "broken.mp4", 20), 0.3)
+    paths = [good[0], empty, good[1], tmp_path / "missing.mp4", broken, good[2]]
+    bad = check_videos(paths, num_workers=workers, progress=False)
+    assert [p for p, _ in bad] == [str(empty), str(tmp_path / "missing.mp4"), str(broken)]
+    assert "not found" in bad[1][1] and "empty" in bad[0][1]
+
+
+# ---------------------------------------------------------------- compress_videos
+
+
+def test_compress_videos_resamples_resumes_and_reports(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    write_video(src / "a.mp4", 40, fps=10, width=96, height=64)
+    write_video(src / "movie" / "b.avi", 20, fps=10, width=32, height=48)
+    (src / "bad.mp4").write_bytes(b"junk" * 100)
+    report = compress_videos(src, dst, fps=5, short_side=32, num_workers=2, progress=False)
+    assert report["done"] == 2 and report["skipped"] == 0
+    assert [p for p, _ in report["failed"]] == [str(src / "bad.mp4")]
+    a, b = video_info(dst / "a.mp4"), video_info(dst / "movie" / "b.mp4")
+    assert (a["width"], a["height"], a["fps"]) == (48, 32, 5.0)
+    assert abs(a["duration"] - 4.0) < 0.3
+    assert (b["width"], b["height"]) == (32, 48)  # short side already <= 32: kept
+    assert not list(dst.rglob(".*"))  # no partial files left behind
+    # A rerun redoes nothing that finished (the bad file is tried, and fails, again).
+    again = compress_videos(src, dst, fps=5, short_side=32, num_workers=2, progress=False)
+    assert again["done"] == 0 and again["skipped"] == 2 and len(again["failed"]) == 1
+
+
+def test_compress_refuses_to_write_into_its_source(tmp_path):
+    write_video(tmp_path / "a.mp4", 3)
+    for dst in (tmp_path, tmp_path / "out"):
+        with pytest.raises(ValueError, match="outside"):
+            plan_outputs(tmp_path, dst)
+    shutil.rmtree(tmp_path / "out", ignore_errors=True)
+    assert plan_outputs(tmp_path, tmp_path.parent / "elsewhere") != []
