@@ -81,6 +81,8 @@ class TrainConfig:
     eval_every_epochs: int = 1
     select_on_test: bool = False
     max_steps: int | None = None  # stop early (smoke runs, learning tests)
+    # Also write last.pt every this many optimiser steps (resume after a crash mid-epoch).
+    checkpoint_every: int | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,9 @@ class EvalConfig:
     qb_theta_t2v: float = 3.0
     qb_theta_v2t: float = 5.0
     cache_dir: str | None = None
+    # QB-Norm's query bank: a random subset of the training split, capped at these sizes.
+    qb_bank_captions: int = 5000
+    qb_bank_videos: int = 1000
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,22 @@
+"""Every benchmark script runs once, tiny and on the CPU, and writes its JSON result."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+SCRIPTS = ["train_step.py", "score.py", "data.py", "train_epoch.py"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_benchmark_smoke(script, tmp_path):
+    path = ROOT / "benchmarks" / script
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, str(path), "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result and all(v == v for v in result.values() if isinstance(v, float))  # no NaN

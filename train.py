@@ -1,0 +1,44 @@
+"""Train DiCoSA on one benchmark.
+
+    python train.py --dataset msrvtt                       # configs/msrvtt.yaml
+    accelerate launch --multi_gpu --num_processes 4 train.py --dataset msrvtt train.lr=5e-5
+    torchrun --nproc_per_node 2 train.py --dataset synthetic   # 2 CPU processes (gloo)
+    python train.py --config configs/synthetic.yaml train.epochs=2 data.root=/tmp/syn
+    python train.py --dataset msrvtt --resume              # continue <output_dir>/last.pt
+
+Positional ``section.key=value`` arguments override the YAML config (see docs/TRAINING.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from dicosa.config import ConfigError
+from dicosa.training import resolve_config, train
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", help="use configs/<dataset>.yaml (default: msrvtt)")
+    parser.add_argument("--config", help="a YAML config file (instead of --dataset's)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in train.output_dir from its last.pt")
+    parser.add_argument("--select-on-test", action="store_true",
+                        help="choose best.pt on the test split (not comparable with papers "
+                             "that select on validation data; recorded in the outputs)")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value")
+    args = parser.parse_args(argv)
+    overrides = list(args.overrides)
+    if args.select_on_test:
+        overrides.append("train.select_on_test=true")
+    try:
+        cfg = resolve_config(args.config, args.dataset, overrides)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    run_dir = train(cfg, resume=args.resume)
+    print(f"run folder: {run_dir}")
+
+
+if __name__ == "__main__":
+    main()
