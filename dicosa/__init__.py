@@ -1,5 +1,6 @@
 """dicosa: text-video retrieval with disentangled concept subspaces (DiCoSA, IJCAI 2023)."""
 
+from .checkpoint import load
 from .clip import TINY_ARCH, get_tokenizer, load_clip
 from .config import (
     Config,
@@ -10,7 +11,9 @@ from .config import (
     TrainConfig,
     load_config,
 )
+from .index import VideoIndex
 from .model import DiCoSA, TextFeatures, VideoFeatures
+from .visualize import FactorReport, visualize_factors
 
 __all__ = [
     "TINY_ARCH",
@@ -19,12 +22,16 @@ __all__ = [
     "DataConfig",
     "DiCoSA",
     "EvalConfig",
+    "FactorReport",
     "ModelConfig",
     "TextFeatures",
     "TrainConfig",
     "VideoFeatures",
+    "VideoIndex",
     "get_tokenizer",
+    "load",
     "load_clip",
     "load_config",
+    "visualize_factors",
 ]
 __version__ = "0.1.0"

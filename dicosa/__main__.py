@@ -1,0 +1,169 @@
+"""Command line: ``python -m dicosa {index,search,demo} ...``.
+
+    python -m dicosa index FOLDER --out INDEX [--checkpoint CKPT | --config CFG]
+    python -m dicosa search INDEX "a man is skiing" -k 10 [--checkpoint CKPT] [--json]
+    python -m dicosa demo --out outputs/demo [--quick]
+
+Without ``--checkpoint`` the model is built from a config (default ``configs/msrvtt.yaml``,
+i.e. OpenAI's CLIP weights). Random-weight configs (``pretrained: null``) are seeded with
+``train.seed`` so that ``index`` and ``search`` build the same model. ``search`` with neither
+option uses the model that ``index`` recorded in the index's manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .config import load_config
+from .model import DiCoSA
+
+log = logging.getLogger("dicosa")
+
+DEFAULT_CONFIG = "configs/msrvtt.yaml"
+
+
+def resolve_config(path: str | Path) -> Path:
+    """``path`` as given, else relative to the repository (where ``configs/`` lives)."""
+    path = Path(path)
+    if path.is_file() or path.is_absolute():
+        return path
+    repo = Path(__file__).resolve().parent.parent / path
+    return repo if repo.is_file() else path
+
+
+def load_model(checkpoint: str | None, config: str | None,
+               overrides: Sequence[str] = ()) -> tuple[DiCoSA, dict]:
+    """The model named on the command line and a record of where it came from.
+
+    Returns:
+        ``(model, source)``; ``source`` is ``{"checkpoint": path}`` or ``{"config": path,
+        "overrides": [...]}`` with absolute paths, enough for :func:`load_model` to rebuild
+        the same model.
+    """
+    if checkpoint is not None:
+        from .checkpoint import load
+
+        model, _ = load(checkpoint)
+        return model.eval(), {"checkpoint": str(Path(checkpoint).resolve())}
+    path = resolve_config(config or DEFAULT_CONFIG)
+    cfg = load_config(path, overrides)
+    if cfg.model.pretrained is None:
+        # Random initial weights must be the same in every process that uses this index.
+        torch.manual_seed(cfg.train.seed)
+    model = DiCoSA.from_config(cfg.model).eval()
+    return model, {"config": str(path.resolve()), "overrides": list(overrides)}
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    from .index import VideoIndex
+
+    model, source = load_model(args.checkpoint, args.config, args.set)
+    index = VideoIndex.build(model, args.videos, args.out, batch_size=args.batch_size,
+                             num_workers=args.num_workers, shard_size=args.shard_size,
+                             meta={"model": source})
+    print(f"indexed {len(index)} videos into {args.out}"
+          + (f"; skipped {len(index.skipped)} unreadable file(s):" if index.skipped else ""))
+    for path, reason in index.skipped:
+        print(f"  {path}: {reason}")
+    return 0
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    from .index import VideoIndex
+
+    index = VideoIndex.load(args.index)
+    if args.checkpoint is None and args.config is None and "model" in index.meta:
+        source = index.meta["model"]
+        model, _ = load_model(source.get("checkpoint"), source.get("config"),
+                              source.get("overrides", ()))
+    else:
+        model, _ = load_model(args.checkpoint, args.config, args.set)
+    index.attach(model, strict=not args.no_strict)
+    results = index.search(args.query, k=args.k)
+    if args.json:
+        print(json.dumps({"query": args.query, "index": str(args.index), "results": [
+            {"rank": r, "path": p, "score": s} for r, (p, s) in enumerate(results, 1)]}))
+        return 0
+    print(f'top {len(results)} of {len(index)} videos for "{args.query}"')
+    print(f"{'rank':>4}  {'score':>8}  path")
+    for rank, (path, score) in enumerate(results, 1):
+        print(f"{rank:>4}  {score:>8.4f}  {path}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(args.out, quick=args.quick, config=args.config, overrides=args.set)
+    return 0
+
+
+def _model_options(parser: argparse.ArgumentParser, default_config: str | None) -> None:
+    parser.add_argument("--checkpoint", help="a dicosa training checkpoint (best.pt/last.pt)")
+    parser.add_argument("--config", default=default_config,
+                        help=f"model config when no checkpoint is given (default "
+                             f"{default_config or DEFAULT_CONFIG})")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="config override, repeatable (e.g. --set model.num_frames=8)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m dicosa", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    p = commands.add_parser("index", help="encode a folder of videos into a searchable index")
+    p.add_argument("videos", help="folder of videos (searched recursively) or one video file")
+    p.add_argument("--out", required=True, help="index folder (resumed if it holds one)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--num-workers", type=int, default=None, help="decoding processes")
+    p.add_argument("--shard-size", type=int, default=256, help="videos per shard file")
+    _model_options(p, None)
+    p.set_defaults(func=_cmd_index)
+
+    p = commands.add_parser("search", help="rank the videos of an index for a text query")
+    p.add_argument("index", help="index folder written by 'index'")
+    p.add_argument("query", help="the text to search for")
+    p.add_argument("-k", type=int, default=10, help="number of results")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--no-strict", action="store_true",
+                   help="warn instead of failing when the model differs from the index's")
+    _model_options(p, None)
+    p.set_defaults(func=_cmd_search)
+
+    p = commands.add_parser("demo", help="synthetic data -> train -> evaluate -> visualise "
+                                         "-> index -> search, on CPU")
+    p.add_argument("--out", default="outputs/demo", help="folder for every output")
+    p.add_argument("--quick", action="store_true", help="a few training steps (smoke test)")
+    p.add_argument("--config", default="configs/synthetic.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="config override, repeatable")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # dicosa's own messages at INFO; other libraries (open_clip is chatty) at WARNING.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    log.setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        # Wrong inputs (a mismatched model, a missing index or config) deserve a sentence,
+        # not a traceback; --verbose keeps the traceback for debugging.
+        if args.verbose:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dicosa.__main__ import load_model, main
+from dicosa.data.synthetic import make_synthetic
+from dicosa.index import VideoIndex
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--config", "configs/synthetic.yaml", "--set", "model.num_frames=4"]
+
+
+def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dicosa", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    root = make_synthetic(tmp_path_factory.mktemp("synthetic"), num_train=0, num_test=5,
+                          size=32, seconds=1.0, num_workers=1)
+    (root / "videos" / "broken.mp4").write_bytes(b"\x00" * 64)
+    return root / "videos"
+
+
+@pytest.fixture(scope="module")
+def index_dir(folder, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("cli") / "index"
+    return out, run_cli("index", str(folder), "--out", str(out), "--num-workers", "1", *TINY)
+
+
+def test_index_then_search(index_dir):
+    out, done = index_dir
+    assert done.returncode == 0, done.stderr
+    assert "indexed 5 videos" in done.stdout and "skipped 1" in done.stdout
+    assert "broken.mp4" in done.stdout
+
+    # search rebuilds the model the manifest recorded (same seed, same weights).
+    query = "a red circle moves left"
+    found = run_cli("search", str(out), query, "-k", "3", "--json")
+    assert found.returncode == 0, found.stderr
+    answer = json.loads(found.stdout)
+    assert answer["query"] == query and [r["rank"] for r in answer["results"]] == [1, 2, 3]
+    scores = [r["score"] for r in answer["results"]]
+    assert scores == sorted(scores, reverse=True)
+
+    model, _ = load_model(None, str(REPO / "configs/synthetic.yaml"), ["model.num_frames=4"])
+    expected = VideoIndex.load(out, model).search(query, k=3)
+    assert [(r["path"], r["score"]) for r in answer["results"]] == [
+        (p, pytest.approx(s, abs=1e-6)) for p, s in expected]
+
+
+def test_search_table(index_dir, capsys, monkeypatch):
+    out, _ = index_dir
+    monkeypatch.chdir(REPO)
+    assert main(["search", str(out), "a blue square", "-k", "2", *TINY]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == 'top 2 of 5 videos for "a blue square"'
+    assert lines[1].split() == ["rank", "score", "path"] and len(lines) == 4
+    assert [line.split()[0] for line in lines[2:]] == ["1", "2"]
+    assert all(Path(line.split()[2]).is_file() for line in lines[2:])
+
+
+def test_search_with_another_model_fails_clearly(index_dir, capsys, tmp_path):
+    out, _ = index_dir
+    code = main(["search", str(out), "a dog", "--config", str(REPO / "configs/synthetic.yaml"),
+                 "--set", "model.num_frames=4", "--set", "train.seed=7"])
+    assert code == 2 and "different weights" in capsys.readouterr().err
+    code = main(["search", str(tmp_path / "nothing"), "a dog"])
+    assert code == 2 and "not a video index" in capsys.readouterr().err
+
+
+def test_config_models_are_reproducible():
+    a, source = load_model(None, "configs/synthetic.yaml", ["model.num_frames=4"])
+    b, _ = load_model(None, source["config"], source["overrides"])
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(),
+                                                 b.state_dict().values(), strict=True))
+    assert Path(source["config"]).is_absolute()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("dicosa.training") is None,
+                    reason="dicosa.training has not landed yet")
+def test_demo_quick(tmp_path):
+    done = run_cli("demo", "--out", str(tmp_path / "demo"), "--quick")
+    assert done.returncode == 0, done.stderr[-3000:]
+    print(done.stdout)
+    for name in ("factors.png", "metrics.json", "search.json", "index/manifest.json"):
+        assert (tmp_path / "demo" / name).is_file(), name
+    assert (tmp_path / "demo" / "factors.png").read_bytes()[:4] == b"\x89PNG"
+    search = json.loads((tmp_path / "demo" / "search.json").read_text())
+    assert len(search["results"]) == 5
+    assert "R@1" in done.stdout and str(tmp_path / "demo" / "factors.png") in done.stdout

@@ -1,0 +1,199 @@
+import json
+import shutil
+import warnings
+
+import pytest
+import torch
+
+from dicosa.data.synthetic import make_synthetic
+from dicosa.data.video import load_video
+from dicosa.index import VideoIndex, list_videos, model_fingerprint
+from dicosa.model import DiCoSA, VideoFeatures
+
+from .conftest import tiny_config
+
+NUM_VIDEOS = 6
+QUERIES = ["a red circle moves left", "a blue square grows while a green cross falls"]
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+    root = make_synthetic(tmp_path_factory.mktemp("synthetic"), num_train=0,
+                          num_test=NUM_VIDEOS, size=32, seconds=1.0, num_workers=1)
+    return sorted((root / "videos").glob("video*.mp4"))
+
+
+@pytest.fixture(scope="module")
+def model() -> DiCoSA:
+    torch.manual_seed(0)
+    return DiCoSA.from_config(tiny_config()).eval()
+
+
+@pytest.fixture(scope="module")
+def features(videos, model) -> VideoFeatures:
+    """Features encoded directly with the model, for comparison with the index."""
+    decoded = [load_video(p, model.config.num_frames, model.image_size) for p in videos]
+    with torch.no_grad():
+        return model.encode_video(torch.stack([f for f, _ in decoded]),
+                                  torch.stack([m for _, m in decoded]))
+
+
+def _build(model, paths, out=None, **kw):
+    kw = {"batch_size": 2, "num_workers": 0, "progress": False, **kw}
+    return VideoIndex.build(model, paths, out, **kw)
+
+
+def _expected_scores(model, features, texts):
+    from dicosa.clip import get_tokenizer
+
+    stored = VideoFeatures(features.frames.half().float(), features.frame_mask)
+    with torch.no_grad():
+        text = model.encode_text(get_tokenizer(model.config.arch, model.config.max_words)(texts))
+        return model.score(text, stored)
+
+
+def test_scores_are_the_model_score_of_the_stored_features(videos, model, features):
+    index = _build(model, videos)
+    assert index.paths == [str(p.resolve()) for p in videos]
+    assert index.features.frames.dtype == torch.float16
+    assert torch.equal(index.features.frames, features.frames.half())
+    assert torch.equal(index.features.frame_mask, features.frame_mask)
+    expected = _expected_scores(model, features, QUERIES)
+    torch.testing.assert_close(index.scores(QUERIES), expected, atol=1e-6, rtol=1e-6)
+    # Chunking over videos changes nothing.
+    torch.testing.assert_close(index.scores(QUERIES, chunk=4), expected, atol=1e-6, rtol=1e-6)
+
+    hits = index.search(QUERIES[0], k=3)
+    order = expected[0].argsort(descending=True)[:3].tolist()
+    assert [p for p, _ in hits] == [index.paths[i] for i in order]
+    assert [s for _, s in hits] == pytest.approx(expected[0, order].tolist(), abs=1e-6)
+    both = index.search(QUERIES, k=100)
+    assert len(both) == 2 and all(len(h) == NUM_VIDEOS for h in both)
+
+    meta = index.metadata
+    assert list(meta.columns) == ["path", "duration", "fps", "num_frames", "valid_frames"]
+    assert (meta["num_frames"] == 8).all() and meta["duration"].tolist() == [1.0] * NUM_VIDEOS
+    assert (meta["valid_frames"] == model.config.num_frames).all()
+
+
+def test_corrupt_file_is_counted_and_skipped(videos, model, tmp_path):
+    folder = tmp_path / "videos"
+    shutil.copytree(videos[0].parent, folder)
+    (folder / "broken.mp4").write_bytes(b"\x00" * 100)
+    (folder / "empty.mp4").write_bytes(b"")
+    (folder / "notes.txt").write_text("not a video")  # not a video extension: not listed
+    index = _build(model, folder, tmp_path / "index")
+    assert len(index) == NUM_VIDEOS
+    assert sorted(p.split("/")[-1] for p, _ in index.skipped) == ["broken.mp4", "empty.mp4"]
+    assert all(reason for _, reason in index.skipped)
+    manifest = json.loads((tmp_path / "index" / "manifest.json").read_text())
+    assert len(manifest["skipped"]) == 2 and manifest["num_videos"] == NUM_VIDEOS
+    assert len(VideoIndex.load(tmp_path / "index").skipped) == 2
+
+
+def test_save_load_round_trip(videos, model, tmp_path):
+    index = _build(model, videos[:4])
+    assert index.add(videos) == NUM_VIDEOS - 4  # already indexed videos are not re-added
+    index.save(tmp_path / "index")
+    loaded = VideoIndex.load(tmp_path / "index", model)
+    assert loaded.paths == index.paths
+    assert torch.equal(loaded.features.frames, index.features.frames)
+    assert torch.equal(loaded.features.frame_mask, index.features.frame_mask)
+    assert loaded.metadata.equals(index.metadata)
+    assert torch.equal(loaded.scores(QUERIES), index.scores(QUERIES))
+
+    read_only = VideoIndex.load(tmp_path / "index")
+    assert len(read_only) == NUM_VIDEOS
+    with pytest.raises(RuntimeError, match="without a model"):
+        read_only.search("a dog")
+
+
+def test_fingerprint_mismatch_is_explained(videos, model, tmp_path):
+    _build(model, videos[:2], tmp_path / "index")
+    torch.manual_seed(1)
+    other_weights = DiCoSA.from_config(tiny_config()).eval()
+    with pytest.raises(ValueError, match="different weights"):
+        VideoIndex.load(tmp_path / "index", other_weights)
+    with pytest.raises(ValueError, match="different weights"):  # nor can a build resume
+        _build(other_weights, videos, tmp_path / "index")
+    with pytest.warns(UserWarning, match="different weights"):
+        VideoIndex.load(tmp_path / "index", other_weights, strict=False)
+
+    torch.manual_seed(0)
+    other_config = DiCoSA.from_config(tiny_config(pool_temperature=1.0)).eval()
+    with pytest.raises(ValueError, match=r"pool_temperature: 3\.0 in the index, 1\.0"):
+        VideoIndex.load(tmp_path / "index", other_config)
+
+    # Same weights and config, however the model was obtained: no complaint.
+    torch.manual_seed(0)
+    same = DiCoSA.from_config(tiny_config(pretrained=None, grad_checkpointing=True)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        VideoIndex.load(tmp_path / "index", same)
+
+
+def test_fingerprint_covers_every_weight(model):
+    before = model_fingerprint(model)
+    with torch.no_grad():
+        model.head.conf_out.bias += 1e-3
+    try:
+        assert model_fingerprint(model)["weights_sha256"] != before["weights_sha256"]
+    finally:
+        with torch.no_grad():
+            model.head.conf_out.bias -= 1e-3
+    assert model_fingerprint(model) == before
+
+
+def test_build_resumes_without_duplicates(videos, model, tmp_path):
+    out = tmp_path / "index"
+    first = _build(model, videos[:3], out, shard_size=2)
+    kept = first.features.frames.clone()
+    shard0 = (out / "shard-00000.safetensors").read_bytes()
+
+    resumed = _build(model, videos, out, shard_size=2)
+    assert resumed.paths == [str(p.resolve()) for p in videos]
+    assert torch.equal(resumed.features.frames[:3], kept)
+    assert (out / "shard-00000.safetensors").read_bytes() == shard0  # not rewritten
+    reloaded = VideoIndex.load(out, model)
+    assert reloaded.paths == resumed.paths and len(set(reloaded.paths)) == NUM_VIDEOS
+
+
+def test_interrupted_build_keeps_written_shards(videos, model, tmp_path, monkeypatch):
+    out = tmp_path / "index"
+    encode = VideoIndex._encode
+    calls = []
+
+    def interrupted(self, batch):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return encode(self, batch)
+
+    monkeypatch.setattr(VideoIndex, "_encode", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _build(model, videos, out, batch_size=1, shard_size=2)
+    monkeypatch.setattr(VideoIndex, "_encode", encode)
+
+    # Shards 0 (videos 0-1) and the encoded-but-unflushed video 2 survive the interrupt.
+    partial = VideoIndex.load(out, model)
+    assert partial.paths == [str(p.resolve()) for p in videos[:3]]
+    done = _build(model, videos, out)
+    assert done.paths == [str(p.resolve()) for p in videos]
+    torch.testing.assert_close(done.scores(QUERIES), _build(model, videos).scores(QUERIES),
+                               atol=0, rtol=0)
+
+
+def test_decoding_workers_give_the_same_index(videos, model):
+    serial = _build(model, videos)
+    parallel = _build(model, videos, num_workers=2, batch_size=4)
+    assert parallel.paths == serial.paths
+    assert torch.equal(parallel.features.frames, serial.features.frames)
+
+
+def test_list_videos(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    for name in ("a/b/z.mp4", "a/x.MKV", "y.avi", ".hidden.mp4", "a/readme.md"):
+        (tmp_path / name).write_bytes(b"x")
+    names = [p.removeprefix(str(tmp_path.resolve()) + "/") for p in list_videos(tmp_path)]
+    assert names == ["a/b/z.mp4", "a/x.MKV", "y.avi"]
+    assert list_videos(tmp_path / "y.avi") == [str((tmp_path / "y.avi").resolve())]
