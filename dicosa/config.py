@@ -75,7 +75,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 42
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
-    compile: bool = False
+    # torch.compile the towers; None: on CUDA only (the "fast mode" of benchmarks/RESULTS.md).
+    compile: bool | None = None
     output_dir: str = "runs/default"
     log_every: int = 10
     eval_every_epochs: int = 1

@@ -312,10 +312,8 @@ def train(cfg: Config, resume: bool = False) -> Path:
 
     with accelerator.main_process_first():  # one download of pretrained weights
         model = DiCoSA.from_config(cfg.model)
-    if tc.compile:
-        # In place, so parameter names (and checkpoints) stay those of the plain model.
-        model.clip.visual.compile()
-        model.clip.transformer.compile()
+    if tc.compile if tc.compile is not None else device.type == "cuda":
+        model.compile_towers()
     model.to(device)
 
     train_split, select_split, selected_on = training_splits(cfg)
