@@ -18,11 +18,11 @@ Prints a markdown table (mean ± std over seeds) and writes every run to JSON.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import statistics
 import tempfile
 from pathlib import Path
+
+from common import environment, report
 
 from dicosa.config import Config, load_config, replace
 from dicosa.data.synthetic import make_synthetic
@@ -98,12 +98,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     result = {"benchmark": "ablation", "variant": cfg.model.variant, "seeds": args.seeds,
               "steps": "smoke" if args.smoke else f"{cfg.train.epochs} epochs",
-              "date": datetime.date.today().isoformat(), "runs": runs,
+              **environment("cpu"), "runs": runs,
               "table": table(runs, list(rows))}
+    report(result, args.out)
     print(result["table"])
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 

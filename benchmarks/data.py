@@ -10,16 +10,14 @@ in a few seconds (and writes no JSON unless ``--out`` is given).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from common import environment, report
 from torch.utils.data import DataLoader
 
 from dicosa.data.compress import compress_videos
@@ -80,11 +78,11 @@ def main(argv: list[str] | None = None) -> dict:
             else:
                 make_synthetic(raw, args.num_clips, 0, size=224, width=398, fps=10,
                                seconds=(10, 30))
-            report = compress_videos(raw / "videos", root / "videos", fps=3,
+            compressed = compress_videos(raw / "videos", root / "videos", fps=3,
                                      short_side=64 if args.smoke else 224,
                                      num_workers=os.cpu_count() or 1, progress=False)
-            if report["failed"]:
-                raise SystemExit(f"compressing the benchmark clips failed: {report['failed']}")
+            if compressed["failed"]:
+                raise SystemExit(f"compressing the benchmark clips failed: {compressed['failed']}")
             for f in raw.iterdir():
                 if f.is_file():
                     shutil.copy(f, root / f.name)
@@ -122,15 +120,9 @@ def main(argv: list[str] | None = None) -> dict:
         "image_size": args.image_size,
         "source": source,
         "smoke": args.smoke,
-        "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+        **environment("cpu"),
     }
-    out = args.out if args.out is not None or args.smoke else DEFAULT_OUT
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    return result
+    return report(result, args.out if args.out is not None or args.smoke else DEFAULT_OUT)
 
 
 if __name__ == "__main__":

@@ -10,15 +10,12 @@ Target (issue 3) on one H100: <= 10 ms (the released code: 1.85 s with its defau
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import time
-from pathlib import Path
 
 import torch
+from common import environment, random_model, report
 
-from dicosa.config import ModelConfig
-from dicosa.model import DiCoSA, TextFeatures, VideoFeatures
+from dicosa.model import TextFeatures, VideoFeatures
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,11 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     device = torch.device(args.device)
-    tiny = args.arch == "dicosa-tiny"
-    cfg = ModelConfig(arch=args.arch, pretrained=None, variant=args.variant,
-                      num_frames=args.frames, temporal_layers=2 if tiny else 4)
-    torch.manual_seed(0)
-    model = DiCoSA.from_config(cfg).to(device).eval()
+    model = random_model(args.arch, args.variant, args.frames).to(device).eval()
     compiled = device.type == "cuda" and not args.eager
     if compiled:
         model.compile_scoring(dynamic=False)
@@ -99,15 +92,9 @@ def main(argv: list[str] | None = None) -> dict:
         "same_as_first_call": bool(torch.equal(out, reference)),
         "peak_memory_gib": (torch.cuda.max_memory_allocated() / 2**30
                             if device.type == "cuda" else None),
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "date": datetime.date.today().isoformat(),
+        **environment(device),
     }
-    print(json.dumps(result, indent=2))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    return report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import json
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from common import environment, report
 
 from dicosa.clip import TINY_ARCH, clip_dims, load_clip
 from dicosa.config import config_from_dict
@@ -88,9 +86,6 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "benchmark": "train_epoch",
         "arch": args.arch,
-        "device": args.device,
-        "device_name": (torch.cuda.get_device_name() if args.device == "cuda"
-                        else platform.processor() or platform.machine()),
         "cpu_threads": torch.get_num_threads(),
         "batch": args.batch,
         "frames": args.frames,
@@ -104,14 +99,10 @@ def main(argv: list[str] | None = None) -> dict:
         "step_time_s": sum(r["step_time"] for r in timed) / len(timed),
         "peak_memory_mib": max(r["peak_memory_mib"] for r in records),
         "total_wall_s": wall,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **environment(args.device),
         "config": dataclasses.asdict(cfg.train),
     }
-    print(json.dumps({k: v for k, v in result.items() if k != "config"}, indent=2))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    return result
+    return report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -14,15 +14,12 @@ The released implementation measures 327 clips/s and 33.8 GiB under the same con
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import time
-from pathlib import Path
 
 import torch
+from common import environment, random_model, report
 
-from dicosa.config import ModelConfig, TrainConfig
-from dicosa.model import DiCoSA
+from dicosa.config import TrainConfig
 from dicosa.optim import build_optimizer
 
 
@@ -52,12 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     device = torch.device(args.device)
-    tiny = args.arch == "dicosa-tiny"
-    cfg = ModelConfig(arch=args.arch, pretrained=None, variant=args.variant,
-                      num_frames=args.frames, max_words=args.words,
-                      temporal_layers=2 if tiny else 4, grad_checkpointing=args.memory)
-    torch.manual_seed(0)
-    model = DiCoSA.from_config(cfg).to(device).train()
+    model = random_model(args.arch, args.variant, args.frames, args.words,
+                         grad_checkpointing=args.memory).to(device).train()
     compiled = device.type == "cuda" and not args.eager
     if compiled:
         model.compile_towers()
@@ -109,15 +102,9 @@ def main(argv: list[str] | None = None) -> dict:
         "peak_memory_gib": (torch.cuda.max_memory_allocated() / 2**30
                             if device.type == "cuda" else None),
         "final_loss": float(loss),
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "date": datetime.date.today().isoformat(),
+        **environment(device),
     }
-    print(json.dumps(result, indent=2))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    return report(result, args.out)
 
 
 if __name__ == "__main__":
