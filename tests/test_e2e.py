@@ -1,4 +1,4 @@
-"""End to end on CPU: generate the synthetic benchmark, train.py, then evaluate.py."""
+"""End to end on CPU: generate the synthetic benchmark, train.py, evaluate.py, then search."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from dicosa import VideoIndex, load
+from dicosa.data.datasets import load_split
 from dicosa.data.synthetic import make_synthetic
 from dicosa.training import read_log
 
@@ -42,3 +44,18 @@ def test_training_learns_the_synthetic_benchmark(tmp_path):
           f" train {trained - start:.0f} s, total {time.perf_counter() - start:.0f} s")
     assert results["num_videos"] == NUM_TEST and results["selected_on"] == "val"
     assert t2v["R@1"] >= 5 * 100 / NUM_TEST
+
+    # The same trained model searching the held-out clips through VideoIndex (issue 6):
+    # fp16 features, the full DiCoSA score, one query per held-out caption.
+    model, cfg = load(run / "best.pt")
+    test = load_split("synthetic", root, cfg.data.test_split)
+    index = VideoIndex.build(model, [str(p) for p in test.video_paths], tmp_path / "index",
+                             progress=False)
+    first = top5 = 0
+    for caption, video in zip(test.captions, test.caption_video, strict=True):
+        hits = [Path(path).name for path, _ in index.search(caption, k=5)]
+        first += hits[0] == test.video_paths[video].name
+        top5 += test.video_paths[video].name in hits
+    print(f"index search: right clip first for {first}/{NUM_TEST}, in the top 5 for {top5}")
+    assert top5 > NUM_TEST // 2  # most queries find their clip among 5 of 100
+    assert abs(100 * first / NUM_TEST - t2v["R@1"]) <= 3  # search agrees with evaluate.py
