@@ -6,7 +6,8 @@
     python train.py --config configs/synthetic.yaml train.epochs=2 data.root=/tmp/syn
     python train.py --dataset msrvtt --resume              # continue <output_dir>/last.pt
 
-Positional ``section.key=value`` arguments override the YAML config (see docs/TRAINING.md).
+Positional ``section.key=value`` arguments override the YAML config (README, section
+"Training and evaluation").
 """
 
 from __future__ import annotations
