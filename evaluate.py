@@ -11,9 +11,11 @@ writes them with the config, the checkpoint's sha256 and the device to a JSON fi
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from dicosa.config import ConfigError
+from dicosa.errors import USER_ERRORS
 from dicosa.evaluation import dataset_for_split, evaluate, summary
 from dicosa.training import resolve_config
 
@@ -43,7 +45,10 @@ def main(argv: list[str] | None = None) -> None:
         cfg = resolve_config(args.config, dataset, overrides)
     except (ConfigError, ValueError) as exc:
         parser.error(str(exc))
-    results = evaluate(cfg, args.checkpoint, args.split, args.device, out=args.out)
+    try:
+        results = evaluate(cfg, args.checkpoint, args.split, args.device, out=args.out)
+    except USER_ERRORS as exc:
+        sys.exit(f"evaluate.py: error: {exc}")
     print(summary(results))
 
 

@@ -13,8 +13,10 @@ Positional ``section.key=value`` arguments override the YAML config (README, sec
 from __future__ import annotations
 
 import argparse
+import sys
 
 from dicosa.config import ConfigError
+from dicosa.errors import USER_ERRORS
 from dicosa.training import resolve_config, train
 
 
@@ -37,7 +39,10 @@ def main(argv: list[str] | None = None) -> None:
         cfg = resolve_config(args.config, args.dataset, overrides)
     except ConfigError as exc:
         parser.error(str(exc))
-    run_dir = train(cfg, resume=args.resume)
+    try:
+        run_dir = train(cfg, resume=args.resume)
+    except USER_ERRORS as exc:
+        sys.exit(f"train.py: error: {exc}")
     print(f"run folder: {run_dir}")
 
 

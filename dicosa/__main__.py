@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from .config import load_config
+from .errors import USER_ERRORS
 from .model import DiCoSA
 
 log = logging.getLogger("dicosa")
@@ -156,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.setLevel(logging.DEBUG if args.verbose else logging.INFO)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except USER_ERRORS as exc:
         # Wrong inputs (a mismatched model, a missing index or config) deserve a sentence,
         # not a traceback; --verbose keeps the traceback for debugging.
         if args.verbose:

@@ -18,6 +18,10 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
+class PretrainedWeightsError(RuntimeError):
+    """CLIP's pretrained weights could not be fetched or read."""
+
+
 def register_architectures() -> None:
     """Make dicosa's architectures (the tiny test model) known to open_clip's registry."""
     if TINY_ARCH not in open_clip.list_models():
@@ -103,9 +107,17 @@ def load_clip(
             raise ValueError(f"checkpoint {path} does not match architecture '{arch}': {e}") from e
     else:
         quick = pretrained == "openai" or _wants_quick_gelu(arch)
-        model = open_clip.create_model(
-            arch, pretrained=pretrained, force_quick_gelu=quick, cache_dir=cache_dir
-        )
+        try:
+            model = open_clip.create_model(
+                arch, pretrained=pretrained, force_quick_gelu=quick, cache_dir=cache_dir
+            )
+        except RuntimeError as e:
+            if pretrained is None:
+                raise
+            raise PretrainedWeightsError(
+                f"cannot load CLIP weights '{pretrained}' for {arch} ({e}). Offline? Set "
+                "model.pretrained to a local state-dict file, or to null for random weights."
+            ) from e
     if not isinstance(model, CLIP):
         raise ValueError(
             f"architecture '{arch}' builds {type(model).__name__}; dicosa needs open_clip's CLIP "

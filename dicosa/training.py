@@ -310,13 +310,14 @@ def train(cfg: Config, resume: bool = False) -> Path:
         write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
     runlog = RunLog(run_dir / "log.jsonl", is_main)
 
+    # Annotations first: a missing file should fail before a weights download, not after.
+    train_split, select_split, selected_on = training_splits(cfg)
     with accelerator.main_process_first():  # one download of pretrained weights
         model = DiCoSA.from_config(cfg.model)
     if tc.compile if tc.compile is not None else device.type == "cuda":
         model.compile_towers()
     model.to(device)
 
-    train_split, select_split, selected_on = training_splits(cfg)
     tokenize = get_tokenizer(cfg.model.arch, cfg.model.max_words)
     dataset = TrainDataset(train_split, tokenize, cfg.model.num_frames, model.image_size,
                            seed=tc.seed)

@@ -75,3 +75,12 @@ def test_tiny_arch_dimensions(tiny_clip):
     dims = dclip.clip_dims(tiny_clip)
     assert dims == {"embed_dim": 64, "text_width": 64, "text_heads": 2, "text_layers": 2,
                     "context_length": 77, "image_size": 32}
+
+
+def test_unavailable_pretrained_weights_say_what_to_do(monkeypatch):
+    def offline(*args, **kwargs):
+        raise RuntimeError("Failed to download weights for tag 'openai'")
+
+    monkeypatch.setattr(open_clip, "create_model", offline)
+    with pytest.raises(dclip.PretrainedWeightsError, match=r"model\.pretrained to a local"):
+        dclip.load_clip("ViT-B-32", pretrained="openai")

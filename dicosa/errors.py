@@ -1,0 +1,15 @@
+"""Errors a user can act on: the command lines print them as one sentence, no traceback."""
+
+from __future__ import annotations
+
+from .clip import PretrainedWeightsError
+from .config import ConfigError
+from .data.video import VideoDecodeError
+from .training import NonFiniteLossError
+
+# FileNotFoundError covers missing annotation files (AnnotationError) and checkpoints;
+# ValueError covers checkpoints or indexes written for another model, and bad arguments.
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ConfigError, FileNotFoundError, FileExistsError, ValueError, VideoDecodeError,
+    PretrainedWeightsError, NonFiniteLossError,
+)
