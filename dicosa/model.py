@@ -297,7 +297,8 @@ class DiCoSA(nn.Module):
     def losses(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:
         """L = L_S + α·L_D + β·L_A (paper) or the released code's weighting (README)."""
         cfg = self.config
-        similarity = self.score(text, video)  # [B, B]
+        video_side = self._video_side(video)  # per-frame factors, shared by both terms
+        similarity = self._score_block(text.text, video, video_side)[0]  # [B, B]
         loss_sim = DF.info_nce(self.logit_scale * similarity)
         out = {"loss_sim": loss_sim, "logit_scale": self.logit_scale.detach()}
         if not cfg.use_factors:
@@ -308,7 +309,7 @@ class DiCoSA(nn.Module):
         weights = DF.matched_pooling_weights(text.text, video.frames, video.frame_mask,
                                              cfg.pool_temperature, self.mask_mode)  # [B, N]
         text_factors = self.head.text_factors(text.text)  # [B, K, d]
-        frame_factors = self.head.frame_factors(video.frames)  # [B, N, K, d]
+        frame_factors = video_side[0]  # [B, N, K, d]
         video_factors = torch.einsum("bn,bnkc->bkc", weights.to(frame_factors.dtype),
                                      frame_factors)
         if cfg.variant == "paper":
