@@ -52,7 +52,25 @@ def all_gather_with_grad(x: Tensor) -> Tensor:
     # Imported lazily: torch.distributed.nn pulls in RPC bits that are absent on some builds.
     from torch.distributed.nn.functional import all_gather
 
-    return torch.cat(all_gather(x), dim=0)
+    return _ContiguousGrad.apply(torch.cat(all_gather(x), dim=0))
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the incoming gradient contiguous.
+
+    all_gather's backward hands the per-rank slices of this gradient to a collective
+    (all-to-all on gloo) that reads raw memory; a gradient arriving as a strided view (an
+    einsum's or rearrange's backward produces those) was sent scrambled, which the 2-process
+    equality test caught.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad.contiguous()
 
 
 def all_gather_no_grad(x: Tensor) -> Tensor:

@@ -118,6 +118,23 @@ def _worker(rank: int, port: int) -> None:
         for g, r in zip(grads, ref_grads, strict=True):
             torch.testing.assert_close(g, r, atol=TOL, rtol=0)
 
+        # 2b) a gradient that reaches the gathered tensor as a strided view (einsum over a
+        #     transposed operand) must still be split between the ranks correctly
+        weight = torch.arange(WORLD * B_LOCAL * N_FRAMES * D_OUT, dtype=torch.float32)
+        weight = weight.view(D_OUT, N_FRAMES, WORLD * B_LOCAL)
+
+        def strided(frames: torch.Tensor) -> torch.Tensor:
+            return torch.einsum("bnd,dnb->", frames, weight) / weight.numel()
+
+        video_proj.zero_grad()
+        strided(video_proj(x_video)).backward()
+        ref_strided = [p.grad.clone() for p in video_proj.parameters()]
+        video_proj.zero_grad()
+        strided(all_gather_with_grad(video_proj(local[1]))).backward()
+        grads = _ddp_average([p.grad for p in video_proj.parameters()])
+        for g, r in zip(grads, ref_strided, strict=True):
+            torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-5)
+
         # 3) sensitivity check: without gradient through the gather the test above must fail
         def detached(t, v, m):
             t_all, v_all = all_gather_no_grad(t), all_gather_no_grad(v)
