@@ -30,15 +30,6 @@ log = logging.getLogger("dicosa")
 DEFAULT_CONFIG = "configs/msrvtt.yaml"
 
 
-def resolve_config(path: str | Path) -> Path:
-    """``path`` as given, else relative to the repository (where ``configs/`` lives)."""
-    path = Path(path)
-    if path.is_file() or path.is_absolute():
-        return path
-    repo = Path(__file__).resolve().parent.parent / path
-    return repo if repo.is_file() else path
-
-
 def load_model(checkpoint: str | None, config: str | None,
                overrides: Sequence[str] = ()) -> tuple[DiCoSA, dict]:
     """The model named on the command line and a record of where it came from.
@@ -53,7 +44,9 @@ def load_model(checkpoint: str | None, config: str | None,
 
         model, _ = load(checkpoint)
         return model.eval(), {"checkpoint": str(Path(checkpoint).resolve())}
-    path = resolve_config(config or DEFAULT_CONFIG)
+    from .training import config_path
+
+    path = config_path(config or DEFAULT_CONFIG, None)
     cfg = load_config(path, overrides)
     if cfg.model.pretrained is None:
         # Random initial weights must be the same in every process that uses this index.

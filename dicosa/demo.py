@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import load_config, replace
+from .config import replace
 
 __all__ = ["run_demo"]
 
@@ -37,13 +37,12 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     Returns:
         ``{"data", "run", "checkpoint", "metrics", "figure", "index", "search"}`` paths.
     """
-    from .__main__ import resolve_config
     from .checkpoint import load
     from .data.datasets import load_split
     from .data.synthetic import make_synthetic
     from .evaluation import evaluate, format_table
     from .index import VideoIndex
-    from .training import train
+    from .training import resolve_config, train
     from .visualize import visualize_factors
 
     out = Path(out_dir)
@@ -52,7 +51,7 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     started = time.perf_counter()
 
     _stage("1/5 synthetic benchmark")
-    cfg = load_config(resolve_config(config), overrides)
+    cfg = resolve_config(config, None, overrides)
     # Clips at the model's resolution: decoding larger frames only to shrink them is wasted.
     data = make_synthetic(out / "data", num_train=num_train, num_test=num_test,
                           size=_image_size(cfg.model.arch), seconds=1.0, seed=0)

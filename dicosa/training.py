@@ -54,6 +54,7 @@ __all__ = [
     "build_optimizer",
     "build_scheduler",
     "build_train_loader",
+    "config_path",
     "forward_backward",
     "make_accelerator",
     "resolve_config",
@@ -72,19 +73,30 @@ class NonFiniteLossError(FloatingPointError):
 # ---------------------------------------------------------------- configuration
 
 
+def config_path(config: str | Path | None, dataset: str | None) -> Path:
+    """``config`` if given, else ``configs/<dataset>.yaml`` (msrvtt by default). A relative
+    ``config`` missing from the working directory is looked up from the repository root."""
+    if config is not None:
+        path = Path(config)
+        in_repo = CONFIG_DIR.parent / path
+        if not path.is_file() and not path.is_absolute() and in_repo.is_file():
+            return in_repo
+        return path
+    name = dataset or "msrvtt"
+    path = CONFIG_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+        raise ConfigError(f"no config for dataset '{name}' ({path}); known: {known}")
+    return path
+
+
 def resolve_config(config: str | Path | None, dataset: str | None,
                    overrides: Iterable[str] = ()) -> Config:
-    """``--config`` if given, else ``configs/<dataset>.yaml`` (msrvtt by default), with
-    ``section.key=value`` overrides applied."""
-    if config is None:
-        name = dataset or "msrvtt"
-        config = CONFIG_DIR / f"{name}.yaml"
-        if not config.is_file():
-            known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-            raise ConfigError(f"no config for dataset '{name}' ({config}); known: {known}")
-    cfg = load_config(config, overrides)
+    """The config :func:`config_path` finds, with ``section.key=value`` overrides applied."""
+    path = config_path(config, dataset)
+    cfg = load_config(path, overrides)
     if dataset is not None and cfg.data.dataset != dataset:
-        raise ConfigError(f"--dataset {dataset} but {config} is for '{cfg.data.dataset}'")
+        raise ConfigError(f"--dataset {dataset} but {path} is for '{cfg.data.dataset}'")
     return cfg
 
 
