@@ -14,7 +14,8 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP)
 
-demo: $(STAMP)
+# Each run starts afresh: the demo's outputs are regenerated, never resumed.
+demo: $(STAMP) clean-demo
 	$(PY) -m dicosa demo --out outputs/demo
 
 lint: $(STAMP)
