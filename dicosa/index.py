@@ -43,6 +43,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
+from .checkpoint import write_text_atomic
 from .model import DiCoSA, VideoFeatures
 
 __all__ = ["FORMAT", "VideoIndex", "fingerprint_mismatch", "list_videos", "model_fingerprint"]
@@ -144,12 +145,6 @@ class _Shard:
     frame_mask: Tensor  # bool [n, N]
     rows: list[dict]
     name: str | None = None  # its file stem once written to the index folder
-
-
-def _write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 class VideoIndex:
@@ -384,7 +379,7 @@ class VideoIndex:
         else:
             num_frames = (self._fingerprint or {}).get("config", {}).get("num_frames")
             dim = self.model.embed_dim if self.model is not None else None
-        _write_json_atomic(self.directory / MANIFEST, {
+        write_text_atomic(self.directory / MANIFEST, json.dumps({
             "format": FORMAT,
             "version": VERSION,
             "fingerprint": self._fingerprint,
@@ -394,7 +389,7 @@ class VideoIndex:
             "shards": [{"name": s.name, "count": len(s.rows)} for s in self._shards],
             "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
             "meta": self.meta,
-        })
+        }, indent=1))
 
     # -- model ----------------------------------------------------------------------------
     def attach(self, model: DiCoSA, strict: bool = True) -> None:
