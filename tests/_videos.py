@@ -53,7 +53,9 @@ def write_frames(path: str | Path, frames: np.ndarray, fps: int = 10, codec: str
     height, width = frames.shape[1:3]
     with av.open(str(path), "w") as container:
         stream = container.add_stream(codec, rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        # MJPEG wants full-range chroma, as compress_videos writes it.
+        pix_fmt = "yuvj420p" if codec == "mjpeg" else "yuv420p"
+        stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
         if codec == "libx264":
             stream.options = {"crf": "0", "preset": "ultrafast"}
         else:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pickle
 import shutil
 
+import av
 import numpy as np
 import pytest
 import torch
 
-from dicosa.data.compress import compress_videos, plan_outputs
+from dicosa.data import video as video_module
+from dicosa.data.compress import compress_video, compress_videos, plan_outputs
 from dicosa.data.video import (
     VideoDecodeError,
     check_video,
@@ -83,7 +85,7 @@ def test_range_is_clipped_and_may_be_empty():
 # ---------------------------------------------------------------- load_video
 
 
-@pytest.mark.parametrize("codec,fps", [("mpeg4", 10), ("libx264", 25)])
+@pytest.mark.parametrize("codec,fps", [("mpeg4", 10), ("libx264", 25), ("mjpeg", 3)])
 def test_eval_decodes_the_centre_frames(tmp_path, codec, fps):
     path = write_video(tmp_path / "v.mp4", 40, fps=fps, codec=codec)
     frames, mask = load_video(path, 12, 32)
@@ -110,8 +112,9 @@ def test_short_video_is_padded_and_masked(tmp_path):
     assert frames[5:].eq(0).all()
 
 
-def test_segment_in_seconds(tmp_path):
-    path = write_video(tmp_path / "v.mp4", 50, fps=10)
+@pytest.mark.parametrize("codec", ["mpeg4", "mjpeg"])
+def test_segment_in_seconds(tmp_path, codec):
+    path = write_video(tmp_path / "v.mp4", 50, fps=10, codec=codec)
     frames, mask = load_video(path, 4, 32, segment=(2.0, 4.0))
     assert decoded_indices(frames, mask).tolist() == [22, 27, 32, 37]
     frames, mask = load_video(path, 4, 32, segment=(4.5, 7.0))  # clipped at the end
@@ -143,13 +146,16 @@ def test_centre_crop_keeps_the_middle(tmp_path):
     assert centre[1] > 180 and centre[0] < 60
 
 
-@pytest.mark.parametrize("kind", ["missing", "empty", "truncated", "garbage"])
+@pytest.mark.parametrize("kind", ["missing", "empty", "truncated", "truncated-mjpeg",
+                                  "garbage"])
 def test_bad_files_raise_video_decode_error(tmp_path, kind):
     path = tmp_path / f"{kind}.mp4"
     if kind == "empty":
         path.touch()
     elif kind == "truncated":
         truncate(write_video(path, 30), 0.5)
+    elif kind == "truncated-mjpeg":
+        truncate(write_video(path, 30, codec="mjpeg"), 0.5)
     elif kind == "garbage":
         path.write_bytes(b"not a video" * 200)
     with pytest.raises(VideoDecodeError) as info:
@@ -162,6 +168,66 @@ def test_bad_files_raise_video_decode_error(tmp_path, kind):
     with pytest.raises(VideoDecodeError):
         video_info(path)
     assert check_video(path) is not None
+
+
+def _textured_clip(num_frames: int, height: int, width: int) -> np.ndarray:
+    """Smooth colour gradients plus noise, panning: detail for a decoder to get wrong."""
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:height, 0:width + 4 * num_frames]
+    base = np.stack([128 + 90 * np.sin(x / 7 + c) * np.cos(y / 5 - c) for c in range(3)], -1)
+    base += rng.normal(0, 12, base.shape)
+    frames = [base[:, 4 * t : 4 * t + width] for t in range(num_frames)]
+    return np.clip(frames, 0, 255).astype(np.uint8)
+
+
+def test_jpeg_path_is_as_faithful_as_decord_and_never_opens_decord(tmp_path, monkeypatch):
+    source = _textured_clip(20, 48, 80)
+    path = write_frames(tmp_path / "v.mp4", source, codec="mjpeg")
+    # At the stored short side no resizing happens, so only the decoders differ.
+    reference, ref_mask = load_video(path, 6, 48, decoder="decord")
+
+    def no_decord(*args, **kwargs):
+        raise AssertionError("decord opened for an MJPEG file")
+
+    monkeypatch.setattr(video_module, "_open_reader", no_decord)
+    frames, mask = load_video(path, 6, 48)
+    assert torch.equal(mask, ref_mask) and frames.shape == reference.shape
+    # libjpeg-turbo and ffmpeg upsample chroma and convert colour differently, so
+    # pixels differ by a few levels; what matters is that the JPEG path is no further from
+    # the frames that were encoded than decord is.
+    original = torch.from_numpy(source[sample_indices(20, 6, False)]).permute(0, 3, 1, 2)
+    original = original[..., 16:64].float()  # the centre 48x48 crop
+    ours = (frames.float() - original).abs().mean()
+    theirs = (reference.float() - original).abs().mean()
+    assert ours <= theirs * 1.05, (ours, theirs)
+    assert (frames.float() - reference.float()).mean(dim=(0, 2, 3)).abs().max() < 1.5
+    assert video_info(path)["num_frames"] == 20
+    assert check_video(path) is None
+
+
+def test_jpeg_path_keeps_colours(tmp_path):
+    colours = np.array([(200, 60, 90), (20, 220, 40), (240, 240, 20), (30, 30, 200)], np.uint8)
+    path = write_frames(tmp_path / "v.mp4", np.broadcast_to(colours[:, None, None],
+                                                            (4, 32, 32, 3)), codec="mjpeg")
+    frames, _ = load_video(path, 4, 32)
+    got = frames[:, :, 8:24, 8:24].float().mean(dim=(2, 3))
+    assert (got - torch.from_numpy(colours).float()).abs().max() <= 3
+
+
+def test_jpeg_packets_libjpeg_rejects_fall_back_to_decord(tmp_path, monkeypatch):
+    path = write_video(tmp_path / "v.mp4", 30, codec="mjpeg")
+
+    def reject(*args, **kwargs):
+        raise ValueError("Huffman table 0x00 was not defined")
+
+    monkeypatch.setattr(video_module.simplejpeg, "decode_jpeg", reject)
+    frames, mask = load_video(path, 4, 32)
+    assert decoded_indices(frames, mask).tolist() == sample_indices(30, 4, False).tolist()
+
+
+def test_unknown_decoder_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="decoder"):
+        load_video(write_video(tmp_path / "v.mp4", 3), 2, 32, decoder="pyav")
 
 
 def test_video_info(tmp_path):
@@ -190,7 +256,8 @@ def test_compress_videos_resamples_resumes_and_reports(tmp_path):
     write_video(src / "a.mp4", 40, fps=10, width=96, height=64)
     write_video(src / "movie" / "b.avi", 20, fps=10, width=32, height=48)
     (src / "bad.mp4").write_bytes(b"junk" * 100)
-    report = compress_videos(src, dst, fps=5, short_side=32, num_workers=2, progress=False)
+    report = compress_videos(src, dst, fps=5, short_side=32, num_workers=2, progress=False,
+                             codec="h264", square=False)
     assert report["done"] == 2 and report["skipped"] == 0
     assert [p for p, _ in report["failed"]] == [str(src / "bad.mp4")]
     a, b = video_info(dst / "a.mp4"), video_info(dst / "movie" / "b.mp4")
@@ -201,6 +268,27 @@ def test_compress_videos_resamples_resumes_and_reports(tmp_path):
     # A rerun redoes nothing that finished (the bad file is tried, and fails, again).
     again = compress_videos(src, dst, fps=5, short_side=32, num_workers=2, progress=False)
     assert again["done"] == 0 and again["skipped"] == 2 and len(again["failed"]) == 1
+
+
+def test_default_compression_is_the_centre_square_in_mjpeg(tmp_path):
+    # Wide clip with a green centre square between red bands: the default output keeps the
+    # square only, and loading it gives what loading the original gives.
+    img = np.zeros((20, 64, 192, 3), np.uint8)
+    img[..., 0] = 220
+    img[:, :, 64:128] = (20, 220, 20)
+    src = write_frames(tmp_path / "src" / "wide.mp4", img, fps=10)
+    out = tmp_path / "out.mp4"
+    assert compress_video(src, out, fps=5, short_side=32) is None
+    with av.open(str(out)) as container:
+        assert container.streams.video[0].codec_context.name == "mjpeg"
+    info = video_info(out)
+    assert (info["width"], info["height"], info["num_frames"]) == (32, 32, 10)
+    frames, _ = load_video(out, 4, 32)
+    assert frames[:, 1].float().mean() > 180 and frames[:, 0].float().mean() < 60
+    reference, _ = load_video(src, 4, 32)
+    assert (frames.float() - reference.float()).abs().mean() < 8
+    with pytest.raises(ValueError, match="codec"):
+        compress_video(src, out, codec="vp9")
 
 
 def test_compress_refuses_to_write_into_its_source(tmp_path):

@@ -4,6 +4,11 @@ Uses the ffmpeg binary shipped by the ``imageio-ffmpeg`` package. Outputs go to
 ``<dst>/<same relative path>.mp4``; each is written to a hidden temporary file and renamed
 when complete, so an interrupted run leaves no half-written output and a rerun skips every
 finished file.
+
+By default the output is what :func:`dicosa.data.video.load_video` reads fastest: MJPEG
+(every frame a JPEG, decoded by libjpeg-turbo with no seeking) cropped to the centre square,
+the only part the loader ever uses. ``codec="h264"`` and ``square=False`` give the usual
+aspect-preserving H.264 files instead (every frame a keyframe), for other tools.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from tqdm import tqdm
 
 from .datasets import VIDEO_EXTENSIONS
 
-__all__ = ["compress_video", "compress_videos", "ffmpeg_exe", "plan_outputs"]
+__all__ = ["CODECS", "compress_video", "compress_videos", "ffmpeg_exe", "plan_outputs"]
 
 
 def ffmpeg_exe() -> str:
@@ -27,11 +32,27 @@ def ffmpeg_exe() -> str:
     return imageio_ffmpeg.get_ffmpeg_exe()
 
 
-def _scale_filter(short_side: int) -> str:
+CODECS = ("mjpeg", "h264")
+
+# Codec arguments. h264: every frame a keyframe, so sampling 12 of ~60 frames decodes 12,
+# not the whole GOP before each (measured 75 -> 23 ms per 12-frame clip of 3-fps 398x224
+# video), and fastdecode (no CABAC, no deblocking) for ~20% more bytes. mjpeg: quality 3 of
+# 2..31 (about JPEG quality 90); full-range yuvj420p is what JPEG decoders expect.
+_CODEC_ARGS = {
+    "h264": ["-c:v", "libx264", "-preset", "veryfast", "-crf", "23", "-pix_fmt", "yuv420p",
+             "-g", "1", "-tune", "fastdecode"],
+    "mjpeg": ["-c:v", "mjpeg", "-q:v", "3", "-pix_fmt", "yuvj420p"],
+}
+
+
+def _video_filter(fps: float, short_side: int, square: bool) -> str:
     # Short side to `short_side` (never upscaled), long side by aspect ratio; every size
-    # rounded to even numbers because yuv420p needs them.
+    # rounded to even numbers because 4:2:0 chroma needs them.
     s = f"trunc(min({short_side},min(iw,ih))/2)*2"
-    return f"scale='if(lte(iw,ih),{s},-2)':'if(lte(iw,ih),-2,{s})'"
+    chain = f"fps={fps},scale='if(lte(iw,ih),{s},-2)':'if(lte(iw,ih),-2,{s})'"
+    # crop centres by default; the loader centre-crops the same square, so nothing it would
+    # read is lost.
+    return chain + (",crop='min(iw,ih)':'min(iw,ih)'" if square else "")
 
 
 def compress_video(
@@ -41,23 +62,27 @@ def compress_video(
     short_side: int = 224,
     ffmpeg: str | None = None,
     timeout: float | None = None,
+    codec: str = "mjpeg",
+    square: bool = True,
 ) -> str | None:
-    """Re-encode ``src`` to an H.264 mp4 at ``dst`` (atomically).
+    """Re-encode ``src`` to an mp4 at ``dst`` (atomically).
+
+    Args:
+        fps, short_side: output frame rate and short side (never upscaled).
+        codec: ``"mjpeg"`` or ``"h264"``.
+        square: keep only the centre square.
 
     Returns:
         None on success, else the reason it failed (ffmpeg's last error lines).
     """
+    if codec not in CODECS:
+        raise ValueError(f"codec must be one of {CODECS}, got {codec!r}")
     src, dst = Path(src), Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.stem}.partial.mp4")
     cmd = [
         ffmpeg or ffmpeg_exe(), "-y", "-nostdin", "-loglevel", "error", "-i", str(src),
-        "-vf", f"fps={fps},{_scale_filter(short_side)}", "-an",
-        "-c:v", "libx264", "-preset", "veryfast", "-crf", "23", "-pix_fmt", "yuv420p",
-        # Every frame a keyframe: sampling 12 of ~60 frames then decodes 12, not the whole
-        # GOP before each (measured 75 -> 23 ms per 12-frame clip of 3-fps 398x224 video);
-        # fastdecode (no CABAC, no deblocking) cuts decoding further for ~20% more bytes.
-        "-g", "1", "-tune", "fastdecode",
+        "-vf", _video_filter(fps, short_side, square), "-an", *_CODEC_ARGS[codec],
         # Index at the front: readers need not seek to the end to open the file.
         "-movflags", "+faststart", "-threads", "1", str(tmp),
     ]
@@ -100,12 +125,18 @@ def compress_videos(
     num_workers: int = 4,
     progress: bool = True,
     timeout: float | None = None,
+    codec: str = "mjpeg",
+    square: bool = True,
 ) -> dict:
     """Re-encode every video under ``src_dir`` into ``dst_dir``, skipping finished outputs.
+
+    See :func:`compress_video` for ``codec`` and ``square``.
 
     Returns:
         ``{"done": int, "skipped": int, "failed": [(source path, reason), ...]}``.
     """
+    if codec not in CODECS:
+        raise ValueError(f"codec must be one of {CODECS}, got {codec!r}")
     pairs = plan_outputs(src_dir, dst_dir)
     todo = [(s, d) for s, d in pairs if not d.is_file()]
     exe = ffmpeg_exe()
@@ -115,7 +146,8 @@ def compress_videos(
         total=len(todo), desc="compressing", unit="video", disable=not progress
     ) as bar:
         futures = {
-            pool.submit(compress_video, s, d, fps, short_side, exe, timeout): s for s, d in todo
+            pool.submit(compress_video, s, d, fps, short_side, exe, timeout, codec, square): s
+            for s, d in todo
         }
         for future in as_completed(futures):
             reason = future.result()

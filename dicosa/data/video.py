@@ -5,23 +5,29 @@ clip is cut into N equal segments and one frame is taken from each, at a random 
 training and at the segment centre in evaluation. Output is uint8 ``[N, 3, S, S]`` with the
 short side resized to ``S`` (bicubic) and centre-cropped; normalisation happens later, on the
 device. Every failure to read a file surfaces as :class:`VideoDecodeError`.
+
+Two decoders sit behind one interface: MJPEG files (the default output of
+``data_prep/compress_videos.py``) are demuxed with PyAV and only the sampled JPEGs decoded,
+by libjpeg-turbo; everything else goes through decord.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import av
 import decord
 import numpy as np
+import simplejpeg
 import torch
 from torchvision.transforms.v2 import functional as TF
 from tqdm import tqdm
 
 __all__ = [
+    "DECODERS",
     "VideoDecodeError",
     "check_video",
     "check_videos",
@@ -35,6 +41,8 @@ __all__ = [
 # past them, and retry once more on that error in case other builds have other bad widths.
 _DECORD_BAD_WIDTHS = frozenset({12, 16, 24, 48, 72})
 _SIZE_MISMATCH = "The size must exactly match"
+
+DECODERS = ("auto", "decord")
 
 
 class VideoDecodeError(RuntimeError):
@@ -107,21 +115,22 @@ def _check_file(path: Path) -> None:
         raise VideoDecodeError(path, "empty file (0 bytes)")
 
 
-def _probe_size(path: Path) -> tuple[int, int]:
-    """(width, height) of the first video stream, read from the container header only."""
+def _open_container(path: Path) -> tuple[av.container.InputContainer, av.VideoStream]:
+    """The file's container and its first video stream, from the header only."""
     try:
-        with av.open(str(path)) as container:
-            if not container.streams.video:
-                raise VideoDecodeError(path, "no video stream")
-            ctx = container.streams.video[0].codec_context
-            width, height = int(ctx.width), int(ctx.height)
-    except VideoDecodeError:
-        raise
+        container = av.open(str(path))
     except Exception as exc:
         raise VideoDecodeError(path, f"cannot open: {exc}") from exc
-    if width <= 0 or height <= 0:
-        raise VideoDecodeError(path, f"bad frame size {width}x{height}")
-    return width, height
+    if not container.streams.video:
+        container.close()
+        raise VideoDecodeError(path, "no video stream")
+    stream = container.streams.video[0]
+    if stream.codec_context.width <= 0 or stream.codec_context.height <= 0:
+        container.close()
+        raise VideoDecodeError(
+            path, f"bad frame size {stream.codec_context.width}x{stream.codec_context.height}"
+        )
+    return container, stream
 
 
 def _decode_size(width: int, height: int, image_size: int) -> tuple[int, int]:
@@ -153,7 +162,7 @@ def _open_reader(path: Path, width: int, height: int) -> decord.VideoReader:
     return reader
 
 
-def _read_frames(
+def _decord_batch(
     path: Path, reader: decord.VideoReader, size: tuple[int, int], indices: np.ndarray
 ) -> np.ndarray:
     """uint8 ``[n, H, W, 3]`` frames at ``indices``; reopens past decord's bad widths."""
@@ -169,13 +178,84 @@ def _read_frames(
     raise AssertionError("unreachable")
 
 
-def _resize_crop(frames: torch.Tensor, image_size: int) -> torch.Tensor:
-    """uint8 ``[n, 3, h, w]`` -> ``[n, 3, S, S]``: short side to S (bicubic), centre crop."""
-    if min(frames.shape[-2:]) != image_size:
-        frames = TF.resize(
-            frames, [image_size], interpolation=TF.InterpolationMode.BICUBIC, antialias=True
-        )
-    return TF.center_crop(frames, [image_size, image_size])
+# Picks the frame indices to decode from (frames in the file, its frame rate).
+_Picker = Callable[[int, float], np.ndarray]
+
+
+def _jpeg_frames(
+    path: Path, container: av.container.InputContainer, stream: av.VideoStream, pick: _Picker
+) -> np.ndarray | None:
+    """Frames of an MJPEG stream, decoded by libjpeg-turbo straight from the packets.
+
+    Every MJPEG packet is one self-contained JPEG image, so sampling needs no seeking and no
+    decoder state: demuxing the whole clip and decoding only the picked packets costs about a
+    quarter of decord's per-frame seek-and-decode on the same file (``benchmarks/data.py``).
+
+    Returns:
+        uint8 ``[n, H, W, 3]``, or None when libjpeg rejects a packet (some camera MJPEG omits
+        its Huffman tables, and a frame may differ in size from the header); the caller then
+        falls back to decord, which handles those.
+    """
+    try:
+        packets = [packet for packet in container.demux(stream) if packet.size]
+    except Exception as exc:
+        raise VideoDecodeError(path, f"cannot read packets: {exc}") from exc
+    if not packets:
+        raise VideoDecodeError(path, "no frames")
+    if stream.frames and len(packets) < stream.frames:
+        # decord would fail on the missing tail too; check_video reports such files.
+        raise VideoDecodeError(path, f"truncated: {len(packets)} of {stream.frames} frames")
+    rate = stream.average_rate or stream.guessed_rate
+    indices = pick(len(packets), float(rate) if rate else 0.0)
+    height, width = stream.codec_context.height, stream.codec_context.width
+    frames = np.empty((len(indices), height, width, 3), dtype=np.uint8)
+    try:
+        for row, i in enumerate(indices):
+            # Straight into the output row: no intermediate image object or copy.
+            simplejpeg.decode_jpeg(bytes(packets[i]), colorspace="RGB", buffer=frames[row])
+    except ValueError:
+        return None
+    return frames
+
+
+def _decode(path: Path, pick: _Picker, short_side: int, decoder: str) -> np.ndarray:
+    """uint8 ``[n, h, w, 3]`` frames of ``path`` at the indices ``pick`` chooses.
+
+    ``short_side`` lets decord decode at reduced size (never below it); the JPEG path always
+    decodes the stored size, which ``compress_videos`` already made small.
+    """
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+    _check_file(path)
+    container, stream = _open_container(path)
+    with container:
+        native = stream.codec_context.width, stream.codec_context.height
+        if decoder == "auto" and stream.codec_context.name == "mjpeg":
+            frames = _jpeg_frames(path, container, stream, pick)
+            if frames is not None:
+                return frames
+    size = _decode_size(*native, short_side)
+    # Asking decord for the native size still runs its scaler (measured 36 vs 24 ms for 12
+    # frames at 398x224), so a size is passed only when it differs.
+    reader = _open_reader(path, *size) if size != native else _open_reader(path, -1, -1)
+    indices = pick(len(reader), float(reader.get_avg_fps()))
+    if len(indices) == 0:  # at the stored size, which video_info reports
+        return np.zeros((0, native[1], native[0], 3), dtype=np.uint8)
+    return _decord_batch(path, reader, size, indices)
+
+
+def _resize_crop(frames: np.ndarray, image_size: int) -> torch.Tensor:
+    """uint8 ``[n, h, w, 3]`` -> ``[n, 3, S, S]``: short side to S (bicubic), centre crop."""
+    height, width = frames.shape[1:3]
+    if min(height, width) != image_size:
+        resized = TF.resize(torch.from_numpy(frames).permute(0, 3, 1, 2), [image_size],
+                            interpolation=TF.InterpolationMode.BICUBIC, antialias=True)
+        return TF.center_crop(resized, [image_size, image_size]).contiguous()
+    # Already at size (what compress_videos writes): crop by slicing and transpose once;
+    # numpy's transpose copy is about twice as fast as torch's for uint8.
+    top, left = (height - image_size) // 2, (width - image_size) // 2
+    frames = frames[:, top:top + image_size, left:left + image_size]
+    return torch.from_numpy(np.ascontiguousarray(frames.transpose(0, 3, 1, 2)))
 
 
 def load_video(
@@ -185,6 +265,7 @@ def load_video(
     train: bool = False,
     segment: tuple[float, float] | None = None,
     rng: np.random.Generator | None = None,
+    decoder: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode ``num_frames`` frames of ``path`` as model input.
 
@@ -195,6 +276,9 @@ def load_video(
         train: random offset inside each segment (True) or segment centres (False).
         segment: ``(start, end)`` in seconds to sample from; the whole video when None.
         rng: generator for training offsets.
+        decoder: ``"auto"`` decodes MJPEG files (what ``compress_videos`` writes by default)
+            with libjpeg-turbo and everything else with decord; ``"decord"`` uses decord for
+            every file.
 
     Returns:
         frames: uint8 ``[N, 3, S, S]``; rows past the decoded frames are zero.
@@ -204,29 +288,22 @@ def load_video(
         VideoDecodeError: the file is missing, empty, or cannot be decoded.
     """
     path = Path(path)
-    _check_file(path)
-    native = _probe_size(path)
-    size = _decode_size(*native, image_size)
-    # Asking decord for the native size still runs its scaler (measured 36 vs 24 ms for 12
-    # frames at 398x224), so a size is passed only when it differs.
-    reader = _open_reader(path, *size) if size != native else _open_reader(path, -1, -1)
-    total = len(reader)
-    start, end = 0, total
-    if segment is not None:
-        fps = reader.get_avg_fps()
-        if not fps or fps <= 0:
-            raise VideoDecodeError(path, "unknown frame rate, cannot seek to a segment")
-        start = min(max(0, int(np.floor(segment[0] * fps))), total - 1)
-        # A segment that rounds to nothing still yields one frame rather than none.
-        end = min(total, max(start + 1, int(np.ceil(segment[1] * fps))))
-    indices = sample_indices(total, num_frames, train, rng, start, end)
-    # Views until the one copy into the output: these are ~2 MB per clip at 224 px.
-    decoded = torch.from_numpy(_read_frames(path, reader, size, indices)).permute(0, 3, 1, 2)
-    decoded = _resize_crop(decoded, image_size)
+
+    def pick(total: int, fps: float) -> np.ndarray:
+        start, end = 0, total
+        if segment is not None:
+            if fps <= 0:
+                raise VideoDecodeError(path, "unknown frame rate, cannot seek to a segment")
+            start = min(max(0, int(np.floor(segment[0] * fps))), total - 1)
+            # A segment that rounds to nothing still yields one frame rather than none.
+            end = min(total, max(start + 1, int(np.ceil(segment[1] * fps))))
+        return sample_indices(total, num_frames, train, rng, start, end)
+
+    decoded = _resize_crop(_decode(path, pick, image_size, decoder), image_size)
     mask = torch.zeros(num_frames, dtype=torch.bool)
     mask[: len(decoded)] = True
     if len(decoded) == num_frames:
-        return decoded.contiguous(), mask
+        return decoded, mask
     frames = torch.zeros(num_frames, 3, image_size, image_size, dtype=torch.uint8)
     frames[: len(decoded)] = decoded
     return frames, mask
@@ -237,41 +314,43 @@ def video_info(path: str | os.PathLike) -> dict:
 
     Returns:
         ``{"fps": float, "num_frames": int, "duration": float (s), "width": int,
-        "height": int}``; ``num_frames`` is what decord (hence :func:`load_video`) sees.
+        "height": int}``; ``num_frames`` is what :func:`load_video` sees.
 
     Raises:
         VideoDecodeError: the file is missing, empty, or cannot be opened.
     """
     path = Path(path)
-    _check_file(path)
-    width, height = _probe_size(path)
-    reader = _open_reader(path, *_decode_size(width, height, min(width, height)))
-    num_frames = len(reader)
-    fps = float(reader.get_avg_fps())
+    seen: dict[str, float] = {}
+
+    def pick(total: int, fps: float) -> np.ndarray:
+        seen.update(num_frames=total, fps=fps)
+        return np.zeros(0, dtype=np.int64)
+
+    frames = _decode(path, pick, 1 << 30, "auto")
+    fps = seen["fps"]
     return {
         "fps": fps,
-        "num_frames": num_frames,
-        "duration": num_frames / fps if fps > 0 else float("nan"),
-        "width": width,
-        "height": height,
+        "num_frames": int(seen["num_frames"]),
+        "duration": seen["num_frames"] / fps if fps > 0 else float("nan"),
+        "width": frames.shape[2],
+        "height": frames.shape[1],
     }
 
 
 def check_video(path: str | os.PathLike, num_probe: int = 4) -> str | None:
     """Why ``path`` cannot be used, or None when it decodes.
 
-    Decodes the first and last frames plus ``num_probe`` evaluation-style samples at a tiny
-    size: the last frame catches the common case of a container that promises more frames
-    than it holds (an interrupted download or re-encode).
+    Decodes the first and last frames plus ``num_probe`` evaluation-style samples, through
+    the same decoder :func:`load_video` uses (at a tiny size where decord allows it): the last
+    frame catches the common case of a container that promises more frames than it holds (an
+    interrupted download or re-encode).
     """
-    path = Path(path)
+
+    def pick(total: int, fps: float) -> np.ndarray:
+        return np.unique(np.r_[0, sample_indices(total, num_probe, train=False), total - 1])
+
     try:
-        _check_file(path)
-        size = _decode_size(*_probe_size(path), 8)
-        reader = _open_reader(path, *size)
-        total = len(reader)
-        probe = np.unique(np.r_[0, sample_indices(total, num_probe, train=False), total - 1])
-        _read_frames(path, reader, size, probe)
+        _decode(Path(path), pick, 8, "auto")
     except VideoDecodeError as exc:
         return exc.reason
     return None
