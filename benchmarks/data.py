@@ -1,8 +1,12 @@
 """Throughput of the training DataLoader, in clips per second.
 
-Without ``--root`` it first writes 3-fps, 10-30 s, 398x224 synthetic clips (the shape of
-``data_prep/compress_videos.py`` output) to a temporary folder. ``--smoke`` runs tiny inputs
-in a few seconds (and writes no JSON unless ``--out`` is given).
+Without ``--root`` it first writes 10-30 s, 398x224, 10-fps source clips to a temporary
+folder and re-encodes them with ``compress_videos`` (3 fps, 224 px; ``--codec`` and
+``--keep-aspect`` as in ``data_prep/compress_videos.py``). The sources are textured and pan,
+so that they cost about as many bytes per frame to store, and as much work to decode, as
+camera footage; the synthetic benchmark's flat shapes would flatter the decoder. The JSON
+records the mean stored bytes per frame, to compare with a real dataset's. ``--smoke`` runs
+tiny inputs in a few seconds (and writes no JSON unless ``--out`` is given).
 
     python benchmarks/data.py --workers 2
 """
@@ -14,13 +18,16 @@ import os
 import shutil
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import av
+import numpy as np
 import torch
 from common import environment, report
 from torch.utils.data import DataLoader
 
-from dicosa.data.compress import compress_videos
+from dicosa.data.compress import CODECS, compress_videos
 from dicosa.data.datasets import DATASETS, load_split
 from dicosa.data.loader import TrainDataset
 from dicosa.data.synthetic import make_synthetic
@@ -31,6 +38,48 @@ DEFAULT_OUT = Path(__file__).parent / "results" / "data.json"
 def _fake_tokenize(texts: list[str]) -> torch.Tensor:
     # Tokenising is not what this measures; a constant-cost stand-in.
     return torch.zeros(len(texts), 32, dtype=torch.long)
+
+
+def write_textured(path: Path, num_frames: int, height: int, width: int, fps: int,
+                   seed: int) -> None:
+    """A panning view of a random scene: smooth colour regions, edges and sensor-like noise."""
+    rng = np.random.default_rng(seed)
+    pan = 3  # pixels per frame
+    full_w = width + pan * num_frames
+    # Low-frequency colour field plus a few hard-edged blocks, at quarter resolution.
+    coarse = rng.uniform(0, 255, size=(height // 16 + 2, full_w // 16 + 2, 3))
+    scene = np.kron(coarse, np.ones((16, 16, 1)))[:height, :full_w]
+    for _ in range(12):
+        y, x = rng.integers(0, height), rng.integers(0, full_w)
+        scene[y:y + rng.integers(8, 60), x:x + rng.integers(8, 60)] = rng.uniform(0, 255, 3)
+    y, x = np.mgrid[0:height, 0:full_w]
+    scene += 25 * np.sin(x / rng.uniform(2, 6) + y / rng.uniform(2, 6))[..., None]
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.options = {"crf": "18", "preset": "veryfast"}
+        stream.codec_context.thread_count = 1
+        for t in range(num_frames):
+            noise = rng.normal(0, 6, size=(height, width, 1))
+            img = np.clip(scene[:, pan * t: pan * t + width] + noise, 0, 255).astype(np.uint8)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")))
+        container.mux(stream.encode())
+
+
+def _texture_job(job: tuple[str, int, int, int, int]) -> None:
+    path, seed, height, width, fps = job
+    with av.open(path) as container:
+        num_frames = container.streams.video[0].frames
+    write_textured(Path(path), num_frames, height, width, fps, seed)
+
+
+def bytes_per_frame(folder: Path) -> float:
+    total_bytes, total_frames = 0, 0
+    for path in folder.glob("*.mp4"):
+        with av.open(str(path)) as container:
+            total_frames += container.streams.video[0].frames
+        total_bytes += path.stat().st_size
+    return total_bytes / max(1, total_frames)
 
 
 def measure(loader: DataLoader, num_batches: int) -> tuple[int, float]:
@@ -60,6 +109,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--num-frames", type=int, default=12)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--num-clips", type=int, default=48, help="synthetic clips to write")
+    parser.add_argument("--codec", choices=CODECS, default="mjpeg",
+                        help="how compress_videos stores the synthetic clips")
+    parser.add_argument("--keep-aspect", action="store_true",
+                        help="store whole 398x224 frames instead of the centre square")
     parser.add_argument("--out", type=Path, default=None, help=f"default: {DEFAULT_OUT}")
     parser.add_argument("--smoke", action="store_true", help="tiny inputs, a few seconds")
     args = parser.parse_args(argv)
@@ -69,27 +122,34 @@ def main(argv: list[str] | None = None) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.root is None or not Path(args.root).exists():
-            # Clips as the documented pipeline leaves them: raw synthetic video re-encoded by
-            # compress_videos (3 fps, 224 px short side, every frame a keyframe).
+            # Clips as the documented pipeline leaves them: source video re-encoded by
+            # compress_videos (3 fps, 224 px short side).
             dataset, root = "synthetic", Path(args.root or Path(tmp) / "root")
             raw = Path(tmp) / "raw"
-            if args.smoke:
-                make_synthetic(raw, args.num_clips, 0, size=64, fps=6, seconds=(2, 4))
-            else:
-                make_synthetic(raw, args.num_clips, 0, size=224, width=398, fps=10,
-                               seconds=(10, 30))
+            height, width, fps = (64, 64, 6) if args.smoke else (224, 398, 10)
+            # make_synthetic writes the MSR-VTT annotation files and clips of random lengths;
+            # each clip is then replaced by textured footage of the same length.
+            make_synthetic(raw, args.num_clips, 0, size=height, width=width, fps=fps,
+                           seconds=(2, 4) if args.smoke else (10, 30))
+            jobs = [(str(p), i, height, width, fps)
+                    for i, p in enumerate(sorted((raw / "videos").glob("*.mp4")))]
+            with ProcessPoolExecutor(os.cpu_count() or 1) as pool:
+                list(pool.map(_texture_job, jobs))
             compressed = compress_videos(raw / "videos", root / "videos", fps=3,
-                                     short_side=64 if args.smoke else 224,
-                                     num_workers=os.cpu_count() or 1, progress=False)
+                                         short_side=64 if args.smoke else 224,
+                                         num_workers=os.cpu_count() or 1, progress=False,
+                                         codec=args.codec, square=not args.keep_aspect)
             if compressed["failed"]:
                 raise SystemExit(f"compressing the benchmark clips failed: {compressed['failed']}")
             for f in raw.iterdir():
                 if f.is_file():
                     shutil.copy(f, root / f.name)
-            source = ("synthetic 64x64 " if args.smoke else "synthetic 398x224 10-30 s ") + \
-                "re-encoded by compress_videos (3 fps, all keyframes)"
+            source = (f"textured {width}x{height} "
+                      f"{'2-4' if args.smoke else '10-30'} s clips re-encoded by compress_videos "
+                      f"(3 fps, {args.codec}, {'whole frame' if args.keep_aspect else 'square'})")
         else:
             dataset, root, source = args.dataset, Path(args.root), str(args.root)
+        stored = bytes_per_frame(root / "videos")
         split = load_split(dataset, root, args.split or DATASETS[dataset].train_split)
         # One caption per video, so a batch never decodes the same file twice.
         first = {}
@@ -119,6 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
         "num_frames": args.num_frames,
         "image_size": args.image_size,
         "source": source,
+        "stored_bytes_per_frame": round(stored),
         "smoke": args.smoke,
         **environment("cpu"),
     }
