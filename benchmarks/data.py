@@ -23,21 +23,17 @@ from pathlib import Path
 
 import av
 import numpy as np
-import torch
 from common import environment, report
 from torch.utils.data import DataLoader
 
+from dicosa.clip import get_tokenizer
 from dicosa.data.compress import CODECS, compress_videos
 from dicosa.data.datasets import DATASETS, load_split
 from dicosa.data.loader import TrainDataset
 from dicosa.data.synthetic import make_synthetic
+from dicosa.training import build_train_loader
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "data.json"
-
-
-def _fake_tokenize(texts: list[str]) -> torch.Tensor:
-    # Tokenising is not what this measures; a constant-cost stand-in.
-    return torch.zeros(len(texts), 32, dtype=torch.long)
 
 
 def write_textured(path: Path, num_frames: int, height: int, width: int, fps: int,
@@ -104,8 +100,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dataset", default="msrvtt", choices=sorted(DATASETS))
     parser.add_argument("--split", default=None, help="default: the dataset's training split")
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--num-batches", type=int, default=12)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--num-batches", type=int, default=40)
     parser.add_argument("--num-frames", type=int, default=12)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--num-clips", type=int, default=48, help="synthetic clips to write")
@@ -162,10 +158,10 @@ def main(argv: list[str] | None = None) -> dict:
         keep = (keep * (need // len(keep) + 1))[:max(need, len(keep))]
         split.captions = [split.captions[i] for i in keep]
         split.caption_video = [split.caption_video[i] for i in keep]
-        ds = TrainDataset(split, _fake_tokenize, args.num_frames, args.image_size)
-        loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True,
-                            num_workers=args.workers, drop_last=False,
-                            persistent_workers=args.workers > 0)
+        # The loader train.py builds: real tokenizer, per-item seeding, dropped last batch.
+        ds = TrainDataset(split, get_tokenizer("ViT-B-32", 32), args.num_frames,
+                          args.image_size)
+        loader, _ = build_train_loader(ds, args.batch_size, seed=0, num_workers=args.workers)
         clips, seconds = measure(loader, args.num_batches)
 
     rate = clips / seconds

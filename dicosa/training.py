@@ -146,7 +146,9 @@ class SeededItems(Dataset):
         epoch, index = key
         # fork_rng: the caller's global RNG stream (main process with num_workers=0) is kept.
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(_mix(self.seed, epoch, index))
+            # The CPU generator alone: items draw nothing on a GPU, and torch.manual_seed,
+            # which also visits every accelerator backend, costs ~0.3 ms an item.
+            torch.default_generator.manual_seed(_mix(self.seed, epoch, index))
             return self.dataset[index]
 
 
