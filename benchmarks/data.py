@@ -8,7 +8,8 @@ camera footage; the synthetic benchmark's flat shapes would flatter the decoder.
 records the mean stored bytes per frame, to compare with a real dataset's. ``--smoke`` runs
 tiny inputs in a few seconds (and writes no JSON unless ``--out`` is given).
 
-    python benchmarks/data.py --workers 2
+    python benchmarks/data.py --workers 1 2 --repeats 3
+    python benchmarks/data.py --workers 1 8 16 --repeats 3     # on a 16-core machine
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -99,7 +101,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--root", default=None, help="dataset root; default: synthetic clips")
     parser.add_argument("--dataset", default="msrvtt", choices=sorted(DATASETS))
     parser.add_argument("--split", default=None, help="default: the dataset's training split")
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1],
+                        help="one or more worker counts, each measured on the same clips")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs per worker count (interleaved); the median is reported")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--num-batches", type=int, default=40)
     parser.add_argument("--num-frames", type=int, default=12)
@@ -161,15 +166,24 @@ def main(argv: list[str] | None = None) -> dict:
         # The loader train.py builds: real tokenizer, per-item seeding, dropped last batch.
         ds = TrainDataset(split, get_tokenizer("ViT-B-32", 32), args.num_frames,
                           args.image_size)
-        loader, _ = build_train_loader(ds, args.batch_size, seed=0, num_workers=args.workers)
-        clips, seconds = measure(loader, args.num_batches)
+        rates: dict[int, list[float]] = {w: [] for w in args.workers}
+        for _ in range(args.repeats):
+            for workers in args.workers:
+                loader, _ = build_train_loader(ds, args.batch_size, seed=0,
+                                               num_workers=workers)
+                clips, seconds = measure(loader, args.num_batches)
+                rates[workers].append(clips / seconds)
 
-    rate = clips / seconds
+    runs = []
+    for workers, values in rates.items():
+        rate = statistics.median(values)
+        runs.append({"workers": workers, "clips_per_s": round(rate, 2),
+                     "clips_per_s_per_worker": round(rate / max(1, workers), 2),
+                     "all_runs": [round(v, 2) for v in values]})
     result = {
         "benchmark": "data",
-        "clips_per_s": round(rate, 2),
-        "clips_per_s_per_worker": round(rate / max(1, args.workers), 2),
-        "workers": args.workers,
+        "runs": runs,
+        "repeats": args.repeats,
         "batch_size": args.batch_size,
         "num_batches": args.num_batches,
         "num_frames": args.num_frames,
