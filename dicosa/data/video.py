@@ -17,14 +17,17 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import av
-import decord
 import numpy as np
 import simplejpeg
 import torch
 from torchvision.transforms.v2 import functional as TF
 from tqdm import tqdm
+
+if TYPE_CHECKING:
+    import decord
 
 __all__ = [
     "DECODERS",
@@ -151,6 +154,10 @@ def _decode_size(width: int, height: int, image_size: int) -> tuple[int, int]:
 
 
 def _open_reader(path: Path, width: int, height: int) -> decord.VideoReader:
+    # Imported on first use: reading MJPEG files needs no decord (which has no wheels for
+    # some platforms, e.g. aarch64).
+    import decord
+
     try:
         reader = decord.VideoReader(
             str(path), ctx=decord.cpu(0), width=width, height=height, num_threads=1
