@@ -36,8 +36,8 @@ CODECS = ("mjpeg", "h264")
 
 # Codec arguments. h264: every frame a keyframe, so sampling 12 of ~60 frames decodes 12,
 # not the whole GOP before each (measured 75 -> 23 ms per 12-frame clip of 3-fps 398x224
-# video), and fastdecode (no CABAC, no deblocking) for ~20% more bytes. mjpeg: quality 3 of
-# 2..31 (about JPEG quality 90); full-range yuvj420p is what JPEG decoders expect.
+# video), and fastdecode (no CABAC, no deblocking) for ~20% more bytes. mjpeg: quantiser 3
+# on ffmpeg's 2..31 scale; full-range yuvj420p is what JPEG decoders expect.
 _CODEC_ARGS = {
     "h264": ["-c:v", "libx264", "-preset", "veryfast", "-crf", "23", "-pix_fmt", "yuv420p",
              "-g", "1", "-tune", "fastdecode"],
