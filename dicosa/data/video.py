@@ -220,8 +220,8 @@ def _jpeg_frames(
     frames = np.empty((len(indices), height, width, 3), dtype=np.uint8)
     try:
         for row, i in enumerate(indices):
-            # Straight into the output row: no intermediate image object or copy.
-            simplejpeg.decode_jpeg(bytes(packets[i]), colorspace="RGB", buffer=frames[row])
+            # From the packet's own buffer straight into the output row: no copies.
+            simplejpeg.decode_jpeg(packets[i], colorspace="RGB", buffer=frames[row])
     except ValueError:
         return None
     return frames
