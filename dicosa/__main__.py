@@ -1,7 +1,9 @@
-"""Command line: ``python -m dicosa {index,search,demo} ...``.
+"""Command line: ``python -m dicosa {index,search,heads,demo} ...``.
 
     python -m dicosa index FOLDER --out INDEX [--checkpoint CKPT | --config CFG]
     python -m dicosa search INDEX "a man is skiing" -k 10 [--checkpoint CKPT] [--json]
+    python -m dicosa heads train KIND --checkpoint CKPT --out HEAD.pt [--set key=value]
+    python -m dicosa heads info HEAD.pt
     python -m dicosa demo --out outputs/demo [--quick]
 
 Without ``--checkpoint`` the model is built from a config (default ``configs/msrvtt.yaml``,
@@ -92,6 +94,26 @@ def _cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_heads_train(args: argparse.Namespace) -> int:
+    from .heads.train import train_head
+
+    path = train_head(args.kind, args.checkpoint, args.out, args.set, data_root=args.data_root,
+                      seed=args.seed, device=args.device, progress=not args.quiet)
+    print(f"trained the {args.kind} head on {args.checkpoint}: {path}")
+    return 0
+
+
+def _cmd_heads_info(args: argparse.Namespace) -> int:
+    from .heads.base import read_head_file
+
+    state = read_head_file(args.head)
+    facts = {"kind": state["kind"], "config": state["config"],
+             "model_weights_sha256": state["fingerprint"]["weights_sha256"],
+             "trained": state.get("trained", {})}
+    print(json.dumps(facts, indent=1, default=str))
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -131,6 +153,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="warn instead of failing when the model differs from the index's")
     _model_options(p, None)
     p.set_defaults(func=_cmd_search)
+
+    heads = commands.add_parser("heads", help="heads trained on a frozen DiCoSA (lexical, d2s, "
+                                              "concepts, mul2vec)")
+    head_commands = heads.add_subparsers(dest="heads_command", required=True)
+    p = head_commands.add_parser("train", help="train a head on a checkpoint's training split")
+    p.add_argument("kind", help="lexical, d2s, concepts or mul2vec")
+    p.add_argument("--checkpoint", required=True, help="the frozen dicosa checkpoint")
+    p.add_argument("--out", required=True, help="the head file to write")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of the head's config, repeatable")
+    p.add_argument("--data-root", help="dataset folder (default: the checkpoint's data.root)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_heads_train)
+    p = head_commands.add_parser("info", help="what a head file holds and how it was trained")
+    p.add_argument("head")
+    p.set_defaults(func=_cmd_heads_info)
 
     p = commands.add_parser("demo", help="synthetic data -> train -> evaluate -> visualise "
                                          "-> index -> search, on CPU")

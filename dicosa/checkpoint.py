@@ -8,8 +8,10 @@ inside it as a YAML string, which is all :func:`load` needs to rebuild the model
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import os
+import pickle
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,23 +24,44 @@ from .config import Config, ModelConfig, config_from_dict
 from .model import DiCoSA
 
 FORMAT_VERSION = 1
+# The content digest is stored under this key (absent in files written before it existed).
+DIGEST_KEY = "sha256"
+
+
+class CheckpointError(ValueError):
+    """A file that cannot be used as a checkpoint: not one, damaged, or of another version."""
+
+
+class NoSpaceError(OSError):
+    """A checkpoint could not be written for lack of space; the previous file is intact."""
 
 
 def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> Path:
     """Write ``state`` to ``path`` atomically: a crash leaves the old file or the new one.
 
     The data goes to a temporary file in the same folder, is fsync'ed, then renamed over
-    ``path`` (a rename within one filesystem is atomic).
+    ``path`` (a rename within one filesystem is atomic). The file stores the sha256 of its
+    contents (:func:`content_sha256`), so a damaged copy is detected when it is read rather
+    than loaded as wrong weights. A full disk or a file-size limit raises
+    :class:`NoSpaceError`, leaving the previous file at ``path`` untouched.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    state = dict(state, format=FORMAT_VERSION)
+    state[DIGEST_KEY] = content_sha256(state)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with tmp.open("wb") as fh:
-            torch.save(dict(state, format=FORMAT_VERSION), fh)
+            torch.save(state, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            kept = "the previous file is intact" if path.exists() else "nothing was written"
+            raise NoSpaceError(exc.errno, f"no space left to write {path} "
+                                          f"({os.strerror(exc.errno)}); {kept}") from None
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     return path
@@ -53,14 +76,99 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return path
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """Read a checkpoint written by :func:`save_checkpoint` (``weights_only=True``)."""
+def content_sha256(state: Mapping[str, Any]) -> str:
+    """sha256 over a checkpoint's contents (every tensor's bytes, every plain value), in a
+    fixed order, without the stored digest itself; equal before saving and after loading."""
+    digest = hashlib.sha256()
+
+    def visit(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().contiguous()
+            digest.update(f"T{value.dtype}{tuple(value.shape)}".encode())
+            digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, Mapping):
+            keys = sorted((k for k in value if k != DIGEST_KEY), key=repr)
+            digest.update(f"M{len(keys)}".encode())
+            for key in keys:
+                digest.update(repr(key).encode())
+                visit(value[key])
+        elif isinstance(value, (list, tuple)):
+            digest.update(f"L{len(value)}".encode())
+            for item in value:
+                visit(item)
+        else:
+            digest.update(f"V{value!r}".encode())
+
+    visit(state)
+    return digest.hexdigest()
+
+
+def read_checkpoint_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)``, with every failure as one sentence.
+
+    Raises:
+        FileNotFoundError: no such file.
+        CheckpointError: not a PyTorch file, truncated or damaged (including a content hash
+            that no longer matches), or holding pickled objects other than tensors and
+            plain containers.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    state = torch.load(path, map_location=map_location, weights_only=True)
+    with path.open("rb") as fh:
+        head = fh.read(4)
+    if head != b"PK\x03\x04":  # every torch.save since PyTorch 1.6 is a zip archive
+        size = path.stat().st_size
+        raise CheckpointError(f"{path} is not a checkpoint: not a PyTorch file "
+                              f"({size} bytes, starting {head!r})")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "was not an allowed global" in str(exc) or "Unsupported global" in str(exc):
+            raise CheckpointError(
+                f"{path} holds Python objects other than tensors and plain containers, "
+                "which dicosa never writes and does not unpickle (torch.load weights_only "
+                "refused it)") from None
+        raise CheckpointError(f"{path} is corrupted: its contents cannot be unpickled "
+                              f"({_last_reason(exc)})") from None
+    except (RuntimeError, EOFError, KeyError, ValueError) as exc:
+        raise CheckpointError(f"{path} is truncated or corrupted: PyTorch cannot read it "
+                              f"({_last_reason(exc)})") from None
+    if (isinstance(state, dict) and DIGEST_KEY in state
+            and content_sha256(state) != state[DIGEST_KEY]):
+        raise CheckpointError(f"{path} is corrupted: its contents no longer match the "
+                              "sha256 stored when it was written")
+    return state
+
+
+def _last_reason(exc: BaseException) -> str:
+    """The informative part of a torch.load error, at most one short line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reason = next((line for line in lines if "Unsupported operand" in line
+                   or "miniz" not in line and "failed" in line.lower()), None)
+    reason = reason or (lines[0] if lines else type(exc).__name__)
+    return reason.split(". This is an internal")[0][:160]
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """Read a training checkpoint written by :func:`save_checkpoint` (``weights_only=True``);
+    see :func:`read_checkpoint_file` for the errors."""
+    state = read_checkpoint_file(path, map_location)
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
-        raise ValueError(f"{path} is not a dicosa checkpoint (no 'model'/'config' entries)")
+        if isinstance(state, dict) and state and all(
+                isinstance(v, torch.Tensor) for v in state.values()):
+            raise CheckpointError(
+                f"{path} is a bare state dict ({len(state)} tensors, e.g. "
+                f"'{next(iter(state))}'), not a dicosa training checkpoint; a checkpoint of "
+                "the authors' released code is converted with 'python -m dicosa convert'")
+        what = f"keys {sorted(map(str, state))[:6]}" if isinstance(state, dict) else (
+            type(state).__name__)
+        raise CheckpointError(f"{path} is not a dicosa training checkpoint (no 'model' and "
+                              f"'config' entries; it holds {what})")
+    version = state.get("format")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{path} was written in checkpoint format {version}; this dicosa "
+                              f"reads format {FORMAT_VERSION}")
     return state
 
 

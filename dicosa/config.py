@@ -212,6 +212,12 @@ def _build(cls: type, values: Mapping[str, Any], where: str) -> Any:
     return cls(**kwargs)
 
 
+def dataclass_from_dict(cls: type, values: Mapping[str, Any], where: str = "") -> Any:
+    """Build any config dataclass (a head's, say) from a mapping, with the same type coercion
+    and unknown-key errors as :class:`Config`; ``where`` prefixes keys in messages."""
+    return _build(cls, values, where)
+
+
 def config_from_dict(values: Mapping[str, Any]) -> Config:
     """Build a :class:`Config`; unknown keys raise :class:`ConfigError` naming the nearest key."""
     cfg = _build(Config, values, "")

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from .checkpoint import NoSpaceError
 from .clip import PretrainedWeightsError
 from .config import ConfigError
 from .data.video import VideoDecodeError
 from .training import NonFiniteLossError
 
 # FileNotFoundError covers missing annotation files (AnnotationError) and checkpoints;
-# ValueError covers checkpoints or indexes written for another model, and bad arguments.
+# ValueError covers checkpoints, heads or indexes that do not fit (CheckpointError,
+# HeadMismatchError), and bad arguments; NoSpaceError a full disk while writing.
 USER_ERRORS: tuple[type[BaseException], ...] = (
     ConfigError, FileNotFoundError, FileExistsError, ValueError, VideoDecodeError,
-    PretrainedWeightsError, NonFiniteLossError,
+    PretrainedWeightsError, NonFiniteLossError, NoSpaceError,
 )

@@ -13,6 +13,7 @@ import datetime
 import hashlib
 import json
 import logging
+import os
 import platform
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,10 +25,12 @@ from tqdm import tqdm
 
 from . import postprocess as PP
 from .checkpoint import (
+    CheckpointError,
     checkpoint_config,
     file_sha256,
     load_checkpoint,
     load_model_weights,
+    read_checkpoint_file,
     save_checkpoint,
 )
 from .clip import get_tokenizer
@@ -138,15 +141,35 @@ class FeatureCache:
         path = self.root / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:20]}.pt"
         if path.is_file():
             try:
-                stored = torch.load(path, map_location="cpu", weights_only=True)
+                stored = read_checkpoint_file(path)
                 if stored.get("key") == text:
                     log.info("using cached features %s", path)
                     return stored["tensors"]
-            except Exception as exc:  # a truncated or foreign file: recompute it
+            except (CheckpointError, OSError) as exc:  # damaged or foreign: recompute it
                 log.warning("ignoring unreadable feature cache %s (%s)", path, exc)
+        _remove_orphans(path)
         tensors = compute()
         save_checkpoint(path, {"key": text, "tensors": tensors})
         return tensors
+
+
+def _remove_orphans(path: Path) -> None:
+    """Delete temporary files of ``path`` left by writers that were killed (their process is
+    gone); entries are renamed into place only once whole, so these were never read."""
+    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _split_fingerprint(split: RetrievalSplit, indices: Sequence[int] | None = None) -> str:

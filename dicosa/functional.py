@@ -52,6 +52,18 @@ def matched_pooling_weights(
     return logits.softmax(dim=-1) * frame_mask
 
 
+def video_proxy(frames: Tensor, frame_mask: Tensor) -> Tensor:
+    """Eq. 1 as τ → ∞: the masked mean of the frame vectors, ``[B_v, N, D] -> [B_v, D]``.
+
+    With an infinite temperature the text-conditioned weights become uniform over the valid
+    frames, so this is the one video vector that does not depend on the query: what a
+    first-stage index can hold.
+    """
+    weights = frame_mask.to(frames.dtype)  # [B_v, N]
+    total = torch.einsum("vn,vnd->vd", weights, frames)
+    return total / weights.sum(dim=1, keepdim=True).clamp_min(1)
+
+
 def split_concepts(x: Tensor, num_concepts: int) -> Tensor:
     """Eq. 2's split of ``[..., D]`` into K factors ``[..., K, D/K]`` (after any projection W_k)."""
     if x.shape[-1] % num_concepts:

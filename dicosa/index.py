@@ -26,8 +26,6 @@ overwrites; a build into a folder that already holds an index resumes it.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -44,6 +42,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from .checkpoint import write_text_atomic
+from .fingerprint import fingerprint_mismatch, model_fingerprint
 from .model import DiCoSA, VideoFeatures
 
 __all__ = ["FORMAT", "VideoIndex", "fingerprint_mismatch", "list_videos", "model_fingerprint"]
@@ -53,36 +52,7 @@ log = logging.getLogger(__name__)
 FORMAT = "dicosa-video-index"
 VERSION = 1
 MANIFEST = "manifest.json"
-# Model config fields that change neither features nor scores: where the weights came from
-# (the weights themselves are hashed), memory settings and loss weights.
-_NOT_FINGERPRINTED = ("pretrained", "grad_checkpointing", "alpha", "beta")
 _COLUMNS = ("path", "duration", "fps", "num_frames", "valid_frames")
-
-
-def model_fingerprint(model: DiCoSA) -> dict:
-    """``{"weights_sha256": str, "config": dict}`` identifying what the features depend on."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        tensor = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    config = {k: v for k, v in dataclasses.asdict(model.config).items()
-              if k not in _NOT_FINGERPRINTED}
-    return {"weights_sha256": digest.hexdigest(), "config": json.loads(json.dumps(config))}
-
-
-def fingerprint_mismatch(index_fp: dict, model_fp: dict) -> str | None:
-    """A sentence saying how two fingerprints differ, or None when they match."""
-    problems = []
-    if index_fp.get("weights_sha256") != model_fp["weights_sha256"]:
-        problems.append(f"different weights (sha256 {str(index_fp.get('weights_sha256'))[:12]}… "
-                        f"in the index, {model_fp['weights_sha256'][:12]}… in the model)")
-    old, new = index_fp.get("config", {}), model_fp["config"]
-    changed = [f"{k}: {old.get(k)!r} in the index, {new.get(k)!r} in the model"
-               for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-    if changed:
-        problems.append("a different model config (" + "; ".join(changed) + ")")
-    return " and ".join(problems) or None
 
 
 def list_videos(videos: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:

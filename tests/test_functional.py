@@ -113,3 +113,15 @@ def test_concept_similarity_matches_a_naive_reference():
             torch.testing.assert_close(cos[t, v], ref_cos, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(conf[t, v], ref_g, atol=1e-4, rtol=1e-5)
             torch.testing.assert_close(s[t, v], (ref_g * ref_cos).sum(), atol=1e-4, rtol=1e-5)
+
+
+def test_video_proxy_is_the_limit_of_pooling_at_infinite_temperature():
+    g = torch.Generator().manual_seed(3)
+    text, frames = torch.randn(2, 8, generator=g), torch.randn(3, 5, 8, generator=g)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    proxy = DF.video_proxy(frames, mask)
+    torch.testing.assert_close(proxy[1], frames[1, :2].mean(0))
+    torch.testing.assert_close(proxy[2], frames[2, 0])
+    weights = DF.pooling_weights(text, frames, mask, temperature=1e9)  # [2, 3, 5]
+    pooled = torch.einsum("tvn,vnd->tvd", weights, frames)
+    torch.testing.assert_close(pooled, proxy.expand(2, -1, -1), atol=1e-5, rtol=1e-5)

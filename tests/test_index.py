@@ -7,7 +7,8 @@ import torch
 
 from dicosa.data.synthetic import make_synthetic
 from dicosa.data.video import load_video
-from dicosa.index import VideoIndex, list_videos, model_fingerprint
+from dicosa.fingerprint import model_fingerprint
+from dicosa.index import VideoIndex, list_videos
 from dicosa.model import DiCoSA, VideoFeatures
 
 from .conftest import tiny_config
@@ -121,7 +122,7 @@ def test_fingerprint_mismatch_is_explained(videos, model, tmp_path):
 
     torch.manual_seed(0)
     other_config = DiCoSA.from_config(tiny_config(pool_temperature=1.0)).eval()
-    with pytest.raises(ValueError, match=r"pool_temperature: 3\.0 in the index, 1\.0"):
+    with pytest.raises(ValueError, match=r"pool_temperature: 3\.0 stored, 1\.0"):
         VideoIndex.load(tmp_path / "index", other_config)
 
     # Same weights and config, however the model was obtained: no complaint.

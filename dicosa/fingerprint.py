@@ -1,0 +1,51 @@
+"""The identity of a model's features: every stored artefact (index, head) carries it.
+
+A fingerprint is ``{"weights_sha256": str, "config": dict}``: the sha256 over every tensor
+of the model's state dict and the model-config fields that change features or scores. Two
+models with equal fingerprints produce the same features, however they were obtained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+import torch
+from torch import nn
+
+__all__ = ["fingerprint_mismatch", "model_fingerprint"]
+
+# Model config fields that change neither features nor scores: where the weights came from
+# (the weights themselves are hashed), memory settings and loss weights.
+_NOT_FINGERPRINTED = ("pretrained", "grad_checkpointing", "alpha", "beta")
+
+
+def model_fingerprint(model: nn.Module) -> dict:
+    """``{"weights_sha256": str, "config": dict}`` for a DiCoSA model (``model.config``)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    config = {k: v for k, v in dataclasses.asdict(model.config).items()
+              if k not in _NOT_FINGERPRINTED}
+    return {"weights_sha256": digest.hexdigest(), "config": json.loads(json.dumps(config))}
+
+
+def fingerprint_mismatch(stored: dict, current: dict) -> str | None:
+    """A phrase saying how a stored fingerprint differs from a model's, or None when equal.
+
+    The phrase reads after "built with" / "trained on": "different weights (…) and a
+    different model config (…)".
+    """
+    problems = []
+    if stored.get("weights_sha256") != current["weights_sha256"]:
+        problems.append(f"different weights (sha256 {str(stored.get('weights_sha256'))[:12]}… "
+                        f"stored, {current['weights_sha256'][:12]}… in the model)")
+    old, new = stored.get("config", {}), current["config"]
+    changed = [f"{k}: {old.get(k)!r} stored, {new.get(k)!r} in the model"
+               for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    if changed:
+        problems.append("a different model config (" + "; ".join(changed) + ")")
+    return " and ".join(problems) or None

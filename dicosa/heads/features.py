@@ -1,0 +1,117 @@
+"""The frozen features heads learn from: each split encoded once by DiCoSA, cached on disk.
+
+Heads never run the encoders while training. :func:`head_data` encodes the training split
+(minus the validation videos that DiCoSA's own training held out, carved the same way) and
+that validation split, through the evaluation feature cache, so a second head trained on
+the same checkpoint reads the features back instead of decoding videos again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..clip import get_tokenizer
+from ..config import Config
+from ..data.datasets import RetrievalSplit, load_split, split_off_validation
+from ..fingerprint import model_fingerprint
+from ..model import DiCoSA, TextFeatures, VideoFeatures
+
+__all__ = ["HeadData", "SplitFeatures", "head_data", "split_features"]
+
+log = logging.getLogger(__name__)
+
+FEATURES_VERSION = 1
+
+
+@dataclass
+class SplitFeatures:
+    """One split's captions and videos as the frozen model encodes them.
+
+    Attributes:
+        name: the split's name (``"synthetic/9k:train"``).
+        captions: ``[C]`` caption strings.
+        caption_video: ``[C]`` long, the video each caption describes.
+        text: T ``[C, D]`` float32.
+        video: per-frame features ``[V, N, D]`` float32 and their mask.
+        video_paths: ``[V]`` the files, for reports.
+    """
+
+    name: str
+    captions: list[str]
+    caption_video: Tensor
+    text: TextFeatures
+    video: VideoFeatures
+    video_paths: list[str]
+
+    @property
+    def num_videos(self) -> int:
+        return len(self.video)
+
+
+@dataclass
+class HeadData:
+    """What :meth:`Head.fit` receives: training features, and validation features for
+    choosing hyper-parameters or stopping (never the test split)."""
+
+    train: SplitFeatures
+    val: SplitFeatures | None
+
+
+def split_features(model: DiCoSA, split: RetrievalSplit, *, cache_dir: str | Path | None,
+                   batch_size: int = 64, num_workers: int = 0,
+                   device: torch.device | str = "cpu", progress: bool = False) -> SplitFeatures:
+    """Encode ``split`` with the frozen ``model`` (float32, CPU), reading and filling the
+    feature cache in ``cache_dir`` (None: no cache)."""
+    from ..evaluation import (
+        FeatureCache,
+        _captions_fingerprint,
+        _split_fingerprint,
+        encode_texts,
+        encode_videos,
+    )
+
+    device = torch.device(device)
+    cache = FeatureCache(Path(cache_dir) if cache_dir is not None else None)
+    base = {"version": FEATURES_VERSION, "weights": model_fingerprint(model)["weights_sha256"],
+            "model": dataclasses.asdict(model.config), "precision": "no",
+            "device": device.type}
+    tokenize = get_tokenizer(model.config.arch, model.config.max_words)
+    texts = cache.get("head-text", dict(base, captions=_captions_fingerprint(split.captions)),
+                      lambda: {"text": encode_texts(model, split.captions, tokenize, batch_size,
+                                                    device, progress=progress).text})
+
+    def videos() -> dict[str, Tensor]:
+        v = encode_videos(model, split, batch_size, num_workers, device, progress=progress)
+        return {"frames": v.frames, "frame_mask": v.frame_mask}
+
+    stored = cache.get("head-video", dict(base, videos=_split_fingerprint(split)), videos)
+    return SplitFeatures(split.name, list(split.captions),
+                         torch.tensor(split.caption_video, dtype=torch.long),
+                         TextFeatures(texts["text"]),
+                         VideoFeatures(stored["frames"], stored["frame_mask"]),
+                         [str(p) for p in split.video_paths])
+
+
+def head_data(model: DiCoSA, cfg: Config, *, cache_dir: str | Path | None,
+              device: torch.device | str = "cpu", progress: bool = False) -> HeadData:
+    """The training split of ``cfg.data`` minus its validation videos, and those videos.
+
+    The validation part is carved with ``data.val_fraction`` and ``train.seed`` exactly as
+    :func:`dicosa.training.training_splits` carves it, so the videos that chose DiCoSA's
+    checkpoint are also the only ones that choose a head's hyper-parameters.
+    """
+    data = cfg.data
+    split = load_split(data.dataset, data.root, data.train_split, data.video_dir)
+    val = None
+    if data.val_fraction > 0:
+        split, val = split_off_validation(split, data.val_fraction, cfg.train.seed)
+    common = {"cache_dir": cache_dir, "batch_size": cfg.eval.batch_size,
+              "num_workers": data.num_workers, "device": device, "progress": progress}
+    return HeadData(split_features(model, split, **common),
+                    split_features(model, val, **common) if val is not None else None)

@@ -1,0 +1,74 @@
+"""Training a head on a frozen DiCoSA checkpoint: ``python -m dicosa heads train KIND``."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+import yaml
+
+from ..config import ConfigError, replace
+from .base import head_class, save_head
+from .features import head_data
+
+__all__ = ["parse_head_overrides", "train_head"]
+
+log = logging.getLogger(__name__)
+
+
+def parse_head_overrides(overrides: Iterable[str]) -> dict:
+    """``["key=value", ...]`` (values parsed as YAML scalars) -> ``{key: value}``."""
+    values = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"head setting '{item}' must look like key=value")
+        values[key.strip()] = yaml.safe_load(raw) if raw else raw
+    return values
+
+
+def train_head(kind: str, checkpoint: str | Path, out: str | Path, overrides: Iterable[str] = (),
+               *, data_root: str | None = None, seed: int = 0,
+               device: str | torch.device = "cpu", progress: bool = True) -> Path:
+    """Train a ``kind`` head on the frozen model of ``checkpoint`` and save it to ``out``.
+
+    Args:
+        kind: a registered head (``dicosa.heads.available_heads()``).
+        checkpoint: a dicosa training checkpoint; its config names the dataset.
+        out: the head file to write.
+        overrides: ``key=value`` settings of the head's config.
+        data_root: read the dataset from here instead of the checkpoint's ``data.root``.
+        seed: the head's initialisation and sampling seed.
+
+    Features are cached beside the checkpoint (``<checkpoint folder>/cache``).
+    """
+    from ..checkpoint import load
+
+    cls = head_class(kind)
+    config = cls.make_config(parse_head_overrides(overrides))
+    model, cfg = load(checkpoint, device)
+    model.requires_grad_(False)
+    if data_root is not None:
+        cfg = replace(cfg, data={"root": data_root})
+    cache_dir = cfg.eval.cache_dir or Path(checkpoint).parent / "cache"
+    started = time.perf_counter()
+    data = head_data(model, cfg, cache_dir=cache_dir, device=device, progress=progress)
+    encoded = time.perf_counter()
+    head = cls.fit(model, data, config, seed=seed, progress=progress)
+    trained = {
+        "checkpoint": str(Path(checkpoint).resolve()),
+        "train_split": data.train.name,
+        "val_split": data.val.name if data.val is not None else None,
+        "seed": seed,
+        "config": dataclasses.asdict(config),
+        "encode_seconds": round(encoded - started, 1),
+        "fit_seconds": round(time.perf_counter() - encoded, 1),
+    }
+    trained.update(getattr(head, "fit_report", {}))
+    path = save_head(head, out, model, trained)
+    log.info("saved the %s head to %s", kind, path)
+    return path
