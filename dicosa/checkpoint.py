@@ -145,7 +145,7 @@ def _last_reason(exc: BaseException) -> str:
     """The informative part of a torch.load error, at most one short line."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     reason = next((line for line in lines if "Unsupported operand" in line
-                   or "miniz" not in line and "failed" in line.lower()), None)
+                   or ("miniz" not in line and "failed" in line.lower())), None)
     reason = reason or (lines[0] if lines else type(exc).__name__)
     return reason.split(". This is an internal")[0][:160]
 
