@@ -142,11 +142,11 @@ def read_checkpoint_file(path: str | Path, map_location: str | torch.device = "c
 
 
 def _last_reason(exc: BaseException) -> str:
-    """The informative part of a torch.load error, at most one short line."""
+    """The informative part of a torch.load error in one short line: the unpickler's
+    complaint ("Unsupported operand 103") or the first line of a zip reader's error."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    reason = next((line for line in lines if "Unsupported operand" in line
-                   or ("miniz" not in line and "failed" in line.lower())), None)
-    reason = reason or (lines[0] if lines else type(exc).__name__)
+    unpickler = [line for line in lines if "Unsupported operand" in line]
+    reason = (unpickler or lines or [type(exc).__name__])[0]
     return reason.split(". This is an internal")[0][:160]
 
 

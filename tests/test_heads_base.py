@@ -132,7 +132,7 @@ def test_head_configs_reject_unknown_keys_and_kinds():
     assert ProbeHead.make_config({"steps": "5"}).steps == 5
     with pytest.raises(ConfigError, match="did you mean 'steps'"):
         ProbeHead.make_config({"step": 5})
-    with pytest.raises(ValueError, match="unknown head 'nope'; known heads: .*test-probe"):
+    with pytest.raises(ValueError, match=r"unknown head 'nope'; known heads: .*test-probe"):
         head_class("nope")
 
 
