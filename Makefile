@@ -21,8 +21,11 @@ demo: $(STAMP) clean-demo
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# The tests marked "paths" compare two code paths, batch sizes or thread counts; they run a
+# second time on one thread, because CPU kernels change their blocking with both.
 test: $(STAMP) lint
 	$(PY) -m pytest -q -rs
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -m paths
 
 clean-demo:
 	rm -rf outputs/demo
