@@ -3,6 +3,7 @@
 import os
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -150,6 +151,7 @@ def _worker(rank: int, port: int) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.paths
 def test_all_gather_with_grad_matches_single_process():
     mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD, join=True)
 

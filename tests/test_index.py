@@ -47,19 +47,24 @@ def _build(model, paths, out=None, **kw):
 def _expected_scores(model, features, texts):
     from dicosa.clip import get_tokenizer
 
-    stored = VideoFeatures(features.frames.half().float(), features.frame_mask)
+    stored = VideoFeatures(features.frames.float(), features.frame_mask)
     with torch.no_grad():
         text = model.encode_text(get_tokenizer(model.config.arch, model.config.max_words)(texts))
         return model.score(text, stored)
 
 
+@pytest.mark.paths
 def test_scores_are_the_model_score_of_the_stored_features(videos, model, features):
     index = _build(model, videos)
     assert index.paths == [str(p.resolve()) for p in videos]
     assert index.features.frames.dtype == torch.float16
-    assert torch.equal(index.features.frames, features.frames.half())
+    # Encoded in batches of 2 by the index and of 6 here: CPU kernels block differently per
+    # batch size, so the float32 features agree to rounding, and float16 storage may round
+    # such a pair to neighbouring values (one float16 step, rtol 2^-10).
+    torch.testing.assert_close(index.features.frames, features.frames.half())
     assert torch.equal(index.features.frame_mask, features.frame_mask)
-    expected = _expected_scores(model, features, QUERIES)
+    # The scores are exactly the model's score of what the index stores.
+    expected = _expected_scores(model, index.features, QUERIES)
     torch.testing.assert_close(index.scores(QUERIES), expected, atol=1e-6, rtol=1e-6)
     # Chunking over videos changes nothing.
     torch.testing.assert_close(index.scores(QUERIES, chunk=4), expected, atol=1e-6, rtol=1e-6)
@@ -159,6 +164,7 @@ def test_build_resumes_without_duplicates(videos, model, tmp_path):
     assert reloaded.paths == resumed.paths and len(set(reloaded.paths)) == NUM_VIDEOS
 
 
+@pytest.mark.paths
 def test_interrupted_build_keeps_written_shards(videos, model, tmp_path, monkeypatch):
     out = tmp_path / "index"
     encode = VideoIndex._encode
@@ -180,15 +186,17 @@ def test_interrupted_build_keeps_written_shards(videos, model, tmp_path, monkeyp
     assert partial.paths == [str(p.resolve()) for p in videos[:3]]
     done = _build(model, videos, out)
     assert done.paths == [str(p.resolve()) for p in videos]
-    torch.testing.assert_close(done.scores(QUERIES), _build(model, videos).scores(QUERIES),
-                               atol=0, rtol=0)
+    # Video 2 was encoded in a batch of 1 before the interrupt, in a batch of 2 here.
+    torch.testing.assert_close(done.features.frames, _build(model, videos).features.frames)
 
 
+@pytest.mark.paths
 def test_decoding_workers_give_the_same_index(videos, model):
     serial = _build(model, videos)
     parallel = _build(model, videos, num_workers=2, batch_size=4)
     assert parallel.paths == serial.paths
-    assert torch.equal(parallel.features.frames, serial.features.frames)
+    # Batches of 2 and 4: equal to float16 rounding (see the first test), not bit for bit.
+    torch.testing.assert_close(parallel.features.frames, serial.features.frames)
 
 
 def test_list_videos(tmp_path):

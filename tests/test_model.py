@@ -26,6 +26,7 @@ def test_shapes(tiny_model):
     assert all(v.ndim == 0 and torch.isfinite(v) for v in losses.values())
 
 
+@pytest.mark.paths
 def test_score_is_permutation_equivariant(tiny_model):
     text, video = _features(tiny_model, random_batch(batch=6))
     scores = tiny_model.score(text, video)
@@ -34,6 +35,7 @@ def test_score_is_permutation_equivariant(tiny_model):
     torch.testing.assert_close(tiny_model.score(text, video[perm_v]), scores[:, perm_v])
 
 
+@pytest.mark.paths
 def test_chunked_scoring_is_exact(tiny_model):
     text, video = _features(tiny_model, random_batch(batch=7))
     full = tiny_model.score(text, video)
@@ -42,6 +44,7 @@ def test_chunked_scoring_is_exact(tiny_model):
                                    atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.paths
 def test_score_diagonal_matches_explained_sum(tiny_model):
     text, video = _features(tiny_model, random_batch())
     parts = tiny_model.explain(text, video)

@@ -149,6 +149,7 @@ def _two_process_worker(rank: int, port: int, out_dir: str) -> None:
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.paths
 def test_two_processes_match_one_process_on_the_global_batch(tmp_path):
     mp.spawn(_two_process_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]

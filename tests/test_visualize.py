@@ -33,6 +33,7 @@ def _labels(figure):
     return [ax.get_label() for ax in figure.axes]
 
 
+@pytest.mark.paths
 def test_figure_layout_and_report(tiny_model):
     batch = random_batch()
     frames, mask = batch["frames"][1], batch["frame_mask"][1]  # frames 2 and 3 are padding
@@ -126,6 +127,7 @@ def test_frozen_weights_and_no_grad_context():
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.paths
 def test_attention_capture_leaves_the_forward_unchanged(model):
     frames = random_batch(batch=2)["frames"][:1]
     with torch.no_grad():
