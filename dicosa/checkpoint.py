@@ -35,6 +35,9 @@ class CheckpointError(ValueError):
 class NoSpaceError(OSError):
     """A checkpoint could not be written for lack of space; the previous file is intact."""
 
+    def __str__(self) -> str:  # the sentence alone, without OSError's "[Errno 28]" prefix
+        return self.strerror
+
 
 def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> Path:
     """Write ``state`` to ``path`` atomically: a crash leaves the old file or the new one.
@@ -52,7 +55,15 @@ def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> Path:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with tmp.open("wb") as fh:
-            torch.save(state, fh)
+            writer = _RecordingWriter(fh)
+            try:
+                torch.save(state, writer)
+            except RuntimeError:
+                # torch's zip writer reports a failed write as "unexpected pos"; the
+                # OSError behind it says what happened.
+                if writer.error is None:
+                    raise
+                raise writer.error from None
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -65,6 +76,24 @@ def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+class _RecordingWriter:
+    """A binary file whose first failed write is kept (torch.save hides it)."""
+
+    def __init__(self, fh):
+        self.fh = fh
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.fh.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self.fh.flush()
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
