@@ -96,13 +96,24 @@ class _RecordingWriter:
         self.fh.flush()
 
 
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write a small text file (the config beside a checkpoint) with the same guarantee."""
+def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    """Write a file whole or not at all (temporary name, then rename), with the process's
+    umask: files created by tempfile-style helpers (safetensors' ``save_file``) are 0600, so
+    an index built by one user could not be read by another."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write a small text file (the config beside a checkpoint) with the same guarantee."""
+    return write_bytes_atomic(path, text.encode())
 
 
 def content_sha256(state: Mapping[str, Any]) -> str:
