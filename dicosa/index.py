@@ -1,27 +1,39 @@
-"""A searchable on-disk index of video features for one DiCoSA model.
+"""A searchable index of a video collection for one DiCoSA model: two-stage retrieval.
 
-:class:`VideoIndex` decodes and encodes a collection of videos once, stores their per-frame
-features, and ranks them for any text with the full DiCoSA score (text-conditioned pooling,
-concept factors and adaptive pooling; :meth:`DiCoSA.score`).
+:class:`VideoIndex` decodes and encodes a collection once and keeps each video's per-frame
+features in a memory-mapped :class:`~dicosa.search.store.FrameStore`. DiCoSA's score pools the
+frames under the query (Eq. 1), so no one vector per video ranks like it; search therefore runs
+in two stages:
+
+1. **first stage** — a query-independent :class:`~dicosa.search.types.FirstStage` proposes
+   ``candidates`` rows: by default the dense proxy (masked frame mean, Eq. 1 at τ → ∞) in an
+   exact, faiss or Milvus index; more stages (a sparse lexical one) may be registered, and
+   their candidate lists are united;
+2. **rerank** — DiCoSA scores those candidates from their stored frames
+   (:func:`~dicosa.search.rerank.pair_scores`, equal to :meth:`DiCoSA.score`), then the
+   :attr:`VideoIndex.hooks` (exclusion, fusion, ...) adjust the scores in order, and the top
+   ``k`` are returned as :class:`Hit` objects.
+
+``search(..., candidates=None)`` skips the first stage and scores every row with
+:meth:`DiCoSA.score`: the exhaustive reference.
 
 On-disk format (one folder)::
 
     manifest.json              what is in the index; rewritten atomically after each shard
-    shard-00000.safetensors    "frames": float16 [n, N, D] per-frame features after the
-                               temporal transformer; "frame_mask": bool [n, N]
-    shard-00000.csv            one row per video of that shard, in the same order:
-                               path, duration (s), fps, num_frames (in the file),
-                               valid_frames (decoded frames, the rest is padding)
-    shard-00001.safetensors ...
+    shard-00000.safetensors    frames, frame_mask, proxy of one shard (see search/store.py)
+    shard-00000.csv            one metadata row per video of that shard
+    first_stage.json, dense.*  the dense first stage's own files (search/dense.py)
 
-``manifest.json`` holds ``format`` (``"dicosa-video-index"``), ``version`` (1),
-``fingerprint`` (``weights_sha256``: sha256 over the model's state-dict tensors, and
-``config``: the model config fields that change features or scores), ``num_frames`` N,
-``dim`` D, ``shards`` (``[{"name", "count"}]``, in order), ``num_videos``, ``skipped``
-(``[{"path", "reason"}]``, files that could not be decoded) and ``meta`` (free-form, e.g. the
-CLI records the checkpoint or config it used). Only shards listed in the manifest belong to
-the index, so an interrupted write leaves at most an orphan file that the next shard
-overwrites; a build into a folder that already holds an index resumes it.
+``manifest.json`` holds ``format`` (``"dicosa-video-index"``), ``version`` (2), ``fingerprint``
+(``weights_sha256`` and the ``config`` fields that change features or scores), the store's
+fields (``num_frames``, ``dim``, ``next_id``, ``removed`` row ids, ``shards``:
+``[{"name", "first_id", "count", "proxy"}]``), ``num_videos`` (live rows), ``first_stage``
+(``backend``, ``uri``, ``options``, ``synced``: the store's ``[next_id, removed]`` when the
+stage was last saved; a stage that lags is rebuilt from the stored proxies when opened),
+``skipped`` (``[{"path", "reason"}]``) and ``meta`` (free-form). Only shards listed in the
+manifest belong to the index, so an interrupted write leaves at most an orphan file that the
+next shard overwrites; a build into a folder that already holds an index resumes it. Version-1
+folders (no proxies, no first stage) open as they are and are upgraded on their next write.
 """
 
 from __future__ import annotations
@@ -29,32 +41,38 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
-from safetensors.torch import load_file
-from safetensors.torch import save as save_safetensors
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from .checkpoint import write_bytes_atomic, write_text_atomic
+from .checkpoint import write_text_atomic
 from .fingerprint import fingerprint_mismatch, model_fingerprint
-from .model import DiCoSA, VideoFeatures
-from .search.query import QueryError
+from .model import DiCoSA, TextFeatures, VideoFeatures
+from .search.query import Query, QueryError, parse_query
+from .search.rerank import pair_scores
+from .search.store import FrameStore
+from .search.types import Candidates, EncodedQueries, FirstStage, RerankHook
 
-__all__ = ["FORMAT", "VideoIndex", "fingerprint_mismatch", "list_videos", "model_fingerprint"]
+__all__ = ["FORMAT", "Hit", "VideoIndex", "fingerprint_mismatch", "list_videos",
+           "model_fingerprint"]
 
 log = logging.getLogger(__name__)
 
 FORMAT = "dicosa-video-index"
-VERSION = 1
+VERSION = 2
 MANIFEST = "manifest.json"
-_COLUMNS = ("path", "duration", "fps", "num_frames", "valid_frames")
+DEFAULT_BACKEND = "exact"
+DEFAULT_CANDIDATES = 1000
+_PAIRS_PER_CHUNK = 2048  # rerank pairs per forward: [chunk, N, D] float32 stays ~50 MB
 
 
 def list_videos(videos: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
@@ -111,32 +129,66 @@ def _collate(items: list[dict]) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class Hit:
+    """One search result."""
+
+    path: str
+    score: float  # the ranking score: DiCoSA's S after the rerank hooks (= dicosa without hooks)
+    dicosa: float  # DiCoSA's S (Eq. 9) of the query and this video
+    stage: str  # what proposed it: a first stage ("dense", "dense+lexical"), "all" (every row
+    #             reranked, candidates >= len(index)) or "exhaustive" (candidates=None)
+    stage_score: float | None  # the first stage's own score; None for "all"/"exhaustive"
+    id: int  # the store row id
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass
-class _Shard:
-    frames: Tensor  # float16 [n, N, D]
-    frame_mask: Tensor  # bool [n, N]
+class _Pending:
+    video: VideoFeatures  # float16 frames on the CPU
     rows: list[dict]
-    name: str | None = None  # its file stem once written to the index folder
+
+
+@dataclass
+class _Registered:
+    stage: FirstStage
+    # What ``stage.add`` takes for new rows, from their ids and features (None: the proxies).
+    videos: Callable[[np.ndarray, VideoFeatures], object] | None = None
 
 
 class VideoIndex:
-    """Per-frame features of a video collection, searchable by text with the DiCoSA score.
+    """Per-frame features of a video collection, searched in two stages (see the module doc).
 
     Build with :meth:`build`, reopen with :meth:`load`. ``index.skipped`` lists the files that
-    could not be decoded, as ``(path, reason)``.
+    could not be decoded, as ``(path, reason)``. Extension points for heads:
+
+    - :attr:`hooks`: :class:`~dicosa.search.types.RerankHook` objects applied in order to the
+      DiCoSA scores of the candidates (empty by default);
+    - :attr:`query_encoders`: callables ``(EncodedQueries) -> None`` that fill
+      ``EncodedQueries.extra`` once per batch of queries, before any stage runs;
+    - :meth:`add_first_stage`: another first stage (e.g. sparse lexical); candidate lists
+      of all stages are united, and :meth:`add`/:meth:`remove` keep every stage in step.
     """
 
     def __init__(self, model: DiCoSA | None, *, tokenizer: Callable | None = None,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, backend: str = DEFAULT_BACKEND,
+                 uri: str | None = None, stage_options: dict | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else None
         self.directory: Path | None = None
         self.skipped: list[tuple[str, str]] = []
         self.meta: dict = {}
-        self._shards: list[_Shard] = []
+        self.store = FrameStore()
+        self.hooks: list[RerankHook] = []
+        self.query_encoders: list[Callable[[EncodedQueries], None]] = []
+        self.stage_spec = {"backend": backend, "uri": uri, "options": dict(stage_options or {})}
+        self._dense: FirstStage | None = None
+        self._extra: list[_Registered] = []
+        self._synced: list[int] | None = None  # the store's [next_id, removed] at stage save
         self._fingerprint: dict | None = None
-        self._cache: tuple[Tensor, Tensor] | None = None
         if model is not None:
             self.attach(model)
 
@@ -155,6 +207,9 @@ class VideoIndex:
         device: torch.device | str | None = None,
         meta: dict | None = None,
         progress: bool = True,
+        backend: str = DEFAULT_BACKEND,
+        uri: str | None = None,
+        stage_options: dict | None = None,
     ) -> VideoIndex:
         """Decode and encode ``videos`` (a folder, a file or a list of files).
 
@@ -172,16 +227,20 @@ class VideoIndex:
             device: where to encode and search; default CUDA when present, else the
                 model's device. The model is moved there.
             meta: free-form JSON-able facts stored in the manifest.
+            backend, uri, stage_options: the dense first stage (``"exact"``, ``"local"``
+                = faiss HNSW, ``"ivfpq"``, ``"milvus"`` with ``uri``); a resumed index keeps
+                the one it was built with.
         """
         out = Path(out_dir) if out_dir is not None else None
         if out is not None and (out / MANIFEST).is_file():
             index = cls.load(out, model, tokenizer=tokenizer, device=device)
             log.info("resuming the index at %s (%d videos)", out, len(index))
         else:
-            index = cls(model, tokenizer=tokenizer, device=device)
+            index = cls(model, tokenizer=tokenizer, device=device, backend=backend, uri=uri,
+                        stage_options=stage_options)
             if out is not None:
                 out.mkdir(parents=True, exist_ok=True)
-                index.directory = out
+                index.directory = index.store.directory = out
                 index._write_manifest()
         index.meta.update(meta or {})
         index.add(videos, batch_size=batch_size, num_workers=num_workers,
@@ -202,8 +261,8 @@ class VideoIndex:
         """Encode and append the videos not yet indexed; returns how many were added.
 
         Files that cannot be decoded are logged, counted in :attr:`skipped` and left out.
-        With a :attr:`directory`, each full shard is written (and the manifest updated)
-        as soon as it is encoded.
+        Each full shard goes into the store and every first stage at once; with a
+        :attr:`directory` it is written (and the manifest updated) as soon as it is encoded.
         """
         model = self._require_model()
         indexed = set(self.paths)
@@ -218,7 +277,7 @@ class VideoIndex:
         )
         retried = set(todo)
         self.skipped = [(p, r) for p, r in self.skipped if p not in retried]
-        pending: list[_Shard] = []
+        pending: list[_Pending] = []
         added = bad = 0
         bar = tqdm(total=len(todo), desc="indexing videos", unit="video", disable=not progress)
         try:
@@ -231,7 +290,7 @@ class VideoIndex:
                     if batch["rows"]:
                         pending.append(self._encode(batch))
                         added += len(batch["rows"])
-                    if sum(len(s.rows) for s in pending) >= shard_size:
+                    if sum(len(p.rows) for p in pending) >= shard_size:
                         self._append(pending)
                         pending = []
                     bar.update(len(batch["rows"]) + len(batch["bad"]))
@@ -241,6 +300,7 @@ class VideoIndex:
             if pending:
                 self._append(pending)
             if self.directory is not None:
+                self._save_stages()
                 self._write_manifest()  # records the skipped files even when none was added
         if bad:
             log.warning("skipped %d of %d video files that could not be decoded (see "
@@ -248,23 +308,104 @@ class VideoIndex:
         return added
 
     @torch.inference_mode()
-    def _encode(self, batch: dict) -> _Shard:
+    def _encode(self, batch: dict) -> _Pending:
         model = self._require_model()
         frames = batch["frames"].to(self.device, non_blocking=True)
         mask = batch["frame_mask"].to(self.device)
         video = model.encode_video(frames, mask)
-        return _Shard(video.frames.to("cpu", torch.float16), video.frame_mask.cpu(),
-                      batch["rows"])
+        return _Pending(VideoFeatures(video.frames.to("cpu", torch.float16),
+                                      video.frame_mask.cpu()), batch["rows"])
 
-    def _append(self, parts: list[_Shard]) -> None:
-        shard = _Shard(torch.cat([p.frames for p in parts]),
-                       torch.cat([p.frame_mask for p in parts]),
-                       [row for p in parts for row in p.rows])
-        self._shards.append(shard)
-        self._cache = None
+    def _append(self, parts: list[_Pending]) -> None:
+        video = VideoFeatures(torch.cat([p.video.frames for p in parts]),
+                              torch.cat([p.video.frame_mask for p in parts]))
+        self.add_features(video, [row for p in parts for row in p.rows])
+
+    def add_features(self, video: VideoFeatures, rows: list[dict]) -> np.ndarray:
+        """Append already encoded videos (float16 ``[n, N, D]`` frames and their metadata rows,
+        at least ``path``) as one shard, into the store and every first stage; returns their
+        row ids. What :meth:`add` does per shard, and what benchmarks use to skip decoding."""
+        existing = self._stages()
+        ids = self.store.append(video, rows)
+        for registered in existing:
+            registered.stage.add(ids, self._stage_input(registered, ids))
+        self._dense_stage()  # made now, from the store, if the width was unknown until now
         if self.directory is not None:
-            self._write_shard(self.directory, shard, len(self._shards) - 1)
             self._write_manifest()
+        return ids
+
+    def remove(self, videos: str | Iterable[str] | np.ndarray | Sequence[int]) -> int:
+        """Remove videos (paths, or store row ids) from the store and every first stage;
+        returns how many were live. Their ids are never reused."""
+        items = [videos] if isinstance(videos, str) else list(np.asarray(videos).reshape(-1)
+                                                              if isinstance(videos, np.ndarray)
+                                                              else videos)
+        if items and isinstance(items[0], (str, os.PathLike)):
+            table = self.store.metadata()
+            wanted = {str(Path(p).resolve()) for p in items} | {str(p) for p in items}
+            ids = table.index[table["path"].isin(wanted)].to_numpy(np.int64)
+        else:
+            ids = np.asarray(items, dtype=np.int64)
+        ids = self.store.remove(ids)
+        if len(ids):
+            for registered in self._stages():
+                registered.stage.remove(ids)
+            if self.directory is not None:
+                self._save_stages()
+                self._write_manifest()
+        return len(ids)
+
+    # -- first stages ---------------------------------------------------------------------
+    @property
+    def stages(self) -> list[FirstStage]:
+        """The first stages, the dense one first."""
+        return [r.stage for r in self._stages()]
+
+    def add_first_stage(self, stage: FirstStage,
+                        videos: Callable[[np.ndarray, VideoFeatures], object] | None = None
+                        ) -> None:
+        """Register another first stage; every live row is added to it now.
+
+        ``videos(ids, features)`` computes what ``stage.add`` takes for rows ``ids`` from their
+        stored features (float16 ``[n, N, D]``); None gives it the dense proxies ``[n, D]``.
+        The caller reopens and re-registers such a stage after :meth:`load` (the manifest
+        records only the dense stage); :meth:`add`, :meth:`remove` and :meth:`save` keep it in
+        step with the store.
+        """
+        registered = _Registered(stage, videos)
+        for ids in self._live_by_shard():
+            stage.add(ids, self._stage_input(registered, ids))
+        self._extra.append(registered)
+
+    def _stages(self) -> list[_Registered]:
+        dense = self._dense_stage()
+        return ([_Registered(dense)] if dense is not None else []) + self._extra
+
+    def _dense_stage(self) -> FirstStage | None:
+        """The dense stage, made (and filled from the store) when the width becomes known."""
+        if self._dense is None:
+            dim = self.store.dim or (self.model.embed_dim if self.model is not None else None)
+            if dim is None:
+                return None
+            self._dense = _make_stage(self.stage_spec, self.directory, dim)
+            for ids, proxies in self.store.iter_proxies():
+                self._dense.add(ids, proxies)
+        return self._dense
+
+    def _stage_input(self, registered: _Registered, ids: np.ndarray) -> object:
+        if registered.videos is None:
+            return self.store.proxies(ids)
+        return registered.videos(ids, self.store.gather(ids))
+
+    def _live_by_shard(self):
+        for ids, _ in self.store.iter_proxies():
+            yield ids
+
+    def _save_stages(self) -> None:
+        assert self.directory is not None
+        for registered in self._stages():
+            registered.stage.save(self.directory)
+        self._synced = [self.store.next_id, len(self.store.removed)]
 
     # -- persistence ----------------------------------------------------------------------
     def save(self, directory: str | os.PathLike) -> Path:
@@ -272,11 +413,9 @@ class VideoIndex:
         calls write their shards."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        same = self.directory is not None and directory.resolve() == self.directory.resolve()
-        for i, shard in enumerate(self._shards):
-            if not (same and shard.name is not None):
-                self._write_shard(directory, shard, i)
+        self.store.save(directory)
         self.directory = directory
+        self._save_stages()
         self._write_manifest()
         return directory
 
@@ -290,7 +429,11 @@ class VideoIndex:
         tokenizer: Callable[[list[str]], Tensor] | None = None,
         device: torch.device | str | None = None,
     ) -> VideoIndex:
-        """Open an index written by :meth:`build` or :meth:`save`.
+        """Open an index written by :meth:`build` or :meth:`save` (format version 1 or 2).
+
+        The store is memory-mapped; the dense first stage is opened from its files, or
+        rebuilt from the stored proxies when it lags the store (an interrupted build) or the
+        index predates first stages (version 1).
 
         Args:
             model: the model to search with; it must have the weights and config the index
@@ -299,63 +442,52 @@ class VideoIndex:
 
         Raises:
             FileNotFoundError: no manifest in ``directory``.
-            ValueError: not a dicosa index, or (strict) built with another model.
+            ValueError: not a dicosa index, a damaged one, or (strict) built with another model.
         """
         directory = Path(directory)
         path = directory / MANIFEST
         if not path.is_file():
             raise FileNotFoundError(f"{directory} is not a video index (no {MANIFEST})")
-        manifest = json.loads(path.read_text())
-        if manifest.get("format") != FORMAT:
+        try:
+            manifest = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ValueError(f"{path} is damaged; rebuild the index with 'python -m dicosa "
+                             "index'") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise ValueError(f"{path} is not a {FORMAT} manifest")
-        if manifest.get("version") != VERSION:
+        if manifest.get("version") not in (1, VERSION):
             raise ValueError(f"{path}: index format version {manifest.get('version')} is not "
-                             f"supported (this dicosa reads version {VERSION})")
-        index = cls(None, tokenizer=tokenizer, device=device)
+                             f"supported (this dicosa reads versions 1 and {VERSION}); "
+                             "rebuild the index with 'python -m dicosa index'")
+        spec = manifest.get("first_stage") or {"backend": DEFAULT_BACKEND}
+        index = cls(None, tokenizer=tokenizer, device=device, backend=spec["backend"],
+                    uri=spec.get("uri"), stage_options=spec.get("options"))
         index.directory = directory
         index._fingerprint = manifest["fingerprint"]
         index.meta = manifest.get("meta", {})
         index.skipped = [(s["path"], s["reason"]) for s in manifest.get("skipped", [])]
-        for entry in manifest["shards"]:
-            tensors = load_file(str(directory / f"{entry['name']}.safetensors"))
-            # Only the numeric columns may hold NaN; a file may well be called "NA".
-            rows = pd.read_csv(directory / f"{entry['name']}.csv", dtype={"path": str},
-                               keep_default_na=False,
-                               na_values={"duration": ["nan"], "fps": ["nan"]}).to_dict("records")
-            if len(rows) != entry["count"] or tensors["frames"].shape[0] != entry["count"]:
-                raise ValueError(f"{directory}: shard {entry['name']} does not hold the "
-                                 f"{entry['count']} videos the manifest lists")
-            index._shards.append(_Shard(tensors["frames"], tensors["frame_mask"].bool(), rows,
-                                        entry["name"]))
+        index.store = FrameStore.open(directory, manifest)
+        if index.store.dim is not None and spec.get("synced") == [index.store.next_id,
+                                                                  len(index.store.removed)]:
+            index._dense = _open_stage(spec, directory, index.store.dim)
+            index._synced = spec["synced"]
         if model is not None:
             index.attach(model, strict=strict)
         return index
 
-    def _write_shard(self, directory: Path, shard: _Shard, number: int) -> None:
-        name = f"shard-{number:05d}"
-        # Each file is written whole under a temporary name, then renamed.
-        write_bytes_atomic(directory / f"{name}.safetensors", save_safetensors(
-            {"frames": shard.frames.contiguous(), "frame_mask": shard.frame_mask.contiguous()}))
-        write_text_atomic(directory / f"{name}.csv",
-                          pd.DataFrame(shard.rows, columns=list(_COLUMNS)).to_csv(index=False))
-        shard.name = name
-
     def _write_manifest(self) -> None:
         assert self.directory is not None
-        frames = self._shards[0].frames if self._shards else None
-        if frames is not None:
-            num_frames, dim = frames.shape[1], frames.shape[2]
-        else:
-            num_frames = (self._fingerprint or {}).get("config", {}).get("num_frames")
-            dim = self.model.embed_dim if self.model is not None else None
+        store = self.store.manifest()
+        if store["num_frames"] is None:
+            store["num_frames"] = (self._fingerprint or {}).get("config", {}).get("num_frames")
+            store["dim"] = self.model.embed_dim if self.model is not None else None
         write_text_atomic(self.directory / MANIFEST, json.dumps({
             "format": FORMAT,
             "version": VERSION,
             "fingerprint": self._fingerprint,
-            "num_frames": num_frames,
-            "dim": dim,
             "num_videos": len(self),
-            "shards": [{"name": s.name, "count": len(s.rows)} for s in self._shards],
+            **store,
+            "first_stage": {**self.stage_spec, "synced": self._synced},
             "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
             "meta": self.meta,
         }, indent=1))
@@ -396,62 +528,196 @@ class VideoIndex:
 
     # -- contents -------------------------------------------------------------------------
     def __len__(self) -> int:
-        return sum(len(s.rows) for s in self._shards)
+        return len(self.store)
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Row ids of the indexed (live) videos, ascending."""
+        return self.store.live()
 
     @property
     def paths(self) -> list[str]:
-        return [row["path"] for s in self._shards for row in s.rows]
+        return self.store.paths(self.store.live())
 
     @property
     def metadata(self) -> pd.DataFrame:
-        """One row per indexed video: path, duration, fps, num_frames, valid_frames."""
-        return pd.DataFrame([row for s in self._shards for row in s.rows], columns=list(_COLUMNS))
+        """One row per indexed video (index: row id): the columns of
+        :data:`dicosa.search.store.COLUMNS`."""
+        return self.store.metadata()
 
     @property
     def features(self) -> VideoFeatures:
-        """All stored features: float16 ``frames [V, N, D]`` and ``frame_mask [V, N]``."""
-        if self._cache is None:
-            if not self._shards:
-                raise ValueError("the index is empty")
-            self._cache = (torch.cat([s.frames for s in self._shards]),
-                           torch.cat([s.frame_mask for s in self._shards]))
-        return VideoFeatures(*self._cache)
+        """Every live row's features, float16 ``frames [V, N, D]`` and ``frame_mask [V, N]``,
+        read into memory: for small indexes and tests; search reads only candidates."""
+        if not len(self):
+            raise ValueError("the index is empty")
+        return self.store.gather(self.store.live())
 
     # -- search ---------------------------------------------------------------------------
+    def encode_queries(self, texts: Sequence[str]) -> EncodedQueries:
+        """Parse the queries ("A without B"), encode their positive text, run the
+        :attr:`query_encoders`."""
+        model = self._require_model()
+        queries = [parse_query(t) for t in texts]
+        with torch.inference_mode():
+            text = model.encode_text(self.tokenizer([q.text for q in queries]).to(self.device))
+        encoded = EncodedQueries(queries, text)
+        for encoder in self.query_encoders:
+            encoder(encoded)
+        return encoded
+
     @torch.inference_mode()
     def scores(self, texts: str | Sequence[str], chunk: int = 1024) -> Tensor:
-        """DiCoSA scores S of every text against every indexed video: ``[T, V]`` float32.
-
-        Videos are moved to the device ``chunk`` at a time, so memory stays bounded by the
-        chunk, not the collection.
-        """
+        """DiCoSA scores S (:meth:`DiCoSA.score`) of every text against every indexed video,
+        in :attr:`ids` order: ``[T, V]`` float32. The texts are encoded as given (no query
+        parsing). Videos are read ``chunk`` at a time, so memory stays bounded by the chunk."""
         model = self._require_model()
         texts = [texts] if isinstance(texts, str) else list(texts)
-        features = self.features
-        dtype = next(model.parameters()).dtype
         text = model.encode_text(self.tokenizer(texts).to(self.device))
-        out = []
-        for start in range(0, len(self), chunk):
-            video = VideoFeatures(features.frames[start:start + chunk].to(self.device, dtype),
-                                  features.frame_mask[start:start + chunk].to(self.device))
+        return self._exhaustive(text, self.store.live(), chunk)
+
+    def _exhaustive(self, text: TextFeatures, ids: np.ndarray, chunk: int) -> Tensor:
+        model = self._require_model()
+        dtype = next(model.parameters()).dtype
+        out = [torch.zeros(len(text), 0)]
+        for start in range(0, len(ids), chunk):
+            video = self.store.gather(ids[start:start + chunk]).to(self.device, dtype)
             out.append(model.score(text, video).float().cpu())
         return torch.cat(out, dim=1)
 
     def search(self, text: str | Sequence[str], k: int = 10,
-               chunk: int = 1024) -> list[tuple[str, float]] | list[list[tuple[str, float]]]:
-        """The ``k`` best videos for ``text``, as ``[(path, score)]`` best first; a list of
-        texts gives one such list per text."""
-        _check_search(text, k)
-        scores = self.scores(text, chunk)
+               candidates: int | None = DEFAULT_CANDIDATES, *,
+               hooks: Sequence[RerankHook] | None = None,
+               chunk: int = 1024) -> list[Hit] | list[list[Hit]]:
+        """The ``k`` best videos for ``text``, best first; a list of texts gives one list per
+        text.
+
+        Args:
+            candidates: rows the first stage(s) propose for DiCoSA to rerank (C). None scores
+                every row with :meth:`DiCoSA.score` (the exhaustive reference); C at least
+                the index's size reranks every row.
+            hooks: rerank hooks to apply instead of :attr:`hooks`.
+            chunk: videos per forward of the exhaustive path.
+        """
+        return self.search_with_stats(text, k, candidates, hooks=hooks, chunk=chunk)[0]
+
+    def search_with_stats(self, text: str | Sequence[str], k: int = 10,
+                          candidates: int | None = DEFAULT_CANDIDATES, *,
+                          hooks: Sequence[RerankHook] | None = None, chunk: int = 1024
+                          ) -> tuple[list[Hit] | list[list[Hit]], dict]:
+        """:meth:`search` and what it did: seconds per stage and candidates kept per query."""
+        _check_search(text, k, candidates)
+        texts = [text] if isinstance(text, str) else list(text)
+        clock = _Clock()
+        encoded = self.encode_queries(texts)
+        _warn_unhandled_exclusions(encoded.queries, hooks if hooks is not None else self.hooks)
+        clock.lap("encode_s")
+        ids, stage, stage_scores = self._candidates(encoded, candidates, chunk)
+        clock.lap("first_stage_s")
+        if stage == "exhaustive":
+            scores = self._exhaustive(encoded.text, ids[0], chunk).expand(len(texts), -1)
+        else:
+            scores = self._rerank(encoded, ids)
+        clock.lap("rerank_s")
+        dicosa = scores.clone()
+        for hook in hooks if hooks is not None else self.hooks:
+            scores = hook(encoded, ids, scores)
+        clock.lap("hooks_s")
+        results = self._top(scores, dicosa, ids, stage, stage_scores, k)
+        clock.lap("top_s")
+        stats = {**clock.times, "stage": stage if isinstance(stage, str) else "first stage",
+                 "candidates": [int((row >= 0).sum()) for row in ids]}
+        return (results[0] if isinstance(text, str) else results), stats
+
+    def _candidates(self, encoded: EncodedQueries, candidates: int | None, chunk: int):
+        """``(ids [Q, C] int64 with -1 pads, stage: str or [Q, C] labels, stage scores)``."""
+        live = self.store.live()
+        if candidates is None or candidates >= len(live) or not self._stages():
+            label = "exhaustive" if candidates is None else "all"
+            return np.broadcast_to(live, (len(encoded), len(live))), label, None
+        found = [r.stage.search(encoded, candidates) for r in self._stages()]
+        if len(found) == 1:
+            ids = found[0].ids.copy()
+            ids[~self.store.is_live(ids)] = -1  # a stage that lags never returns a removed row
+            return ids, found[0].stage, found[0].scores
+        return _union(found, self.store)
+
+    @torch.inference_mode()
+    def _rerank(self, encoded: EncodedQueries, ids: np.ndarray) -> Tensor:
+        """DiCoSA S of each query with its candidates: ``[Q, C]`` float32, -inf at pads."""
+        model = self._require_model()
+        dtype = next(model.parameters()).dtype
+        query, column = np.nonzero(ids >= 0)
+        out = torch.full(ids.shape, float("-inf"))
+        text = encoded.text.text.to(self.device, dtype)
+        for start in range(0, len(query), _PAIRS_PER_CHUNK):
+            q, c = query[start:start + _PAIRS_PER_CHUNK], column[start:start + _PAIRS_PER_CHUNK]
+            video = self.store.gather(ids[q, c]).to(self.device, dtype)
+            pairs = TextFeatures(text[torch.from_numpy(q).to(self.device)])
+            out[q, c] = pair_scores(model, pairs, video).cpu()
+        return out
+
+    def _top(self, scores: Tensor, dicosa: Tensor, ids: np.ndarray, stage, stage_scores,
+             k: int) -> list[list[Hit]]:
         top = scores.topk(min(k, scores.shape[1]), dim=1)
-        paths = self.paths
-        results = [[(paths[i], float(s)) for i, s in zip(idx.tolist(), val.tolist(),
-                                                          strict=True)]
-                   for idx, val in zip(top.indices, top.values, strict=True)]
-        return results[0] if isinstance(text, str) else results
+        picked = []
+        for q, (cols, vals) in enumerate(zip(top.indices.tolist(), top.values.tolist(),
+                                             strict=True)):
+            picked.append([(c, v) for c, v in zip(cols, vals, strict=True)
+                           if v != float("-inf") and ids[q, c] >= 0])
+        hit_ids = np.array([ids[q, c] for q, row in enumerate(picked) for c, _ in row],
+                           dtype=np.int64)
+        paths = iter(self.store.paths(hit_ids))
+        results = []
+        for q, row in enumerate(picked):
+            results.append([Hit(
+                path=next(paths), score=v, dicosa=float(dicosa[q, c]), id=int(ids[q, c]),
+                stage=stage if isinstance(stage, str) else str(stage[q, c]),
+                stage_score=None if stage_scores is None else float(stage_scores[q, c]))
+                for c, v in row])
+        return results
 
 
-def _check_search(text: str | Sequence[str], k: int) -> None:
+def _union(found: list[Candidates], store: FrameStore):
+    """United candidate lists of several stages: ids [Q, C], labels ("dense+lexical"), and
+    the first listed stage's score of each row."""
+    rows = []
+    for q in range(len(found[0].ids)):
+        merged: dict[int, tuple[list[str], float]] = {}
+        for cand in found:
+            for i, s in zip(cand.ids[q].tolist(), cand.scores[q].tolist(), strict=True):
+                if i >= 0:
+                    merged.setdefault(i, ([], s))[0].append(cand.stage)
+        rows.append(merged)
+    width = max(1, max(len(r) for r in rows))
+    ids = np.full((len(rows), width), -1, dtype=np.int64)
+    labels = np.full((len(rows), width), "", dtype=object)
+    scores = np.full((len(rows), width), -np.inf, dtype=np.float32)
+    for q, merged in enumerate(rows):
+        for c, (i, (names, s)) in enumerate(merged.items()):
+            ids[q, c], labels[q, c], scores[q, c] = i, "+".join(names), s
+    ids[~store.is_live(ids)] = -1
+    return ids, labels, scores
+
+
+class _Clock:
+    def __init__(self):
+        self.times: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.times[name] = now - self._last
+        self._last = now
+
+
+def _warn_unhandled_exclusions(queries: list[Query], hooks: Sequence[RerankHook]) -> None:
+    if not hooks and any(q.exclude for q in queries):
+        log.warning("the query's exclusions (%s) are ignored: no exclusion hook is attached "
+                    "to this index", ", ".join(e for q in queries for e in q.exclude))
+
+
+def _check_search(text: str | Sequence[str], k: int, candidates: int | None) -> None:
     """Refuse what has no meaningful answer instead of ranking it anyway."""
     texts = [text] if isinstance(text, str) else list(text)
     if not texts:
@@ -461,3 +727,47 @@ def _check_search(text: str | Sequence[str], k: int) -> None:
             raise QueryError(f"a query must be non-empty text, got {t!r}")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise QueryError(f"k must be a positive number of results, got {k!r}")
+    if candidates is not None and (isinstance(candidates, bool)
+                                   or not isinstance(candidates, int) or candidates < 1):
+        raise QueryError(f"candidates must be a positive number of rows to rerank (or None "
+                         f"for exhaustive search), got {candidates!r}")
+
+
+# -- first-stage backends -------------------------------------------------------------------
+def _make_stage(spec: dict, directory: Path | None, dim: int) -> FirstStage:
+    """A new, empty dense first stage as ``spec`` ({backend, uri, options}) describes."""
+    try:
+        from .search.backends import make_first_stage
+    except ImportError:  # until search/backends.py lands: the stages of search/dense.py
+        make_first_stage = _make_dense
+    return make_first_stage(spec["backend"], spec.get("uri") or directory, dim,
+                            **spec.get("options", {}))
+
+
+def _open_stage(spec: dict, directory: Path, dim: int) -> FirstStage:
+    try:
+        from .search.backends import open_first_stage
+    except ImportError:
+        open_first_stage = _open_dense
+    return open_first_stage(spec["backend"], spec.get("uri") or directory, dim,
+                            **spec.get("options", {}))
+
+
+def _make_dense(backend: str, target, dim: int, **options) -> FirstStage:
+    from .search.dense import ExactStage, FaissConfig, FaissStage, StageError
+
+    if backend == "exact":
+        return ExactStage(dim, **options)
+    if backend in ("local", "hnsw", "faiss"):
+        return FaissStage(dim, FaissConfig(**options))
+    if backend == "ivfpq":
+        return FaissStage(dim, FaissConfig(index="ivfpq", **options))
+    raise StageError(f"unknown first-stage backend {backend!r}: choose exact, local (faiss "
+                     "HNSW) or ivfpq")
+
+
+def _open_dense(backend: str, target, dim: int, **options) -> FirstStage:
+    from .search.dense import STAGE_FILE, ExactStage, FaissStage
+
+    info = json.loads((Path(target) / STAGE_FILE).read_text())
+    return (ExactStage if info["backend"] == "exact" else FaissStage).open(target, info)

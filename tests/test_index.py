@@ -69,15 +69,17 @@ def test_scores_are_the_model_score_of_the_stored_features(videos, model, featur
     # Chunking over videos changes nothing.
     torch.testing.assert_close(index.scores(QUERIES, chunk=4), expected, atol=1e-6, rtol=1e-6)
 
-    hits = index.search(QUERIES[0], k=3)
+    hits = index.search(QUERIES[0], k=3, candidates=None)  # exhaustive: the reference
     order = expected[0].argsort(descending=True)[:3].tolist()
-    assert [p for p, _ in hits] == [index.paths[i] for i in order]
-    assert [s for _, s in hits] == pytest.approx(expected[0, order].tolist(), abs=1e-6)
+    assert [h.path for h in hits] == [index.paths[i] for i in order]
+    assert [h.score for h in hits] == pytest.approx(expected[0, order].tolist(), abs=1e-6)
+    assert all(h.stage == "exhaustive" and h.dicosa == h.score for h in hits)
     both = index.search(QUERIES, k=100)
     assert len(both) == 2 and all(len(h) == NUM_VIDEOS for h in both)
 
     meta = index.metadata
-    assert list(meta.columns) == ["path", "duration", "fps", "num_frames", "valid_frames"]
+    assert list(meta.columns) == ["path", "duration", "fps", "num_frames", "valid_frames",
+                                  "title", "text_only", "frames_lost"]
     assert (meta["num_frames"] == 8).all() and meta["duration"].tolist() == [1.0] * NUM_VIDEOS
     assert (meta["valid_frames"] == model.config.num_frames).all()
 
