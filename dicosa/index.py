@@ -601,6 +601,7 @@ class VideoIndex:
         """
         return self.search_with_stats(text, k, candidates, hooks=hooks, chunk=chunk)[0]
 
+    @torch.inference_mode()
     def search_with_stats(self, text: str | Sequence[str], k: int = 10,
                           candidates: int | None = DEFAULT_CANDIDATES, *,
                           hooks: Sequence[RerankHook] | None = None, chunk: int = 1024
@@ -614,7 +615,7 @@ class VideoIndex:
         clock.lap("encode_s")
         ids, stage, stage_scores = self._candidates(encoded, candidates, chunk)
         clock.lap("first_stage_s")
-        if stage == "exhaustive":
+        if isinstance(stage, str) and stage == "exhaustive":
             scores = self._exhaustive(encoded.text, ids[0], chunk).expand(len(texts), -1)
         else:
             scores = self._rerank(encoded, ids)
