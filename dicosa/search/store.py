@@ -263,9 +263,8 @@ class FrameStore:
         # Through write_bytes_atomic: the process umask applies (safetensors' save_file
         # creates 0600 files), and a killed writer leaves no half file under the real name.
         write_bytes_atomic(directory / f"{name}.safetensors", save_safetensors({
-            "frames": torch.from_numpy(np.ascontiguousarray(shard.frames)),
-            "frame_mask": torch.from_numpy(np.ascontiguousarray(shard.frame_mask)),
-            "proxy": torch.from_numpy(np.ascontiguousarray(shard.proxy, dtype=np.float32))}))
+            "frames": _tensor(shard.frames), "frame_mask": _tensor(shard.frame_mask),
+            "proxy": _tensor(shard.proxy)}))
         buffer = io.StringIO()
         shard.rows.to_csv(buffer, index=False, columns=list(COLUMNS))
         write_text_atomic(directory / f"{name}.csv", buffer.getvalue())
@@ -274,6 +273,11 @@ class FrameStore:
         shard.frames, shard.frame_mask = tensors["frames"], tensors["frame_mask"]
         shard.proxy, shard.name, shard.has_proxy_file = tensors["proxy"], name, True
         shard._directory = directory
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor of ``array`` (copied when it is a read-only map, as torch wants)."""
+    return torch.from_numpy(np.require(array, requirements=["C", "W"]))
 
 
 def _map_safetensors(path: Path) -> dict[str, np.ndarray]:
