@@ -1,7 +1,9 @@
 """Command line: ``python -m dicosa {index,search,heads,demo} ...``.
 
     python -m dicosa index FOLDER --out INDEX [--checkpoint CKPT | --config CFG]
-    python -m dicosa search INDEX "a man is skiing" -k 10 [--checkpoint CKPT] [--json]
+                           [--backend local|exact|ivfpq|milvus --uri URI]
+    python -m dicosa search INDEX "a man is skiing" -k 10 [--candidates 1000 | --exhaustive]
+                           [--checkpoint CKPT] [--json]
     python -m dicosa heads train KIND --checkpoint CKPT --out HEAD.pt [--set key=value]
     python -m dicosa heads info HEAD.pt
     python -m dicosa demo --out outputs/demo [--quick]
@@ -63,7 +65,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
     model, source = load_model(args.checkpoint, args.config, args.set)
     index = VideoIndex.build(model, args.videos, args.out, batch_size=args.batch_size,
                              num_workers=args.num_workers, shard_size=args.shard_size,
-                             meta={"model": source})
+                             meta={"model": source}, backend=args.backend, uri=args.uri)
     print(f"indexed {len(index)} videos into {args.out}"
           + (f"; skipped {len(index.skipped)} unreadable file(s):" if index.skipped else ""))
     for path, reason in index.skipped:
@@ -85,15 +87,20 @@ def _cmd_search(args: argparse.Namespace) -> int:
     else:
         model, _ = load_model(args.checkpoint, args.config, args.set)
     index.attach(model, strict=not args.no_strict)
-    results = index.search(args.query, k=args.k)
+    candidates = None if args.exhaustive else args.candidates
+    results, stats = index.search_with_stats(args.query, k=args.k, candidates=candidates)
     if args.json:
-        print(json.dumps({"query": args.query, "index": str(args.index), "results": [
-            {"rank": r, "path": p, "score": s} for r, (p, s) in enumerate(results, 1)]}))
+        print(json.dumps({"query": args.query, "index": str(args.index),
+                          "candidates": candidates, "stats": stats, "results": [
+                              {"rank": r, **hit.as_dict()} for r, hit in enumerate(results, 1)]}))
         return 0
-    print(f'top {len(results)} of {len(index)} videos for "{args.query}"')
-    print(f"{'rank':>4}  {'score':>8}  path")
-    for rank, (path, score) in enumerate(results, 1):
-        print(f"{rank:>4}  {score:>8.4f}  {path}")
+    how = ("every video scored by DiCoSA" if candidates is None else
+           f"{stats['candidates'][0]} candidates from the {stats['stage']} stage reranked by "
+           "DiCoSA")
+    print(f'top {len(results)} of {len(index)} videos for "{args.query}" ({how})')
+    print(f"{'rank':>4}  {'score':>8}  {'stage':<10}  path")
+    for rank, hit in enumerate(results, 1):
+        print(f"{rank:>4}  {hit.score:>8.4f}  {hit.stage:<10}  {hit.path}")
     return 0
 
 
@@ -155,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--num-workers", type=int, default=None, help="decoding processes")
     p.add_argument("--shard-size", type=int, default=256, help="videos per shard file")
+    p.add_argument("--backend", default="local",
+                   help="first stage over the videos' dense proxies: local (faiss HNSW in the "
+                        "index folder, default), exact, ivfpq, or milvus (with --uri)")
+    p.add_argument("--uri", help="Milvus: a file ending in .db (milvus-lite) or "
+                                 "http://host:19530 (a Milvus server)")
     _model_options(p, None)
     p.set_defaults(func=_cmd_index)
 
@@ -162,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("index", help="index folder written by 'index'")
     p.add_argument("query", help="the text to search for")
     p.add_argument("-k", type=_positive_int, default=10, help="number of results")
+    p.add_argument("--candidates", type=_positive_int, default=1000,
+                   help="videos the first stage proposes for DiCoSA to rerank (default 1000)")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="score every video with DiCoSA (the reference; slow on large indexes)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--no-strict", action="store_true",
                    help="warn instead of failing when the model differs from the index's")

@@ -70,7 +70,7 @@ log = logging.getLogger(__name__)
 FORMAT = "dicosa-video-index"
 VERSION = 2
 MANIFEST = "manifest.json"
-DEFAULT_BACKEND = "exact"
+DEFAULT_BACKEND = "local"  # faiss HNSW, in the index folder
 DEFAULT_CANDIDATES = 1000
 _PAIRS_PER_CHUNK = 2048  # rerank pairs per forward: [chunk, N, D] float32 stays ~50 MB
 

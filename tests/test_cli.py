@@ -48,11 +48,39 @@ def test_index_then_search(index_dir):
     assert answer["query"] == query and [r["rank"] for r in answer["results"]] == [1, 2, 3]
     scores = [r["score"] for r in answer["results"]]
     assert scores == sorted(scores, reverse=True)
+    # 5 videos, 1000 candidates: every video is reranked by DiCoSA ("all").
+    assert {r["stage"] for r in answer["results"]} == {"all"} and answer["candidates"] == 1000
+    assert all(r["dicosa"] == r["score"] for r in answer["results"])
+    assert set(answer["stats"]) >= {"encode_s", "first_stage_s", "rerank_s"}
 
     model, _ = load_model(None, str(REPO / "configs/synthetic.yaml"), ["model.num_frames=4"])
     expected = VideoIndex.load(out, model).search(query, k=3)
     assert [(r["path"], r["score"]) for r in answer["results"]] == [
-        (p, pytest.approx(s, abs=1e-6)) for p, s in expected]
+        (h.path, pytest.approx(h.score, abs=1e-6)) for h in expected]
+
+
+def test_search_stages_on_the_command_line(index_dir, capsys, monkeypatch):
+    out, _ = index_dir
+    monkeypatch.chdir(REPO)
+    runs = {}
+    for args in (["--candidates", "2"], ["--exhaustive"]):
+        assert main(["search", str(out), "a red circle", "-k", "2", "--json", *args, *TINY]) == 0
+        runs[args[0]] = json.loads(capsys.readouterr().out)
+    two_stage, exhaustive = runs["--candidates"], runs["--exhaustive"]
+    assert {r["stage"] for r in two_stage["results"]} == {"dense"}
+    assert two_stage["stats"]["candidates"] == [2]
+    assert all(r["stage_score"] is not None for r in two_stage["results"])
+    assert {r["stage"] for r in exhaustive["results"]} == {"exhaustive"}
+    assert exhaustive["candidates"] is None
+
+
+def test_unknown_backend_is_one_sentence(folder, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    code = main(["index", str(folder), "--out", str(tmp_path / "x"), "--backend", "annoy",
+                 "--num-workers", "0", *TINY])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "unknown first-stage backend 'annoy'" in err[-1]
+    assert "Traceback" not in "".join(err)
 
 
 def test_search_table(index_dir, capsys, monkeypatch):
@@ -60,10 +88,10 @@ def test_search_table(index_dir, capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     assert main(["search", str(out), "a blue square", "-k", "2", *TINY]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0] == 'top 2 of 5 videos for "a blue square"'
-    assert lines[1].split() == ["rank", "score", "path"] and len(lines) == 4
+    assert lines[0].startswith('top 2 of 5 videos for "a blue square" (')
+    assert lines[1].split() == ["rank", "score", "stage", "path"] and len(lines) == 4
     assert [line.split()[0] for line in lines[2:]] == ["1", "2"]
-    assert all(Path(line.split()[2]).is_file() for line in lines[2:])
+    assert all(Path(line.split()[3]).is_file() for line in lines[2:])
 
 
 def test_search_with_another_model_fails_clearly(index_dir, capsys, tmp_path):
@@ -113,6 +141,7 @@ def test_index_files_follow_the_umask(index_dir):
     (["a dog", "-k", "0"], "must be at least 1, got 0"),
     (["a dog", "-k", "-2"], "must be at least 1, got -2"),
     (["a dog", "-k", "ten"], "'ten' is not a whole number"),
+    (["a dog", "--candidates", "0"], "must be at least 1, got 0"),
 ])
 def test_bad_search_arguments_are_one_sentence(index_dir, args, message, capsys, monkeypatch):
     out, _ = index_dir
@@ -133,3 +162,5 @@ def test_bad_search_arguments_in_python(index_dir):
                     ("a dog", -1)]:
         with pytest.raises(ValueError, match=r"query|k must"):
             index.search(text, k=k)
+    with pytest.raises(ValueError, match="candidates must be a positive number"):
+        index.search("a dog", candidates=0)

@@ -246,7 +246,7 @@ class FrameStore:
             proxy = tensors.get("proxy")
             if proxy is None:  # a version-1 shard
                 proxy = video_proxy(torch.from_numpy(np.asarray(frames, dtype=np.float32)),
-                                    torch.from_numpy(np.asarray(mask))).numpy()
+                                    _tensor(mask)).numpy()
             first = entry.get("first_id", first)
             store.shards.append(_Shard(first, frames, mask, proxy, name,
                                        has_proxy_file="proxy" in tensors,
