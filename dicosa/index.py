@@ -593,9 +593,9 @@ class VideoIndex:
         text.
 
         Args:
-            candidates: rows the first stage(s) propose for DiCoSA to rerank (C). None scores
-                every row with :meth:`DiCoSA.score` (the exhaustive reference); C at least
-                the index's size reranks every row.
+            candidates: rows the first stage(s) propose for DiCoSA to rerank (C, raised to
+                ``k`` when smaller). None scores every row with :meth:`DiCoSA.score` (the
+                exhaustive reference); C at least the index's size reranks every row.
             hooks: rerank hooks to apply instead of :attr:`hooks`.
             chunk: videos per forward of the exhaustive path.
         """
@@ -613,6 +613,8 @@ class VideoIndex:
         encoded = self.encode_queries(texts)
         _warn_unhandled_exclusions(encoded.queries, hooks if hooks is not None else self.hooks)
         clock.lap("encode_s")
+        if candidates is not None:
+            candidates = max(candidates, k)  # fewer than k could not fill the answer
         ids, stage, stage_scores = self._candidates(encoded, candidates, chunk)
         clock.lap("first_stage_s")
         if isinstance(stage, str) and stage == "exhaustive":

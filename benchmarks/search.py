@@ -1,0 +1,308 @@
+"""Two-stage search at scale: latency at 1M videos, quality at 100k against exhaustive DiCoSA.
+
+Targets (issue 15), 2 CPU cores, C = 1,000 candidates: p50 <= 50 ms per query at 1,000,000
+videos of ViT-B/32 size (D=512, N=12), resident memory <= 2 GiB plus the memory-mapped store,
+recall@10 >= 0.95 of the two-stage top 10 against the exhaustive DiCoSA top 10.
+
+Latency part (``--videos``): random-weight ViT-B/32 DiCoSA. Its text tower encodes
+``--clusters`` synthetic captions; each video's 12 frames are one caption's vector (the
+cluster, chosen uniformly) plus Gaussian noise of 0.5x the vector's per-dimension spread per
+frame, plus a per-video offset of the same size (so videos of a cluster differ), and 1 in 4
+videos have only 6 valid frames. They are written straight into the index (no decoding), shard
+by shard. Queries are 200+ other captions of the same generator, one text per search, timed
+end to end (text encoding, first stage, rerank, top-k) and per stage. Brute force is the
+exhaustive DiCoSA.score path timed on the first ``--brute-videos`` (<= 50k) rows and
+extrapolated linearly to ``--videos``.
+
+Quality part (``--quality-videos``): the tiny DiCoSA trained on the synthetic benchmark
+(``--checkpoint``, or ``benchmarks.common.synthetic_checkpoint``). The index holds the 100 real
+test videos plus distractors made from the *training* videos with structured perturbations:
+each frame slot takes that slot of one of 3 random training videos (a temporal splice), adds
+Gaussian noise of 0.1x the features' per-dimension std, and 1 in 3 distractors keep only the
+first half of their frames. Every test caption is a query; t2v R@1/R@5 count its own video.
+
+    python benchmarks/search.py --videos 1000000 --quality-videos 100000   # the lead, alone
+    python benchmarks/search.py --videos 100000 --quality-videos 100000    # under contention
+    python benchmarks/search.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from common import environment, random_model, report, synthetic_checkpoint
+
+from dicosa.index import VideoIndex
+from dicosa.model import DiCoSA, VideoFeatures
+
+WORDS = {
+    "colour": ["red", "blue", "green", "yellow", "purple", "orange", "white", "black"],
+    "shape": ["circle", "square", "triangle", "cross", "star", "ring", "bar", "heart"],
+    "motion": ["moves left", "moves right", "falls", "rises", "spins", "grows", "shrinks",
+               "bounces"],
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--videos", type=int, default=1_000_000, help="latency part: index size")
+    p.add_argument("--arch", default="ViT-B-32")
+    p.add_argument("--frames", type=int, default=12)
+    p.add_argument("--clusters", type=int, default=2000)
+    p.add_argument("--queries", type=int, default=200)
+    p.add_argument("--candidates", type=int, nargs="+", default=[1000],
+                   help="C values timed (latency) and scored (quality)")
+    p.add_argument("--brute-videos", type=int, default=50_000)
+    p.add_argument("--brute-queries", type=int, default=5)
+    p.add_argument("--backend", default="local", help="first stage: local, exact, ivfpq, milvus")
+    p.add_argument("--uri", default=None, help="Milvus URI (a .db file is milvus-lite)")
+    p.add_argument("--shard-size", type=int, default=8192)
+    p.add_argument("--quality-videos", type=int, default=100_000,
+                   help="quality part: index size (0 skips it)")
+    p.add_argument("--quality-candidates", type=int, nargs="+", default=[100, 300, 1000])
+    p.add_argument("--checkpoint", default=None,
+                   help="trained tiny DiCoSA (default: synthetic_checkpoint under --work)")
+    p.add_argument("--work", default="/work/artifacts/search-bench",
+                   help="where indexes and the trained model go (not the repository)")
+    p.add_argument("--keep", action="store_true", help="keep the indexes after the run")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes on random weights")
+    p.add_argument("--out", default="benchmarks/results/search.json")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.arch, args.frames, args.videos, args.clusters = "dicosa-tiny", 4, 3000, 50
+        args.queries, args.brute_videos, args.brute_queries = 20, 1000, 2
+        args.candidates, args.quality_candidates = [100], [50, 200]
+        args.quality_videos, args.shard_size = 2000, 512
+        args.work = "search-bench-smoke"
+    return args
+
+
+def captions(count: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(["a", *(rng.choice(WORDS[k]) for k in ("colour", "shape", "motion"))])
+            + (f" next to a {rng.choice(WORDS['colour'])} {rng.choice(WORDS['shape'])}"
+               if rng.random() < 0.5 else "") for _ in range(count)]
+
+
+def resident() -> dict[str, float]:
+    """This process's resident memory in GiB: anonymous (heap, ANN index), file-backed (the
+    mapped store pages, reclaimable), and the anonymous peak is not exposed, so VmHWM."""
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return {key: int(fields[name].split()[0]) / 2**20 for key, name in
+            (("anon_gib", "RssAnon"), ("file_gib", "RssFile"), ("peak_gib", "VmHWM"))}
+
+
+def fresh(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    return path
+
+
+# -- latency ----------------------------------------------------------------------------------
+def synthetic_shard(centres: torch.Tensor, count: int, frames: int,
+                    rng: torch.Generator) -> VideoFeatures:
+    """``count`` videos around random ``centres`` rows (see the module docstring)."""
+    spread = centres.std(dim=1, keepdim=True).mean()  # per-dimension spread of the vectors
+    cluster = torch.randint(len(centres), (count,), generator=rng)
+    offset = torch.randn(count, 1, centres.shape[1], generator=rng) * 0.5 * spread
+    noise = torch.randn(count, frames, centres.shape[1], generator=rng) * 0.5 * spread
+    mask = torch.ones(count, frames, dtype=torch.bool)
+    mask[torch.rand(count, generator=rng) < 0.25, frames // 2:] = False
+    return VideoFeatures((centres[cluster, None] + offset + noise).half(), mask)
+
+
+def timed_searches(index: VideoIndex, texts: list[str], candidates: int | None) -> dict:
+    total, stages = [], []
+    for text in texts:
+        start = time.perf_counter()
+        _, stats = index.search_with_stats(text, k=10, candidates=candidates)
+        total.append(time.perf_counter() - start)
+        stages.append(stats)
+    ms = np.array(total) * 1000
+
+    def median(key: str) -> float:
+        return round(float(np.median([s[key] for s in stages])) * 1000, 2)
+
+    return {"queries": len(texts), "p50_ms": round(float(np.percentile(ms, 50)), 2),
+            "p99_ms": round(float(np.percentile(ms, 99)), 2),
+            "p50_ms_by_stage": {k: median(k) for k in ("encode_s", "first_stage_s", "rerank_s",
+                                                       "top_s")},
+            "p50_ms_without_text_encoding": round(float(np.percentile(
+                ms - np.array([s["encode_s"] for s in stages]) * 1000, 50)), 2)}
+
+
+def latency(args, work: Path) -> dict:
+    torch.manual_seed(0)
+    model = random_model(args.arch, "released", args.frames).eval()
+    index = VideoIndex(model, device="cpu", backend=args.backend, uri=args.uri)
+    tokenize = index.tokenizer
+    with torch.inference_mode():
+        centres = torch.cat([model.encode_text(tokenize(captions(min(256, args.clusters - s),
+                                                                  seed=s))).text
+                             for s in range(0, args.clusters, 256)])
+    index.save(fresh(work / f"latency-{args.videos}"))
+    rng = torch.Generator().manual_seed(1)
+    start = time.perf_counter()
+    for first in range(0, args.videos, args.shard_size):
+        count = min(args.shard_size, args.videos - first)
+        index.add_features(synthetic_shard(centres, count, args.frames, rng),
+                           [{"path": f"synthetic/{first + i}"} for i in range(count)])
+    index.save(index.directory)
+    build_s = time.perf_counter() - start
+    memory_after_build = resident()
+
+    directory = index.directory
+    del index
+    index = VideoIndex.load(directory, model, device="cpu")  # a fresh process's view
+    memory_loaded = resident()
+    texts = captions(args.queries, seed=10_000)
+    index.search(texts[0], k=10)  # warm-up
+    runs = {str(c): timed_searches(index, texts, c) for c in args.candidates}
+    memory_searched = resident()
+
+    brute_videos = min(args.brute_videos, len(index))
+    ids = index.ids[:brute_videos]
+    times = []
+    for text in texts[:args.brute_queries]:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            encoded = index.encode_queries([text])
+            index._exhaustive(encoded.text, ids, chunk=1024)
+        times.append(time.perf_counter() - start)
+    brute_ms = float(np.median(times)) * 1000
+    result = {
+        "videos": len(index), "dim": model.embed_dim, "frames": args.frames,
+        "backend": args.backend, "build_s": round(build_s, 1),
+        "store_gib": round(sum(p.stat().st_size for p in directory.glob("shard-*"))
+                           / 2**30, 2),
+        "two_stage": runs,
+        "brute_force": {"measured_videos": brute_videos, "measured_p50_ms": round(brute_ms, 1),
+                        "extrapolated_ms_at_videos": round(brute_ms * len(index)
+                                                           / brute_videos, 1),
+                        "how": "exhaustive DiCoSA.score on the first measured_videos rows, "
+                               "times videos / measured_videos (linear)"},
+        "memory_gib": {"after_build": memory_after_build, "after_load": memory_loaded,
+                       "after_searches": memory_searched},
+    }
+    if not args.keep:
+        shutil.rmtree(directory)
+    return result
+
+
+# -- quality ----------------------------------------------------------------------------------
+def base_features(args, work: Path) -> tuple[DiCoSA, dict]:
+    """The trained model and its encoded train/test splits (smoke: random weights, random
+    features and captions)."""
+    if args.smoke:
+        torch.manual_seed(0)
+        model = random_model("dicosa-tiny", "released", 4, max_words=16).eval()
+        g = torch.Generator().manual_seed(2)
+        make = lambda n: VideoFeatures(torch.randn(n, 4, model.embed_dim, generator=g),  # noqa: E731
+                                       torch.ones(n, 4, dtype=torch.bool))
+        test_captions = captions(20, seed=3)
+        return model, {"train": make(60), "test": make(20), "captions": test_captions,
+                       "caption_video": torch.arange(20), "checkpoint": "random (smoke)"}
+    from dicosa.checkpoint import load
+    from dicosa.data.datasets import load_split
+    from dicosa.heads.features import split_features
+
+    checkpoint = Path(args.checkpoint) if args.checkpoint else synthetic_checkpoint(work)[0]
+    model, cfg = load(checkpoint)
+    model.eval()
+    cache = checkpoint.parent / "cache"
+    test = split_features(model, load_split(cfg.data.dataset, cfg.data.root,
+                                            cfg.data.test_split), cache_dir=cache)
+    train = split_features(model, load_split(cfg.data.dataset, cfg.data.root,
+                                             cfg.data.train_split), cache_dir=cache)
+    return model, {"train": train.video, "test": test.video, "captions": test.captions,
+                   "caption_video": test.caption_video, "checkpoint": str(checkpoint)}
+
+
+def distractors(train: VideoFeatures, count: int, rng: torch.Generator) -> VideoFeatures:
+    """Splices of 3 training videos + noise + dropped frames (see the module docstring)."""
+    frames = train.frames.float()
+    num = frames.shape[1]
+    sources = torch.randint(len(frames), (count, 3), generator=rng)
+    pick = sources.gather(1, torch.randint(3, (count, num), generator=rng))  # [count, N]
+    out = frames[pick, torch.arange(num)]  # slot n of the chosen source
+    mask = train.frame_mask[pick, torch.arange(num)]
+    std = frames[train.frame_mask].std(dim=0)  # [D] per-dimension spread
+    out = out + torch.randn(out.shape, generator=rng) * 0.1 * std
+    short = torch.rand(count, generator=rng) < 1 / 3
+    mask[short, num // 2:] = False
+    mask[:, 0] = True  # every video keeps a frame
+    return VideoFeatures(out.half(), mask)
+
+
+def recall_at(ranked: list[list[int]], truth: list[int], k: int) -> float:
+    return float(np.mean([t in r[:k] for r, t in zip(ranked, truth, strict=True)]))
+
+
+def quality(args, work: Path) -> dict:
+    model, data = base_features(args, work)
+    index = VideoIndex(model, device="cpu", backend=args.backend, uri=args.uri)
+    index.save(fresh(work / f"quality-{args.quality_videos}"))
+    test = data["test"]
+    test_ids = index.add_features(VideoFeatures(test.frames.half(), test.frame_mask),
+                                  [{"path": f"test/{i}"} for i in range(len(test))])
+    rng = torch.Generator().manual_seed(5)
+    for first in range(len(test), args.quality_videos, args.shard_size):
+        count = min(args.shard_size, args.quality_videos - first)
+        index.add_features(distractors(data["train"], count, rng),
+                           [{"path": f"distractor/{first + i}"} for i in range(count)])
+    index.save(index.directory)
+    texts, truth = data["captions"], test_ids[data["caption_video"].numpy()].tolist()
+
+    def ranked(candidates):
+        hits = []
+        for start in range(0, len(texts), 25):
+            hits += index.search(texts[start:start + 25], k=10, candidates=candidates)
+        return [[h.id for h in q] for q in hits]
+
+    start = time.perf_counter()
+    exhaustive = ranked(None)
+    exhaustive_s = time.perf_counter() - start
+    result = {"checkpoint": data["checkpoint"], "videos": len(index), "queries": len(texts),
+              "exhaustive": {"R@1": recall_at(exhaustive, truth, 1),
+                             "R@5": recall_at(exhaustive, truth, 5),
+                             "seconds_all_queries": round(exhaustive_s, 1)},
+              "two_stage": {}}
+    for c in args.quality_candidates:
+        got = ranked(c)
+        overlap = np.mean([len(set(a) & set(b)) / len(a) for a, b in
+                           zip(exhaustive, got, strict=True)])
+        result["two_stage"][str(c)] = {"recall@10_vs_exhaustive": round(float(overlap), 4),
+                                       "R@1": recall_at(got, truth, 1),
+                                       "R@5": recall_at(got, truth, 5)}
+    # The 100 test videos alone: the clean benchmark figure, for reference.
+    clean = [[int(i) for i in row] for row in index.scores(texts)[:, :len(test)]
+             .argsort(dim=1, descending=True)[:, :10].tolist()]
+    result["clean_test_only"] = {"R@1": recall_at(clean, truth, 1),
+                                 "R@5": recall_at(clean, truth, 5)}
+    if not args.keep:
+        shutil.rmtree(index.directory)
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    result = {"benchmark": "search", **environment("cpu"),
+              "threads": torch.get_num_threads(), "smoke": args.smoke,
+              "latency": latency(args, work) if args.videos else None,
+              "quality": quality(args, work) if args.quality_videos else None}
+    if args.smoke:
+        shutil.rmtree(work, ignore_errors=True)
+    return report(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
