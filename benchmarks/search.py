@@ -15,11 +15,11 @@ exhaustive DiCoSA.score path timed on the first ``--brute-videos`` (<= 50k) rows
 extrapolated linearly to ``--videos``.
 
 Quality part (``--quality-videos``): the tiny DiCoSA trained on the synthetic benchmark
-(``--checkpoint``, or ``benchmarks.common.synthetic_checkpoint``). The index holds the 100 real
-test videos plus distractors made from the *training* videos with structured perturbations:
-each frame slot takes that slot of one of 3 random training videos (a temporal splice), adds
-Gaussian noise of 0.1x the features' per-dimension std, and 1 in 3 distractors keep only the
-first half of their frames. Every test caption is a query; t2v R@1/R@5 count its own video.
+(``--checkpoint``, or ``benchmarks.common.synthetic_checkpoint``). The index holds the 100
+test videos plus new clips of the same generator (other seeds: objects, colours, motions,
+backgrounds and pixel noise sampled as the benchmark samples them), rendered to frames and
+encoded by the trained model, so every video is a real encoding, not a perturbed copy. Every
+test caption is a query; t2v R@1/R@5 count its own video among all of them.
 
     python benchmarks/search.py --videos 1000000 --quality-videos 100000   # the lead, alone
     python benchmarks/search.py --videos 100000 --quality-videos 100000    # under contention
@@ -40,6 +40,7 @@ from common import environment, random_model, report, synthetic_checkpoint
 from dicosa.index import VideoIndex
 from dicosa.model import DiCoSA, VideoFeatures
 
+BACKGROUNDS = ((0, 0, 0), (30, 30, 30), (50, 50, 55), (25, 30, 20))  # the generator's RGB
 WORDS = {
     "colour": ["red", "blue", "green", "yellow", "purple", "orange", "white", "black"],
     "shape": ["circle", "square", "triangle", "cross", "star", "ring", "bar", "heart"],
@@ -206,7 +207,7 @@ def base_features(args, work: Path) -> tuple[DiCoSA, dict]:
         make = lambda n: VideoFeatures(torch.randn(n, 4, model.embed_dim, generator=g),  # noqa: E731
                                        torch.ones(n, 4, dtype=torch.bool))
         test_captions = captions(20, seed=3)
-        return model, {"train": make(60), "test": make(20), "captions": test_captions,
+        return model, {"test": make(20), "captions": test_captions,
                        "caption_video": torch.arange(20), "checkpoint": "random (smoke)"}
     from dicosa.checkpoint import load
     from dicosa.data.datasets import load_split
@@ -218,26 +219,46 @@ def base_features(args, work: Path) -> tuple[DiCoSA, dict]:
     cache = checkpoint.parent / "cache"
     test = split_features(model, load_split(cfg.data.dataset, cfg.data.root,
                                             cfg.data.test_split), cache_dir=cache)
-    train = split_features(model, load_split(cfg.data.dataset, cfg.data.root,
-                                             cfg.data.train_split), cache_dir=cache)
-    return model, {"train": train.video, "test": test.video, "captions": test.captions,
+    return model, {"test": test.video, "captions": test.captions,
                    "caption_video": test.caption_video, "checkpoint": str(checkpoint)}
 
 
-def distractors(train: VideoFeatures, count: int, rng: torch.Generator) -> VideoFeatures:
-    """Splices of 3 training videos + noise + dropped frames (see the module docstring)."""
-    frames = train.frames.float()
-    num = frames.shape[1]
-    sources = torch.randint(len(frames), (count, 3), generator=rng)
-    pick = sources.gather(1, torch.randint(3, (count, num), generator=rng))  # [count, N]
-    out = frames[pick, torch.arange(num)]  # slot n of the chosen source
-    mask = train.frame_mask[pick, torch.arange(num)]
-    std = frames[train.frame_mask].std(dim=0)  # [D] per-dimension spread
-    out = out + torch.randn(out.shape, generator=rng) * 0.1 * std
-    short = torch.rand(count, generator=rng) < 1 / 3
-    mask[short, num // 2:] = False
-    mask[:, 0] = True  # every video keeps a frame
-    return VideoFeatures(out.half(), mask)
+def rendered_distractors(model: DiCoSA, count: int, work: Path, seed: int = 1) -> VideoFeatures:
+    """``count`` new scenes of the synthetic benchmark's generator (objects, colours, motions
+    and background noise sampled as it samples them, seed ``seed`` so none is a benchmark
+    clip), rendered straight to frames (no mp4 round trip) and encoded by ``model``; cached
+    under ``work``."""
+    from dicosa.data.synthetic import render_clip, sample_scene
+    from dicosa.data.video import sample_indices
+
+    cache = work / f"rendered-{count}-{seed}-{model_fingerprint_short(model)}.npy"
+    num = model.config.num_frames
+    if cache.is_file():
+        frames = torch.from_numpy(np.load(cache))
+        return VideoFeatures(frames, torch.ones(frames.shape[:2], dtype=torch.bool))
+    size, rendered = model.image_size, 8  # 8 rendered frames, N sampled as the loader does
+    pick = sample_indices(rendered, num, False)
+    out = np.zeros((count, num, model.embed_dim), np.float16)
+    batch = np.zeros((256, num, 3, size, size), np.uint8)
+    for start in range(0, count, 256):
+        m = min(256, count - start)
+        for j in range(m):
+            rng = np.random.default_rng([seed, start + j])
+            background = BACKGROUNDS[int(rng.integers(len(BACKGROUNDS)))]
+            clip = render_clip(sample_scene(rng), rendered, size, size, background,
+                               float(rng.choice([0.0, 6.0])), int(rng.integers(2**31)))
+            batch[j] = clip[pick].transpose(0, 3, 1, 2)
+        with torch.inference_mode():
+            out[start:start + m] = model.encode_video(torch.from_numpy(batch[:m])).frames.half()
+    np.save(cache, out)
+    frames = torch.from_numpy(out)
+    return VideoFeatures(frames, torch.ones(frames.shape[:2], dtype=torch.bool))
+
+
+def model_fingerprint_short(model: DiCoSA) -> str:
+    from dicosa.fingerprint import model_fingerprint
+
+    return model_fingerprint(model)["weights_sha256"][:12]
 
 
 def recall_at(ranked: list[list[int]], truth: list[int], k: int) -> float:
@@ -251,11 +272,13 @@ def quality(args, work: Path) -> dict:
     test = data["test"]
     test_ids = index.add_features(VideoFeatures(test.frames.half(), test.frame_mask),
                                   [{"path": f"test/{i}"} for i in range(len(test))])
-    rng = torch.Generator().manual_seed(5)
-    for first in range(len(test), args.quality_videos, args.shard_size):
-        count = min(args.shard_size, args.quality_videos - first)
-        index.add_features(distractors(data["train"], count, rng),
-                           [{"path": f"distractor/{first + i}"} for i in range(count)])
+    extra = max(0, args.quality_videos - len(test))
+    others = (rendered_distractors(model, extra, work) if not args.smoke else
+              VideoFeatures(torch.randn(extra, 4, model.embed_dim).half(),
+                            torch.ones(extra, 4, dtype=torch.bool)))
+    for first in range(0, extra, args.shard_size):
+        part = others[first:first + args.shard_size]
+        index.add_features(part, [{"path": f"distractor/{first + i}"} for i in range(len(part))])
     index.save(index.directory)
     texts, truth = data["captions"], test_ids[data["caption_video"].numpy()].tolist()
 
