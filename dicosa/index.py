@@ -57,6 +57,7 @@ from tqdm import tqdm
 from .checkpoint import write_text_atomic
 from .fingerprint import fingerprint_mismatch, model_fingerprint
 from .model import DiCoSA, TextFeatures, VideoFeatures
+from .search.proxy import Summary
 from .search.query import Query, QueryError, parse_query
 from .search.rerank import pair_scores
 from .search.store import FrameStore
@@ -156,6 +157,7 @@ class _Registered:
     stage: FirstStage
     # What ``stage.add`` takes for new rows, from their ids and features (None: the proxies).
     videos: Callable[[np.ndarray, VideoFeatures], object] | None = None
+    dense: bool = False  # the index's own dense stage: vectors and queries through the summary
 
 
 class VideoIndex:
@@ -174,7 +176,8 @@ class VideoIndex:
 
     def __init__(self, model: DiCoSA | None, *, tokenizer: Callable | None = None,
                  device: torch.device | str | None = None, backend: str = DEFAULT_BACKEND,
-                 uri: str | None = None, stage_options: dict | None = None):
+                 uri: str | None = None, stage_options: dict | None = None,
+                 summary: str = "confidence"):
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else None
@@ -184,8 +187,10 @@ class VideoIndex:
         self.store = FrameStore()
         self.hooks: list[RerankHook] = []
         self.query_encoders: list[Callable[[EncodedQueries], None]] = []
-        self.stage_spec = {"backend": backend, "uri": uri, "options": dict(stage_options or {})}
+        self.stage_spec = {"backend": backend, "uri": uri, "options": dict(stage_options or {}),
+                           "summary": summary, "calibration": None, "dim": None}
         self._dense: FirstStage | None = None
+        self._summary: Summary | None = None
         self._extra: list[_Registered] = []
         self._synced: list[int] | None = None  # the store's [next_id, removed] at stage save
         self._fingerprint: dict | None = None
@@ -210,6 +215,7 @@ class VideoIndex:
         backend: str = DEFAULT_BACKEND,
         uri: str | None = None,
         stage_options: dict | None = None,
+        summary: str = "confidence",
     ) -> VideoIndex:
         """Decode and encode ``videos`` (a folder, a file or a list of files).
 
@@ -230,6 +236,8 @@ class VideoIndex:
             backend, uri, stage_options: the dense first stage (``"exact"``, ``"local"``
                 = faiss HNSW, ``"ivfpq"``, ``"milvus"`` with ``uri``); a resumed index keeps
                 the one it was built with.
+            summary: what the dense stage compares per video (``dicosa/search/proxy.py``):
+                ``"confidence"`` (default) or ``"mean"``.
         """
         out = Path(out_dir) if out_dir is not None else None
         if out is not None and (out / MANIFEST).is_file():
@@ -237,7 +245,7 @@ class VideoIndex:
             log.info("resuming the index at %s (%d videos)", out, len(index))
         else:
             index = cls(model, tokenizer=tokenizer, device=device, backend=backend, uri=uri,
-                        stage_options=stage_options)
+                        stage_options=stage_options, summary=summary)
             if out is not None:
                 out.mkdir(parents=True, exist_ok=True)
                 index.directory = index.store.directory = out
@@ -379,20 +387,33 @@ class VideoIndex:
 
     def _stages(self) -> list[_Registered]:
         dense = self._dense_stage()
-        return ([_Registered(dense)] if dense is not None else []) + self._extra
+        return ([_Registered(dense, dense=True)] if dense is not None else []) + self._extra
+
+    def _dense_summary(self) -> Summary:
+        if self._summary is None:
+            self._summary = Summary(self._require_model(), self.stage_spec["summary"],
+                                    self.stage_spec.get("calibration"))
+        return self._summary
 
     def _dense_stage(self) -> FirstStage | None:
-        """The dense stage, made (and filled from the store) when the width becomes known."""
+        """The dense stage, made (and filled from the store) once the store holds videos to
+        calibrate its summary on and a model is attached."""
         if self._dense is None:
-            dim = self.store.dim or (self.model.embed_dim if self.model is not None else None)
-            if dim is None:
+            if self.model is None or not len(self.store):
                 return None
-            self._dense = _make_stage(self.stage_spec, self.directory, dim)
+            summary = self._dense_summary()
+            summary.calibrate(next(self.store.iter_proxies())[1])
+            self.stage_spec.update(calibration=summary.calibration, dim=summary.dim)
+            spec = {**self.stage_spec, "options": {"normalize": summary.normalize,
+                                                   **self.stage_spec["options"]}}
+            self._dense = _make_stage(spec, self.directory, summary.dim)
             for ids, proxies in self.store.iter_proxies():
-                self._dense.add(ids, proxies)
+                self._dense.add(ids, summary.videos(proxies))
         return self._dense
 
     def _stage_input(self, registered: _Registered, ids: np.ndarray) -> object:
+        if registered.dense:
+            return self._dense_summary().videos(self.store.proxies(ids))
         if registered.videos is None:
             return self.store.proxies(ids)
         return registered.videos(ids, self.store.gather(ids))
@@ -405,7 +426,8 @@ class VideoIndex:
         assert self.directory is not None
         for registered in self._stages():
             registered.stage.save(self.directory)
-        self._synced = [self.store.next_id, len(self.store.removed)]
+        if self._dense is not None:  # else the stage stays stale and is rebuilt when opened
+            self._synced = [self.store.next_id, len(self.store.removed)]
 
     # -- persistence ----------------------------------------------------------------------
     def save(self, directory: str | os.PathLike) -> Path:
@@ -461,7 +483,9 @@ class VideoIndex:
                              "rebuild the index with 'python -m dicosa index'")
         spec = manifest.get("first_stage") or {"backend": DEFAULT_BACKEND}
         index = cls(None, tokenizer=tokenizer, device=device, backend=spec["backend"],
-                    uri=spec.get("uri"), stage_options=spec.get("options"))
+                    uri=spec.get("uri"), stage_options=spec.get("options"),
+                    summary=spec.get("summary", "confidence"))
+        index.stage_spec.update(calibration=spec.get("calibration"), dim=spec.get("dim"))
         index.directory = directory
         index._fingerprint = manifest["fingerprint"]
         index.meta = manifest.get("meta", {})
@@ -469,7 +493,7 @@ class VideoIndex:
         index.store = FrameStore.open(directory, manifest)
         if index.store.dim is not None and spec.get("synced") == [index.store.next_id,
                                                                   len(index.store.removed)]:
-            index._dense = _open_stage(spec, directory, index.store.dim)
+            index._dense = _open_stage(spec, directory, spec.get("dim") or index.store.dim)
             index._synced = spec["synced"]
         if model is not None:
             index.attach(model, strict=strict)
@@ -638,7 +662,10 @@ class VideoIndex:
         if candidates is None or candidates >= len(live) or not self._stages():
             label = "exhaustive" if candidates is None else "all"
             return np.broadcast_to(live, (len(encoded), len(live))), label, None
-        found = [r.stage.search(encoded, candidates) for r in self._stages()]
+        stages = self._stages()
+        dense = (EncodedQueries(encoded.queries, TextFeatures(self._dense_summary().queries(
+            encoded.text.text)), encoded.extra) if any(r.dense for r in stages) else None)
+        found = [r.stage.search(dense if r.dense else encoded, candidates) for r in stages]
         if len(found) == 1:
             ids = found[0].ids.copy()
             ids[~self.store.is_live(ids)] = -1  # a stage that lags never returns a removed row

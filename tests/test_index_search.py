@@ -160,8 +160,9 @@ def test_add_and_remove_keep_the_stages_consistent(plain, backend, tmp_path):
     lagging = VideoIndex.load(out, model)
     index.save(out)  # now the stage's files are current and are opened as they are
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["first_stage"] == {"backend": backend, "uri": None, "options": {},
-                                       "synced": [200, 4]}
+    stage = manifest["first_stage"]
+    assert stage["synced"] == [200, 4] and stage["backend"] == backend
+    assert stage["summary"] == "confidence" and stage["dim"] == model.embed_dim  # no MLP: factors
     reopened = VideoIndex.load(out, model)
     for candidates in (40, None):
         expected = [[h.id for h in q] for q in index.search(QUERIES, k=10,
@@ -217,10 +218,19 @@ def test_hooks_and_a_second_stage(plain):
     assert second.added == list(range(120))
     index.remove(np.array([105]))
     assert second.removed == [105]
-    hits = index.search(QUERIES[0], k=120, candidates=10)
-    stages = {h.id: h.stage for h in hits}
-    assert {stages[i] for i in range(100, 110) if i != 105} <= {"lexical", "dense+lexical"}
-    assert 105 not in stages and "dense" in stages.values()
+    seen = []
+
+    def boost(queries, ids, scores):  # the second stage's rows first, to see their labels
+        seen.append(ids.copy())
+        return scores + 10.0 * torch.from_numpy((ids >= 100) & (ids < 110)).float()
+
+    hits = index.search(QUERIES[0], k=10, candidates=10, hooks=[boost])
+    assert len(seen[0][0]) > 10  # the union of both stages' lists was reranked
+    assert [h.id for h in hits[:9]] == sorted((i for i in range(100, 110) if i != 105),
+                                              key=lambda i: -next(h.dicosa for h in hits
+                                                                  if h.id == i))
+    assert {h.stage for h in hits[:9]} <= {"lexical", "dense+lexical"}
+    assert hits[9].stage == "dense" and 105 not in {h.id for h in hits}
 
 
 @pytest.mark.parametrize("candidates", [0, -3, True, 2.5, "10"])
@@ -233,3 +243,34 @@ def test_bad_candidates_are_one_sentence(model, candidates):
 def test_unknown_backend_is_one_sentence(model):
     with pytest.raises(ValueError, match="unknown first-stage backend 'annoy'"):
         _index(model, _features(model, 8), backend="annoy")
+
+
+def test_confidence_summary_is_the_linearised_score(model):
+    """The dense stage's inner product is Σ_k (G_k(t) + c_k(v)) cos_k(t, v) (search/proxy.py),
+    computed here term by term from the model's weights."""
+    import torch.nn.functional as F
+
+    from dicosa.functional import video_proxy
+    from dicosa.search.proxy import Summary
+
+    video = _features(model, 40, seed=5)
+    proxies = video_proxy(video.frames.float(), video.frame_mask)
+    summary = Summary(model, "confidence")
+    summary.calibrate(proxies.numpy())
+    text = _text(model, QUERIES)
+    got = summary.queries(text) @ torch.from_numpy(summary.videos(proxies.numpy())).T  # [Q, V]
+
+    head = model.head
+    with torch.no_grad():
+        raw_t, raw_v = head.text_factors(text), head.frame_factors(proxies)  # [Q|V, K, d]
+        cos = torch.einsum("qkd,vkd->qvk", F.normalize(raw_t, dim=-1), F.normalize(raw_v, dim=-1))
+        hidden_v = raw_v @ head.conf_video.t()  # [V, K, H]
+        mean_v = hidden_v.mean(0)
+        active = ((raw_t.new_tensor(0) + head.text_factors(proxies) @ head.conf_text.t()
+                   + head.conf_bias + mean_v) > 0).float().mean(0)
+        w2, b2 = head.conf_out.weight[0], head.conf_out.bias[0]
+        weight = F.relu(raw_t @ head.conf_text.t() + head.conf_bias + mean_v) @ w2 + b2  # [Q, K]
+        shift = ((hidden_v - mean_v) * active * w2).sum(-1)  # [V, K]
+        expected = ((weight[:, None] + shift[None]) * cos).sum(-1)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert summary.dim == 2 * model.embed_dim and not summary.normalize
