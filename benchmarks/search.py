@@ -63,6 +63,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backend", default="local", help="first stage: local, exact, ivfpq, milvus")
     p.add_argument("--uri", default=None, help="Milvus URI (a .db file is milvus-lite)")
     p.add_argument("--shard-size", type=int, default=8192)
+    p.add_argument("--summary", default="confidence",
+                   help="latency part: dense summary (confidence: 2D-vectors; mean: D)")
+    p.add_argument("--stage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="first-stage option, e.g. storage=sq8 (faiss HNSW at 1 byte/dim)")
     p.add_argument("--quality-videos", type=int, default=100_000,
                    help="quality part: index size (0 skips it)")
     p.add_argument("--quality-candidates", type=int, nargs="+", default=[100, 300, 1000])
@@ -83,6 +87,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.quality_videos, args.shard_size = 2000, 512
         args.work = "search-bench-smoke"
     return args
+
+
+def stage_options(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        out[key] = int(value) if value.isdigit() else value
+    return out
 
 
 def captions(count: int, seed: int) -> list[str]:
@@ -143,7 +155,8 @@ def timed_searches(index: VideoIndex, texts: list[str], candidates: int | None) 
 def latency(args, work: Path) -> dict:
     torch.manual_seed(0)
     model = random_model(args.arch, "released", args.frames).eval()
-    index = VideoIndex(model, device="cpu", backend=args.backend, uri=args.uri)
+    index = VideoIndex(model, device="cpu", backend=args.backend, uri=args.uri,
+                       summary=args.summary, stage_options=stage_options(args.stage_option))
     tokenize = index.tokenizer
     with torch.inference_mode():
         centres = torch.cat([model.encode_text(tokenize(captions(min(256, args.clusters - s),
@@ -181,7 +194,8 @@ def latency(args, work: Path) -> dict:
     brute_ms = float(np.median(times)) * 1000
     result = {
         "videos": len(index), "dim": model.embed_dim, "frames": args.frames,
-        "backend": args.backend, "build_s": round(build_s, 1),
+        "backend": args.backend, "summary": args.summary,
+        "stage_options": stage_options(args.stage_option), "build_s": round(build_s, 1),
         "store_gib": round(sum(p.stat().st_size for p in directory.glob("shard-*"))
                            / 2**30, 2),
         "two_stage": runs,
