@@ -76,6 +76,21 @@ def test_video_features_are_reduced_to_their_proxy():
     np.testing.assert_allclose(a.vectors, b.vectors, atol=1e-6)
 
 
+def test_another_summary_brings_its_query_half_in_extra(data):
+    """A stage over another query-independent summary (width 8 here) reads the query side
+    from ``extra["dense"]``: the text vectors are not that space."""
+    ids, vectors, queries = data
+    stage = FaissStage(8)
+    stage.add(ids, vectors[:, :8])
+    side = EncodedQueries(queries.queries, queries.text,
+                          {"dense": queries.text.text[:, :8].clone()})
+    reference = ExactStage(8)
+    reference.add(ids, vectors[:, :8])
+    assert overlap(stage.search(side, 10).ids, reference.search(side, 10).ids) >= 0.95
+    with pytest.raises(StageError):
+        stage.search(queries, 10)  # 32-wide text vectors do not fit an 8-wide stage
+
+
 @pytest.mark.parametrize("storage", ["fp16", "sq8"])
 def test_hnsw_recall_against_exact(data, storage):
     """Stated setting: M=32, efConstruction=200, efSearch=256 (the defaults), k=50."""

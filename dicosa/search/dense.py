@@ -60,8 +60,10 @@ def proxy_vectors(videos: object, dim: int, normalize: bool = True) -> np.ndarra
 
 
 def query_vectors(queries: EncodedQueries, dim: int, normalize: bool = True) -> np.ndarray:
-    """The queries' DiCoSA text vectors T as float32 ``[Q, D]`` (unit rows)."""
-    return proxy_vectors(queries.text.text, dim, normalize)
+    """The query side as float32 ``[Q, D]`` (unit rows): ``queries.extra["dense"]`` when a
+    caller put another query-independent summary in the stage (its query half goes there),
+    else the DiCoSA text vectors T."""
+    return proxy_vectors(queries.extra.get("dense", queries.text.text), dim, normalize)
 
 
 def row_ids(ids: object, count: int | None = None) -> np.ndarray:
