@@ -255,3 +255,30 @@ def test_milvus_bad_uris_are_one_sentence(milvus_dir):
         make_first_stage("milvus", directory=milvus_dir, dim=DIM, uri="http://127.0.0.1:9",
                          timeout=1.0)
     assert "cannot reach Milvus" in one_sentence(err)
+
+
+def test_milvus_keeps_frames_for_a_searcher_without_local_files(milvus_dir):
+    g = torch.Generator().manual_seed(0)
+    frames = torch.randn(6, 3, DIM, generator=g)
+    mask = torch.ones(6, 3, dtype=torch.bool)
+    mask[2, 1:] = False
+    mask[4, 2] = False
+    stage = make_first_stage("milvus", directory=milvus_dir, dim=DIM, collection="with_frames",
+                             frames=4)
+    stage.add(np.arange(10, 16), VideoFeatures(frames, mask))
+    back = stage.fetch_frames(np.array([14, 10, 12]))
+    assert back.frames.shape == (3, 4, DIM) and back.frames.dtype == torch.float16
+    assert torch.equal(back.frames[:, :3], frames[[4, 0, 2]].half())
+    assert (back.frames[:, 3] == 0).all()
+    assert torch.equal(back.frame_mask[:, :3], mask[[4, 0, 2]]) and not back.frame_mask[:, 3].any()
+    exact = ExactStage(DIM)
+    exact.add(np.arange(10, 16), VideoFeatures(frames, mask))
+    queries = encoded(frames[:, 0].numpy().copy())
+    assert np.array_equal(stage.search(queries, 3).ids, exact.search(queries, 3).ids)
+    with pytest.raises(StageError) as err:
+        stage.add(np.arange(20, 22), frames[:2, 0])  # proxies alone cannot fill the frames
+    one_sentence(err)
+    with pytest.raises(StageError) as err:
+        stage.fetch_frames(np.array([10, 99]))
+    assert "99" in one_sentence(err)
+    stage.close()

@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import torch
 
 from ..checkpoint import write_text_atomic
 from ..config import dataclass_from_dict
+from ..model import VideoFeatures
 from .dense import STAGE_FILE, StageError, check_k, pad_candidates, proxy_vectors, query_vectors
 from .dense import row_ids as as_row_ids
 from .types import Candidates, EncodedQueries
@@ -29,6 +31,7 @@ from .types import Candidates, EncodedQueries
 __all__ = ["MilvusConfig", "MilvusError", "MilvusStage"]
 
 ID_FIELD, VECTOR_FIELD = "id", "proxy"
+FRAMES_FIELD, MASK_FIELD = "frames", "frame_mask"  # with frames > 0: float16 [N·D], bitmask
 MAX_TOPK = 16384  # Milvus's limit on k per search
 
 
@@ -52,6 +55,9 @@ class MilvusConfig:
     # 4,000 × 512 floats and 2.3 s for four 2 MB calls (README "Backends"); servers are fine.
     insert_bytes: int = 2 << 20
     timeout: float = 30.0  # seconds to connect
+    # > 0: also keep each video's per-frame features (float16, up to this many frames) in the
+    # collection, so a searcher needs no local files but the model (see fetch_frames).
+    frames: int = 0
     normalize: bool = True
 
     def __post_init__(self) -> None:
@@ -61,6 +67,8 @@ class MilvusConfig:
         if self.index_type not in (None, "FLAT", "IVF_FLAT", "HNSW", "AUTOINDEX"):
             raise StageError(f"Milvus index_type must be FLAT, IVF_FLAT, HNSW or AUTOINDEX, "
                              f"got {self.index_type!r}")
+        if not 0 <= self.frames <= 63:  # the frame mask is one INT64 bitmask
+            raise StageError(f"Milvus frames must be between 0 and 63, got {self.frames}")
 
 
 def is_lite(uri: str) -> bool:
@@ -89,6 +97,11 @@ def connect(uri: str, timeout: float):
             return MilvusClient(uri=uri, timeout=timeout)
     except Exception as exc:  # pymilvus raises MilvusException, ConnectionError, ...
         raise MilvusError(f"cannot reach Milvus at {uri} ({_first_line(exc)})") from None
+
+
+def _vector_bytes(value) -> bytes:
+    """pymilvus returns a float16 vector as ``[bytes]`` (or bytes)."""
+    return value[0] if isinstance(value, list) else value
 
 
 def _first_line(exc: BaseException) -> str:
@@ -133,6 +146,8 @@ class MilvusStage:
                   "HNSW": {"M": cfg.hnsw_m, "efConstruction": cfg.ef_construction}}.get(kind, {})
         index_params = self.client.prepare_index_params()
         index_params.add_index(VECTOR_FIELD, index_type=kind, metric_type="IP", params=params)
+        if cfg.frames:  # Milvus loads a collection only when every vector field has an index
+            index_params.add_index(FRAMES_FIELD, index_type="FLAT", metric_type="IP")
         return index_params
 
     def _create(self) -> None:
@@ -144,6 +159,10 @@ class MilvusStage:
         schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field(ID_FIELD, DataType.INT64, is_primary=True)
         schema.add_field(VECTOR_FIELD, DataType.FLOAT_VECTOR, dim=self.dim)
+        if self.config.frames:
+            schema.add_field(FRAMES_FIELD, DataType.FLOAT16_VECTOR,
+                             dim=self.config.frames * self.dim)
+            schema.add_field(MASK_FIELD, DataType.INT64)
         # Strong consistency: a search right after add/remove sees them (index.add then search).
         self._call("create_collection", self.collection, schema=schema,
                    index_params=self._index_params(), consistency_level="Strong")
@@ -167,16 +186,57 @@ class MilvusStage:
 
     # -- FirstStage ---------------------------------------------------------------------
     def add(self, ids: np.ndarray, videos: object) -> None:
+        """``videos``: the dense proxy ``[n, D]`` or ``VideoFeatures``; a stage that keeps
+        frames (``config.frames > 0``) needs ``VideoFeatures``."""
         vectors = proxy_vectors(videos, self.dim, self.config.normalize)
         ids = as_row_ids(ids, len(vectors))
         self._check_new(ids)
-        batch = max(1, self.config.insert_bytes // (4 * self.dim))
-        for start in range(0, len(ids), batch):
-            # Rows carry the numpy vector itself: pymilvus packs it without a Python list.
-            rows = [{ID_FIELD: int(i), VECTOR_FIELD: v}
-                    for i, v in zip(ids[start:start + batch], vectors[start:start + batch],
-                                        strict=True)]
-            self._call("insert", self.collection, rows)
+        rows = [{ID_FIELD: int(i), VECTOR_FIELD: v} for i, v in zip(ids, vectors, strict=True)]
+        width = 4 * self.dim
+        if self.config.frames:
+            frames, masks = self._frame_fields(videos)
+            for row, frame, mask in zip(rows, frames, masks, strict=True):
+                row[FRAMES_FIELD], row[MASK_FIELD] = frame, mask
+            width += 2 * self.config.frames * self.dim
+        batch = max(1, self.config.insert_bytes // width)
+        for start in range(0, len(rows), batch):
+            # Rows carry numpy vectors: pymilvus packs them without Python lists.
+            self._call("insert", self.collection, rows[start:start + batch])
+
+    def _frame_fields(self, videos: object) -> tuple[np.ndarray, list[int]]:
+        """``VideoFeatures`` -> float16 ``[n, N·D]`` (zero-padded) and the masks as bitmasks."""
+        if not isinstance(videos, VideoFeatures):
+            raise StageError("this Milvus stage keeps frames: add VideoFeatures, not proxies")
+        count, num_frames = videos.frame_mask.shape
+        if num_frames > self.config.frames:
+            raise StageError(f"videos have {num_frames} frames but the Milvus collection "
+                             f"keeps at most {self.config.frames}")
+        frames = np.zeros((count, self.config.frames, self.dim), dtype=np.float16)
+        frames[:, :num_frames] = videos.frames.detach().to(torch.float16).cpu().numpy()
+        bits = (videos.frame_mask.cpu().long() << torch.arange(num_frames)).sum(1)
+        return frames.reshape(count, -1), bits.tolist()
+
+    def fetch_frames(self, ids: np.ndarray) -> VideoFeatures:
+        """The stored per-frame features of rows ``ids`` (in that order), float16
+        ``[n, frames, D]``: DiCoSA reranks from these when no local store exists."""
+        if not self.config.frames:
+            raise StageError("this Milvus collection keeps no frames (built with frames=0)")
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        found = {}
+        for start in range(0, len(ids), 1000):
+            for row in self._call("get", self.collection, ids=ids[start:start + 1000].tolist(),
+                                  output_fields=[FRAMES_FIELD, MASK_FIELD]):
+                found[int(row[ID_FIELD])] = row
+        missing = [int(i) for i in ids if int(i) not in found]
+        if missing:
+            raise StageError(f"row {missing[0]} is not in the Milvus collection "
+                             f"({len(missing)} of {len(ids)} missing)")
+        num = self.config.frames
+        frames = np.stack([np.frombuffer(_vector_bytes(found[int(i)][FRAMES_FIELD]),
+                                         dtype=np.float16) for i in ids])
+        bits = torch.tensor([found[int(i)][MASK_FIELD] for i in ids], dtype=torch.long)
+        mask = (bits[:, None] >> torch.arange(num)) & 1 == 1  # [n, frames]
+        return VideoFeatures(torch.from_numpy(frames.reshape(len(ids), num, self.dim)), mask)
 
     def _check_new(self, ids: np.ndarray) -> None:
         """Milvus keeps both rows when a primary key is inserted twice: refuse instead."""
