@@ -49,7 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--candidates", type=int, default=1000, help="C, the first stage's k")
     p.add_argument("--backends", default="hnsw-fp16,hnsw-sq8,ivfpq",
                    help=f"comma-separated, from {', '.join(BACKENDS)}")
-    p.add_argument("--ef-search", type=int, default=None, help="HNSW efSearch (default: config)")
+    p.add_argument("--ef-sweep", default="",
+                   help="also search HNSW stages at these efSearch values, e.g. 1000,2000 "
+                        "(one build; efSearch is raised to C anyway)")
     p.add_argument("--nlist", type=int, default=None, help="IVF lists (default: 4·√n)")
     p.add_argument("--nprobe", type=int, default=None)
     p.add_argument("--milvus-insert-bytes", type=int, default=None,
@@ -61,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smoke:
         args.n, args.dim, args.clusters, args.queries, args.candidates = 3000, 64, 50, 20, 100
-        args.backends = "exact,hnsw-fp16,hnsw-sq8,ivfpq"
+        args.backends, args.ef_sweep = "exact,hnsw-fp16,hnsw-sq8,ivfpq", "200"
     return args
 
 
@@ -78,10 +80,10 @@ def mixture(n: int, dim: int, clusters: int, spread: float, seed: int) -> np.nda
 
 def options_for(name: str, args: argparse.Namespace) -> dict:
     options = dict(BACKENDS[name][1])
-    if name.startswith("hnsw") and args.ef_search:
-        options["ef_search"] = args.ef_search
-    if name == "ivfpq":
-        options["nlist"] = args.nlist or max(16, int(4 * args.n ** 0.5))
+    if BACKENDS[name][0] == "faiss":
+        options["train_min"] = 1  # one add of the whole collection: train on it at once
+    if name == "ivfpq":  # 4·√n lists, at least 39 training points per list
+        options["nlist"] = args.nlist or max(1, min(int(4 * args.n ** 0.5), args.n // 39))
         # 8 dimensions per sub-quantiser (64 bytes per vector at D=512)
         options["pq_m"] = next(m for m in (64, 32, 16, 8, 4) if args.dim % m == 0
                                and args.dim // m >= 8)
@@ -103,20 +105,14 @@ def measure(name: str, args, ids, vectors, queries, reference, work: Path) -> di
     start = time.perf_counter()
     stage.add(ids, vectors)
     build_s = time.perf_counter() - start
-    latencies, found = [], []
-    for query in queries:
-        start = time.perf_counter()
-        found.append(stage.search(query, args.candidates).ids[0])
-        latencies.append((time.perf_counter() - start) * 1000)
-    found = np.stack(found)
-    result = {
-        "backend": backend, "options": options, "build_s": round(build_s, 2),
-        "vectors_per_s": round(len(ids) / build_s),
-        "latency_ms_p50": round(float(np.percentile(latencies, 50)), 2),
-        "latency_ms_p99": round(float(np.percentile(latencies, 99)), 2),
-        f"recall@{args.candidates}": round(recall(found, reference), 4),
-        "recall@10": round(recall(found[:, :10], reference[:, :10]), 4),
-    }
+    result = {"backend": backend, "options": options, "build_s": round(build_s, 2),
+              "vectors_per_s": round(len(ids) / build_s),
+              **search_figures(stage, queries, reference, args.candidates)}
+    if name.startswith("hnsw") and args.ef_sweep:
+        result["ef_sweep"] = {}
+        for ef in (int(v) for v in args.ef_sweep.split(",")):
+            stage.set_search(ef_search=ef)
+            result["ef_sweep"][ef] = search_figures(stage, queries, reference, args.candidates)
     stage.save(folder)
     size = sum(p.stat().st_size for p in folder.iterdir() if p.suffix in (".faiss", ".npz"))
     if size:
@@ -125,6 +121,20 @@ def measure(name: str, args, ids, vectors, queries, reference, work: Path) -> di
     if hasattr(stage, "close"):
         stage.close()
     return result
+
+
+def search_figures(stage, queries, reference: np.ndarray, candidates: int) -> dict:
+    """Single-query latency percentiles and recall against the exact top-C."""
+    latencies, found = [], []
+    for query in queries:
+        start = time.perf_counter()
+        found.append(stage.search(query, candidates).ids[0])
+        latencies.append((time.perf_counter() - start) * 1000)
+    found = np.stack(found)
+    return {"latency_ms_p50": round(float(np.percentile(latencies, 50)), 2),
+            "latency_ms_p99": round(float(np.percentile(latencies, 99)), 2),
+            f"recall@{candidates}": round(recall(found, reference), 4),
+            "recall@10": round(recall(found[:, :10], reference[:, :10]), 4)}
 
 
 def recall(found: np.ndarray, reference: np.ndarray) -> float:
