@@ -53,6 +53,7 @@ STAGES = {  # the trained kinds train on their first 1,000 rows (the data has 3,
 }
 
 
+@pytest.mark.paths  # numpy against a naive reference / another engine
 def test_exact_is_cosine_top_k(data):
     ids, vectors, queries = data
     stage = ExactStage(DIM)
@@ -67,6 +68,7 @@ def test_exact_is_cosine_top_k(data):
     assert isinstance(stage, FirstStage) and found.stage == "dense"
 
 
+@pytest.mark.paths  # numpy against a naive reference / another engine
 def test_video_features_are_reduced_to_their_proxy():
     g = torch.Generator().manual_seed(0)
     frames = torch.randn(5, 4, DIM, generator=g)
@@ -233,6 +235,7 @@ def milvus_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("milvus-index")
 
 
+@pytest.mark.paths  # numpy against a naive reference / another engine
 def test_milvus_lite_round_trip_matches_exact(milvus_dir, data):
     """Build, search, add, remove, save, reopen: the same top-k as the exact stage (FLAT)."""
     ids, vectors, queries = data
@@ -280,6 +283,7 @@ def test_milvus_bad_uris_are_one_sentence(milvus_dir):
     assert "cannot reach Milvus" in one_sentence(err)
 
 
+@pytest.mark.paths  # numpy against a naive reference / another engine
 def test_milvus_keeps_frames_for_a_searcher_without_local_files(milvus_dir):
     g = torch.Generator().manual_seed(0)
     frames = torch.randn(6, 3, DIM, generator=g)
