@@ -171,6 +171,22 @@ def test_rows_before_training_are_searched_exactly(data, kind, tmp_path):
     assert overlap(found, exact.search(queries, 50).ids) >= (0.95 if kind == "hnsw" else 0.6)
 
 
+@pytest.mark.parametrize("kind", ["hnsw", "hnsw-fp16"])
+def test_compact_drops_tombstones_and_keeps_results(data, kind):
+    ids, vectors, queries = data
+    stage = STAGES[kind]()
+    stage.add(ids, vectors)
+    stage.remove(ids[::2])
+    before = stage.search(queries, 30).ids
+    stage.compact()
+    assert stage.index.ntotal == len(ids) - len(ids[::2]) == len(stage)
+    after = stage.search(queries, 30).ids
+    assert not np.isin(after, ids[::2]).any()
+    assert overlap(after, before) >= 0.95  # a new graph over the same codes
+    with pytest.raises(StageError):
+        stage.add(ids[:1], vectors[:1])  # removed ids stay used
+
+
 def test_k_beyond_the_collection_pads(data):
     ids, vectors, queries = data
     for stage in (ExactStage(DIM), FaissStage(DIM)):

@@ -231,7 +231,7 @@ class FaissStage:
     Removal: IVF removes the codes; HNSW cannot remove from its graph, so removed ids become
     tombstones that an ``IDSelector`` skips during the graph search (results stay exactly
     ``k`` live rows; the graph still routes through removed nodes, so recall holds until
-    many are removed — rebuild then). Until a trained index is trained (see
+    many are removed — :meth:`compact` then). Until a trained index is trained (see
     :class:`FaissConfig`), rows wait in an exact ``pending`` stage. Files: ``dense.faiss``,
     ``dense.removed.npy`` and ``dense.pending.npz``.
     """
@@ -325,6 +325,20 @@ class FaissStage:
             self.index.remove_ids(faiss.IDSelectorBatch(len(present), faiss.swig_ptr(present)))
         self.removed = np.union1d(self.removed, present)
         self._selector = None
+
+    def compact(self) -> None:
+        """Rebuild an HNSW graph without its tombstoned rows (from the stored codes: no store
+        access, and re-encoding decoded fp16/SQ8 values loses nothing further). Worth it once a
+        large share of the rows was removed; IVF-PQ removes rows for real and needs none."""
+        if not self._hnsw or not self.index.is_trained:
+            return
+        ids = faiss.vector_to_array(self.index.id_map)
+        live = ids[~np.isin(ids, self.removed)]
+        vectors = self.index.reconstruct_batch(live) if len(live) else None
+        self.index = self._new_index()
+        if vectors is not None:
+            self.pending.ids, self.pending.vectors = live, vectors
+            self._train_and_move()
 
     def _search_parameters(self, k: int):
         cfg = self.config
