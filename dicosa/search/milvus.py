@@ -52,7 +52,8 @@ class MilvusConfig:
     ef_construction: int = 200
     ef_search: int = 256
     # Bytes of vectors per insert call: milvus-lite 2.5.1 took 51 s for one 8 MB call of
-    # 4,000 × 512 floats and 2.3 s for four 2 MB calls (README "Backends"); servers are fine.
+    # 4,000 × 512 floats and 2.3 s for four 2 MB calls (README "Backends"); no server was
+    # measured.
     insert_bytes: int = 2 << 20
     timeout: float = 30.0  # seconds to connect
     # > 0: also keep each video's per-frame features (float16, up to this many frames) in the
