@@ -493,7 +493,7 @@ class VideoIndex:
         index.store = FrameStore.open(directory, manifest)
         if index.store.dim is not None and spec.get("synced") == [index.store.next_id,
                                                                   len(index.store.removed)]:
-            index._dense = _open_stage(spec, directory, spec.get("dim") or index.store.dim)
+            index._dense = _open_stage(spec, directory)
             index._synced = spec["synced"]
         if model is not None:
             index.attach(model, strict=strict)
@@ -765,39 +765,15 @@ def _check_search(text: str | Sequence[str], k: int, candidates: int | None) -> 
 
 # -- first-stage backends -------------------------------------------------------------------
 def _make_stage(spec: dict, directory: Path | None, dim: int) -> FirstStage:
-    """A new, empty dense first stage as ``spec`` ({backend, uri, options}) describes."""
-    try:
-        from .search.backends import make_first_stage
-    except ImportError:  # until search/backends.py lands: the stages of search/dense.py
-        make_first_stage = _make_dense
-    return make_first_stage(spec["backend"], spec.get("uri") or directory, dim,
-                            **spec.get("options", {}))
+    """A new, empty dense first stage as ``spec`` ({backend, uri, options}) describes
+    (``dicosa/search/backends.py``; ``directory`` None: an in-memory index, saved later)."""
+    from .search.backends import make_first_stage
+
+    return make_first_stage(spec["backend"], directory=directory or Path("."), dim=dim,
+                            uri=spec.get("uri"), **spec.get("options", {}))
 
 
-def _open_stage(spec: dict, directory: Path, dim: int) -> FirstStage:
-    try:
-        from .search.backends import open_first_stage
-    except ImportError:
-        open_first_stage = _open_dense
-    return open_first_stage(spec["backend"], spec.get("uri") or directory, dim,
-                            **spec.get("options", {}))
+def _open_stage(spec: dict, directory: Path) -> FirstStage:
+    from .search.backends import open_first_stage
 
-
-def _make_dense(backend: str, target, dim: int, **options) -> FirstStage:
-    from .search.dense import ExactStage, FaissConfig, FaissStage, StageError
-
-    if backend == "exact":
-        return ExactStage(dim, **options)
-    if backend in ("local", "hnsw", "faiss"):
-        return FaissStage(dim, FaissConfig(**options))
-    if backend == "ivfpq":
-        return FaissStage(dim, FaissConfig(index="ivfpq", **options))
-    raise StageError(f"unknown first-stage backend {backend!r}: choose exact, local (faiss "
-                     "HNSW) or ivfpq")
-
-
-def _open_dense(backend: str, target, dim: int, **options) -> FirstStage:
-    from .search.dense import STAGE_FILE, ExactStage, FaissStage
-
-    info = json.loads((Path(target) / STAGE_FILE).read_text())
-    return (ExactStage if info["backend"] == "exact" else FaissStage).open(target, info)
+    return open_first_stage(directory, uri=spec.get("uri"))

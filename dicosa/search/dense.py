@@ -8,7 +8,7 @@ favour videos whose frames agree (a long mean) over dynamic ones whose mean shri
 side's length never changes a ranking; normalising it only makes scores comparable.
 
 ``ExactStage`` is the reference (numpy, exhaustive) and the default for small collections;
-``FaissStage`` is HNSW (default) or IVF-PQ through faiss-cpu.
+``FaissStage`` is HNSW (default, 8-bit scalar-quantised vectors) or IVF-PQ through faiss-cpu.
 """
 
 from __future__ import annotations
@@ -60,8 +60,10 @@ def proxy_vectors(videos: object, dim: int, normalize: bool = True) -> np.ndarra
 
 
 def query_vectors(queries: EncodedQueries, dim: int, normalize: bool = True) -> np.ndarray:
-    """The queries' DiCoSA text vectors T as float32 ``[Q, D]`` (unit rows)."""
-    return proxy_vectors(queries.text.text, dim, normalize)
+    """The query side as float32 ``[Q, D]`` (unit rows): ``queries.extra["dense"]`` when a
+    caller put another query-independent summary in the stage (its query half goes there),
+    else the DiCoSA text vectors T."""
+    return proxy_vectors(queries.extra.get("dense", queries.text.text), dim, normalize)
 
 
 def row_ids(ids: object, count: int | None = None) -> np.ndarray:
@@ -184,14 +186,18 @@ def _npz_bytes(**arrays: np.ndarray) -> bytes:
 @dataclass(frozen=True)
 class FaissConfig:
     """A faiss first stage. ``index="hnsw"`` (default): a graph over all vectors in RAM,
-    ``storage`` choosing how each vector is kept (``fp16``: 2·D bytes, recall indistinguishable
-    from ``flat`` here and 1M × 512 fits in 1.3 GiB; ``sq8``: D bytes; ``flat``: 4·D bytes).
+    ``storage`` choosing how each vector is kept: ``sq8`` (default, D bytes + 8-bit scalar
+    quantiser: 0.74 GiB at 1M × 512, the same recall@1000 as ``flat`` in
+    benchmarks/first_stage.py), ``fp16`` (2·D bytes: 1.2 GiB at 1M, recall@10 like ``flat``)
+    or ``flat`` (4·D bytes: 2.2 GiB at 1M, over the issue's 2 GiB budget).
     ``index="ivfpq"``: inverted lists of product-quantised codes (``pq_m`` bytes per vector),
-    for collections beyond RAM; trained on the first ``add`` (at most ``train_size`` vectors).
+    for collections beyond RAM. Indexes that learn from the data (sq8, ivfpq) keep the first
+    vectors aside and search them exactly until ``train_min`` (ivfpq: at least 39·nlist) have
+    arrived, then train on them (at most ``train_size``) and move them in.
     """
 
     index: Literal["hnsw", "ivfpq"] = "hnsw"
-    storage: Literal["flat", "fp16", "sq8"] = "fp16"
+    storage: Literal["flat", "fp16", "sq8"] = "sq8"
     hnsw_m: int = 32  # graph neighbours per node (M)
     ef_construction: int = 200
     ef_search: int = 256  # search breadth; raised to k when k is larger
@@ -199,6 +205,7 @@ class FaissConfig:
     pq_m: int = 64  # PQ sub-quantisers (bytes per vector at 8 bits); must divide D
     pq_bits: int = 8
     nprobe: int = 32  # IVF lists visited per query
+    train_min: int = 10_000
     train_size: int = 100_000
     normalize: bool = True
 
@@ -209,7 +216,7 @@ class FaissConfig:
             raise StageError(f"faiss storage must be 'flat', 'fp16' or 'sq8', got "
                              f"{self.storage!r}")
         for key in ("hnsw_m", "ef_construction", "ef_search", "nlist", "pq_m", "pq_bits",
-                    "nprobe", "train_size"):
+                    "nprobe", "train_min", "train_size"):
             if getattr(self, key) < 1:
                 raise StageError(f"faiss {key} must be at least 1, got {getattr(self, key)}")
 
@@ -218,13 +225,15 @@ _STORAGE = {"fp16": "QT_fp16", "sq8": "QT_8bit"}
 
 
 class FaissStage:
-    """faiss HNSW (default) or IVF-PQ over unit proxy vectors, inner product (= cosine).
+    """faiss HNSW (default, SQ8 storage) or IVF-PQ over unit proxies, inner product (= cosine).
 
     Ids are the store's row ids (``IndexIDMap2`` around HNSW; IVF stores ids natively).
     Removal: IVF removes the codes; HNSW cannot remove from its graph, so removed ids become
     tombstones that an ``IDSelector`` skips during the graph search (results stay exactly
     ``k`` live rows; the graph still routes through removed nodes, so recall holds until
-    many are removed — rebuild then). Files: ``dense.faiss`` and ``dense.removed.npy``.
+    many are removed — :meth:`compact` then). Until a trained index is trained (see
+    :class:`FaissConfig`), rows wait in an exact ``pending`` stage. Files: ``dense.faiss``,
+    ``dense.removed.npy`` and ``dense.pending.npz``.
     """
 
     name = "dense"
@@ -236,6 +245,7 @@ class FaissStage:
             raise StageError(f"pq_m={self.config.pq_m} must divide the vector width {self.dim}")
         self.index = self._new_index()
         self.removed = np.zeros(0, dtype=np.int64)  # tombstones, sorted
+        self.pending = ExactStage(self.dim, normalize=self.config.normalize)  # before training
         self._selector = None
 
     def _new_index(self) -> faiss.Index:
@@ -264,13 +274,24 @@ class FaissStage:
 
     def __len__(self) -> int:
         """Live rows (added minus removed)."""
-        return int(self.index.ntotal) - (len(self.removed) if self._hnsw else 0)
+        indexed = int(self.index.ntotal)
+        if self._hnsw:
+            indexed -= int(np.isin(self.removed, faiss.vector_to_array(self.index.id_map)).sum())
+        return indexed + len(self.pending)
+
+    def _indexed_ids(self) -> np.ndarray:
+        if self._hnsw:
+            return faiss.vector_to_array(self.index.id_map)
+        return _ivf_ids(self.index)
 
     def known_ids(self) -> np.ndarray:
         """Every id ever added (live or removed)."""
-        if self._hnsw:
-            return faiss.vector_to_array(self.index.id_map)
-        return np.union1d(_ivf_ids(self.index), self.removed)
+        return np.concatenate([self._indexed_ids(), self.pending.ids, self.removed])
+
+    @property
+    def train_min(self) -> int:
+        cfg = self.config
+        return max(cfg.train_min, 39 * cfg.nlist) if cfg.index == "ivfpq" else cfg.train_min
 
     def add(self, ids: np.ndarray, videos: object) -> None:
         vectors = proxy_vectors(videos, self.dim, self.config.normalize)
@@ -278,30 +299,46 @@ class FaissStage:
         if len(ids) == 0:
             return
         check_new(ids, self.known_ids())
-        if not self.index.is_trained:
-            self._train(vectors)
-        self.index.add_with_ids(vectors, ids)
+        if self.index.is_trained:
+            self.index.add_with_ids(vectors, ids)
+            return
+        self.pending.add(ids, vectors)
+        if len(self.pending) >= self.train_min:
+            self._train_and_move()
 
-    def _train(self, vectors: np.ndarray) -> None:
-        cfg = self.config
-        need = max(cfg.nlist, 2**cfg.pq_bits) if cfg.index == "ivfpq" else 1
-        if len(vectors) < need:
-            raise StageError(f"the first add trains the {cfg.index} index and needs at least "
-                             f"{need} vectors, got {len(vectors)}; add a larger first batch "
-                             "or lower nlist")
+    def _train_and_move(self) -> None:
+        """Train on the pending rows (a sample of ``train_size``) and index them all."""
+        vectors, ids, cfg = self.pending.vectors, self.pending.ids, self.config
         sample = vectors
         if len(vectors) > cfg.train_size:
             rng = np.random.default_rng(0)
             sample = vectors[np.sort(rng.choice(len(vectors), cfg.train_size, replace=False))]
         self.index.train(sample)
+        self.index.add_with_ids(vectors, ids)
+        self.pending = ExactStage(self.dim, normalize=cfg.normalize)
 
     def remove(self, ids: np.ndarray) -> None:
         ids = row_ids(ids)
         present = ids[np.isin(ids, self.known_ids())]
+        self.pending.remove(present)
         if not self._hnsw and len(present):
             self.index.remove_ids(faiss.IDSelectorBatch(len(present), faiss.swig_ptr(present)))
         self.removed = np.union1d(self.removed, present)
         self._selector = None
+
+    def compact(self) -> None:
+        """Rebuild an HNSW graph without its tombstoned rows (from the stored codes: no store
+        access, and re-encoding decoded fp16/SQ8 values loses nothing further). Worth it once a
+        large share of the rows was removed; IVF-PQ removes rows for real and needs none."""
+        if not self._hnsw or not self.index.is_trained:
+            return
+        ids = faiss.vector_to_array(self.index.id_map)
+        live = ids[~np.isin(ids, self.removed)]
+        vectors = self.index.reconstruct_batch(live) if len(live) else None
+        self.index = self._new_index()
+        if vectors is not None:
+            self.pending.ids, self.pending.vectors = live, vectors
+            self._train_and_move()
 
     def _search_parameters(self, k: int):
         cfg = self.config
@@ -317,6 +354,8 @@ class FaissStage:
 
     def search(self, queries: EncodedQueries, k: int) -> Candidates:
         k = check_k(k)
+        if not self.index.is_trained:  # only pending rows so far
+            return self.pending.search(queries, k)
         texts = query_vectors(queries, self.dim, self.config.normalize)
         if self.index.ntotal == 0:
             return pad_candidates(np.zeros((len(texts), 0)), np.zeros((len(texts), 0)), k,
@@ -335,6 +374,8 @@ class FaissStage:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(directory / "dense.removed.npy", _npy_bytes(self.removed))
+        write_bytes_atomic(directory / "dense.pending.npz",
+                           _npz_bytes(ids=self.pending.ids, vectors=self.pending.vectors))
         _write_index_atomic(self.index, directory / "dense.faiss")
         write_text_atomic(directory / STAGE_FILE, json.dumps(self.describe(), indent=2))
 
@@ -345,6 +386,8 @@ class FaissStage:
         stage = cls(info["dim"], config)
         stage.index = faiss.read_index(str(directory / "dense.faiss"))
         stage.removed = np.load(directory / "dense.removed.npy")
+        with np.load(directory / "dense.pending.npz") as pending:
+            stage.pending.ids, stage.pending.vectors = pending["ids"], pending["vectors"]
         return stage
 
     def set_search(self, **changes: int) -> None:
