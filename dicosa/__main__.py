@@ -1,7 +1,7 @@
 """Command line: ``python -m dicosa {index,search,heads,demo} ...``.
 
     python -m dicosa index FOLDER --out INDEX [--checkpoint CKPT | --config CFG]
-                           [--backend local|exact|ivfpq|milvus --uri URI]
+                           [--backend local|exact|milvus --uri URI] [--stage-option K=V]
     python -m dicosa search INDEX "a man is skiing" -k 10 [--candidates 1000 | --exhaustive]
                            [--checkpoint CKPT] [--json]
     python -m dicosa heads train KIND --checkpoint CKPT --out HEAD.pt [--set key=value]
@@ -65,7 +65,8 @@ def _cmd_index(args: argparse.Namespace) -> int:
     model, source = load_model(args.checkpoint, args.config, args.set)
     index = VideoIndex.build(model, args.videos, args.out, batch_size=args.batch_size,
                              num_workers=args.num_workers, shard_size=args.shard_size,
-                             meta={"model": source}, backend=args.backend, uri=args.uri)
+                             meta={"model": source}, backend=args.backend, uri=args.uri,
+                             stage_options=_options(args.stage_option))
     print(f"indexed {len(index)} videos into {args.out}"
           + (f"; skipped {len(index.skipped)} unreadable file(s):" if index.skipped else ""))
     for path, reason in index.skipped:
@@ -140,6 +141,19 @@ def _model_options(parser: argparse.ArgumentParser, default_config: str | None) 
                         help="config override, repeatable (e.g. --set model.num_frames=8)")
 
 
+def _options(pairs: Sequence[str]) -> dict:
+    """``KEY=VALUE`` strings -> a dict; whole numbers become ints, true/false booleans."""
+    out: dict = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"a stage option must be KEY=VALUE, got {pair!r}")
+        lowered = value.lower()
+        out[key] = (int(value) if value.lstrip("-").isdigit() else
+                    lowered == "true" if lowered in ("true", "false") else value)
+    return out
+
+
 def _positive_int(text: str) -> int:
     """argparse type: a count of at least 1 (argparse prints the message as one line)."""
     try:
@@ -163,8 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-workers", type=int, default=None, help="decoding processes")
     p.add_argument("--shard-size", type=int, default=256, help="videos per shard file")
     p.add_argument("--backend", default="local",
-                   help="first stage over the videos' dense proxies: local (faiss HNSW in the "
-                        "index folder, default), exact, ivfpq, or milvus (with --uri)")
+                   help="first stage over the videos' dense summaries: local (= faiss, HNSW in "
+                        "the index folder, default), exact, or milvus (--uri; default a "
+                        "milvus-lite file in the index folder)")
+    p.add_argument("--stage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a first-stage setting, repeatable (e.g. index=ivfpq, storage=fp16)")
     p.add_argument("--uri", help="Milvus: a file ending in .db (milvus-lite) or "
                                  "http://host:19530 (a Milvus server)")
     _model_options(p, None)

@@ -233,9 +233,10 @@ class VideoIndex:
             device: where to encode and search; default CUDA when present, else the
                 model's device. The model is moved there.
             meta: free-form JSON-able facts stored in the manifest.
-            backend, uri, stage_options: the dense first stage (``"exact"``, ``"local"``
-                = faiss HNSW, ``"ivfpq"``, ``"milvus"`` with ``uri``); a resumed index keeps
-                the one it was built with.
+            backend, uri, stage_options: the dense first stage (``"local"`` = ``"faiss"``,
+                HNSW by default, ``{"index": "ivfpq"}`` as an option; ``"exact"``;
+                ``"milvus"`` with ``uri``, by default milvus-lite in the index folder); see
+                ``dicosa/search/backends.py``. A resumed index keeps the one it was built with.
             summary: what the dense stage compares per video (``dicosa/search/proxy.py``):
                 ``"confidence"`` (default) or ``"mean"``.
         """

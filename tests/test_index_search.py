@@ -274,3 +274,24 @@ def test_confidence_summary_is_the_linearised_score(model):
         expected = ((weight[:, None] + shift[None]) * cos).sum(-1)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert summary.dim == 2 * model.embed_dim and not summary.normalize
+
+
+def test_milvus_lite_backend_gives_the_local_top_k(plain, tmp_path):
+    """The same index through milvus-lite (a .db file in the index folder): build, search,
+    remove, reopen; the top k equals the exact stage's."""
+    pytest.importorskip("pymilvus")
+    model = plain
+    video = _features(model, 120, seed=6, near=_text(model, QUERIES))
+    exact = _index(model, video, backend="exact")
+    lite = _index(model, video, backend="milvus", directory=tmp_path / "index")
+
+    def ids(index):
+        return [[h.id for h in q] for q in index.search(QUERIES, k=5, candidates=20)]
+
+    assert ids(lite) == ids(exact)
+    best = ids(exact)[0][0]
+    for index in (exact, lite):
+        assert index.remove(np.array([best])) == 1
+    lite.save(tmp_path / "index")
+    reopened = VideoIndex.load(tmp_path / "index", model)
+    assert ids(reopened) == ids(exact) and len(reopened) == 119
