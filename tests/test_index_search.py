@@ -182,7 +182,10 @@ def test_hooks_and_a_second_stage(plain):
 
     def demote(queries, ids, scores):
         assert ids.shape == scores.shape and len(queries) == 1
+        assert queries.extra["seen"] == [QUERIES[0]]  # filled once by the query encoder
         return scores - 10.0 * torch.from_numpy(ids == banned).float()
+
+    index.query_encoders.append(lambda q: q.extra.update(seen=[x.text for x in q.queries]))
 
     hooked = index.search(QUERIES[0], k=5, candidates=30, hooks=[demote])
     assert banned not in {h.id for h in hooked}
