@@ -279,6 +279,7 @@ def test_confidence_summary_is_the_linearised_score(model):
     assert summary.dim == 2 * model.embed_dim and not summary.normalize
 
 
+@pytest.mark.paths
 def test_milvus_lite_backend_gives_the_local_top_k(plain, tmp_path):
     """The same index through milvus-lite (a .db file in the index folder): build, search,
     remove, reopen; the top k equals the exact stage's."""
