@@ -60,6 +60,16 @@ class DataConfig:
     val_fraction: float = 0.05
     video_dir: str | None = None  # default: <root>/videos
     num_workers: int = 8
+    # "segments": N equal segments, a random frame of each in training, the centre in
+    # evaluation. "released": the frames at 1 fps, then N evenly spaced among those, in
+    # training too (the authors' loader).
+    frame_sampling: Literal["segments", "released"] = "segments"
+    # Rows past a short clip's frames: "black", or CLIP's "mean" colour (the released loader
+    # pads with zeros after normalisation, i.e. the mean colour).
+    frame_padding: Literal["black", "mean"] = "black"
+    # A timm RandAugment string applied to training clips, the same ops on every frame of a
+    # clip (released: "rand-m7-n4-mstd0.5-inc1"); None for no augmentation.
+    augment: str | None = None
 
 
 @dataclass(frozen=True)
@@ -275,3 +285,7 @@ def validate(cfg: Config) -> None:
     for name in cfg.eval.postprocess:
         if name not in ("dsl", "qbnorm"):
             raise ConfigError(f"eval.postprocess: unknown method '{name}' (use dsl, qbnorm)")
+    augment = cfg.data.augment
+    if augment is not None and not augment.startswith("rand-"):
+        raise ConfigError(f"data.augment must be a timm RandAugment string such as "
+                          f"'rand-m7-n4-mstd0.5-inc1', got {augment!r}")
