@@ -62,6 +62,7 @@ def load_clip(
     pretrained: str | Path | None = "openai",
     *,
     cache_dir: str | None = None,
+    quick_gelu: bool | None = None,
 ) -> CLIP:
     """Build an open_clip CLIP model and load its weights.
 
@@ -73,7 +74,9 @@ def load_clip(
             or ``None`` for random weights.
 
     OpenAI's weights were trained with QuickGELU; open_clip's plain ``ViT-B-32`` config uses
-    nn.GELU, so QuickGELU is forced whenever ``pretrained == "openai"``.
+    nn.GELU, so QuickGELU is forced whenever ``pretrained == "openai"``. ``quick_gelu``
+    overrides that rule: rebuilding a model fine-tuned from OpenAI's weights without them
+    (``pretrained=None``) must keep QuickGELU.
     """
     register_architectures()
     if arch not in open_clip.list_models():
@@ -91,7 +94,8 @@ def load_clip(
         if not path.is_file():
             raise FileNotFoundError(f"CLIP checkpoint not found: {path}")
         model = open_clip.create_model(
-            arch, pretrained=None, force_quick_gelu=_wants_quick_gelu(arch)
+            arch, pretrained=None,
+            force_quick_gelu=_wants_quick_gelu(arch) if quick_gelu is None else quick_gelu,
         )
         state = _load_state_dict(path)
         missing, unexpected = _diff_keys(model, state)
@@ -107,6 +111,7 @@ def load_clip(
             raise ValueError(f"checkpoint {path} does not match architecture '{arch}': {e}") from e
     else:
         quick = pretrained == "openai" or _wants_quick_gelu(arch)
+        quick = quick if quick_gelu is None else quick_gelu
         try:
             model = open_clip.create_model(
                 arch, pretrained=pretrained, force_quick_gelu=quick, cache_dir=cache_dir
