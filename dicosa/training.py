@@ -42,9 +42,10 @@ from .clip import get_tokenizer
 from .config import Config, ConfigError, TrainConfig, load_config
 from .data.datasets import RetrievalSplit, load_split, split_off_validation
 from .data.loader import TrainDataset
-from .evaluation import evaluate_model, resolve_mixed_precision, selection_score
+from .evaluation import evaluate_model, selection_score
 from .model import DiCoSA
 from .optim import build_optimizer, build_scheduler
+from .precision import resolve_mixed_precision
 
 __all__ = [
     "CONFIG_DIR",
@@ -386,8 +387,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
         if select_split is None:
             return
         if is_main:
-            metrics = evaluate_model(plain_model, select_split, cfg, device,
-                                     resolve_mixed_precision(tc.mixed_precision))
+            metrics = evaluate_model(plain_model, select_split, cfg, device)
             score = selection_score(metrics)
             improved = p.best_score is None or score > p.best_score
             if improved:
