@@ -194,8 +194,8 @@ def test_reported_numbers_are_scored_in_fp32_unless_bf16_is_asked_for(synthetic_
 
 def test_query_banks_follow_the_released_loaders(synthetic_root):
     train = load_split("synthetic", synthetic_root, "train")
-    train = dataclasses.replace(train, captions=train.captions + ["an extra caption"],
-                                caption_video=train.caption_video + [0])
+    train = dataclasses.replace(train, captions=[*train.captions, "an extra caption"],
+                                caption_video=[*train.caption_video, 0])
     first = evaluation.query_banks(train, "released", "msrvtt")  # MSR-VTT: first captions
     assert first.rule == "first-caption" and first.videos == list(range(train.num_videos))
     assert first.captions == [train.captions[train.caption_video.index(v)]
