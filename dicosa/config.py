@@ -100,6 +100,22 @@ class TrainConfig:
     max_steps: int | None = None  # stop early (smoke runs, learning tests)
     # Also write last.pt every this many optimiser steps (resume after a crash mid-epoch).
     checkpoint_every: int | None = None
+    # "adamw" (bias-corrected, decoupled decay); "bertadam": the released optimiser (no bias
+    # correction, every tensor's gradient clipped to norm 1 before the update).
+    optimizer: Literal["adamw", "bertadam"] = "adamw"
+    # "cosine": linear warm-up, then cosine over the remaining steps; "released": linear
+    # warm-up, then the cosine of the whole run's progress (not restarted after warm-up).
+    schedule: Literal["cosine", "released"] = "cosine"
+    # Which parameters skip weight decay. "clip": biases, norms, embeddings, logit scale;
+    # "released": names containing "bias" only (CLIP's ln_* weights and embeddings decay).
+    weight_decay_rule: Literal["clip", "released"] = "clip"
+    # Do not train the CLIP towers (image, text, logit scale). The released code's fp16
+    # towers at lr 1e-7 round nearly every update away, so its towers are in effect frozen.
+    freeze_towers: bool = False
+    # "full": every parameter gets the gradient of the global-batch loss. "released": the
+    # parameters before the all-gather (towers, temporal transformer) get 1/W of it under W
+    # processes, as with the released all-gather (its backward keeps the local slice only).
+    tower_grad: Literal["full", "released"] = "full"
 
 
 @dataclass(frozen=True)

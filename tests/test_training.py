@@ -46,8 +46,9 @@ def synthetic_root(tmp_path_factory) -> Path:
                           num_workers=1)
 
 
-def run_config(root: Path, out: Path, **train) -> Config:
+def run_config(root: Path, out: Path, protocol: str = "dicosa", **train) -> Config:
     values = {
+        "protocol": protocol,
         "model": {"arch": "dicosa-tiny", "pretrained": None, "temporal_layers": 2,
                   "num_frames": 4, "max_words": 16},
         "data": {"dataset": "synthetic", "root": str(root), "train_split": "train",
@@ -285,3 +286,25 @@ def test_resume_after_sigkill_replays_the_same_losses(synthetic_root, tmp_path):
         for key in LOSS_KEYS:
             assert record[key] == reference[record["step"]][key], (record["step"], key)
     assert math.isfinite(resumed[-1]["loss"])
+
+
+def test_released_protocol_trains_the_head_on_the_released_schedule(synthetic_root, tmp_path):
+    """protocol: released: frozen towers, BertAdam on the not-restarted cosine, released
+    frames with mean padding and RandAugment, all through the real loop."""
+    from accelerate.utils import set_seed
+
+    from dicosa.optim import lr_factor
+
+    cfg = run_config(synthetic_root, tmp_path / "run", max_steps=3, protocol="released")
+    assert (cfg.train.optimizer, cfg.train.freeze_towers, cfg.data.augment) == (
+        "bertadam", True, "rand-m7-n4-mstd0.5-inc1")
+    run = train(cfg)
+    steps = read_log(run / "log.jsonl")
+    assert [r["lr"] for r in steps] == pytest.approx(
+        [1e-3 * lr_factor(s, 3, 0.1, "released") for s in range(3)])
+    set_seed(cfg.train.seed)  # what build_run does before building the model
+    start = DiCoSA.from_config(cfg.model).state_dict()
+    trained = load_checkpoint(run / "last.pt")["model"]
+    assert all(torch.equal(trained[k], start[k]) for k in start if k.startswith("clip."))
+    assert any(not torch.equal(trained[k], start[k]) for k in start if k.startswith("head."))
+    assert read_log(run / "log.jsonl", event="start")[0]["frozen_towers"] is True
