@@ -117,8 +117,9 @@ def load_clip(
         # Random weights were asked for: open_clip's "No pretrained weights loaded ... Model
         # initialized randomly" says nothing the caller does not know (the demo says it once).
         with _quiet_random_init():
-            model = open_clip.create_model(arch, pretrained=None,
-                                           force_quick_gelu=_wants_quick_gelu(arch))
+            model = open_clip.create_model(
+                arch, pretrained=None,
+                force_quick_gelu=_wants_quick_gelu(arch) if quick_gelu is None else quick_gelu)
         log.debug("CLIP '%s' built with random weights (pretrained: None)", arch)
     else:
         quick = pretrained == "openai" or _wants_quick_gelu(arch)
