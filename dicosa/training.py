@@ -71,6 +71,7 @@ __all__ = [
     "make_accelerator",
     "resolve_config",
     "save_state",
+    "scale_tower_gradients",
     "tower_parameters",
     "train",
     "train_one_epoch",
@@ -231,6 +232,17 @@ def tower_parameters(model: DiCoSA) -> list[nn.Parameter]:
     return [p for name, p in model.named_parameters()
             if name.startswith("temporal.")
             or (name.startswith("clip.") and name != "clip.logit_scale")]
+
+
+def scale_tower_gradients(model: DiCoSA, world_size: int) -> None:
+    """``train.tower_grad: released``: divide the (DDP-averaged) gradients of the parameters
+    before the all-gather by the number of processes, which is what the released all-gather's
+    backward (local slice only) leaves them (dicosa.distributed); the head keeps its own."""
+    if world_size == 1:
+        return
+    for param in tower_parameters(model):
+        if param.grad is not None:
+            param.grad.div_(world_size)
 
 
 def freeze_towers(model: DiCoSA) -> None:
@@ -473,12 +485,8 @@ def train_step(run: Run, state: RunState, batch: Mapping[str, torch.Tensor]
             f"loss is {loss} at step {state.step + 1} (epoch {state.epoch}, batch "
             f"{state.batches_done + 1}); stopped without saving this state; the last good "
             f"checkpoint is {last}")
-    if tc.tower_grad == "released" and run.accelerator.num_processes > 1:
-        # The released all-gather's backward keeps the local slice: after DDP's average the
-        # parameters before the gather hold 1/W of the gradient (dicosa.distributed).
-        for param in tower_parameters(run.plain_model):
-            if param.grad is not None:
-                param.grad.div_(run.accelerator.num_processes)
+    if tc.tower_grad == "released":
+        scale_tower_gradients(run.plain_model, run.accelerator.num_processes)
     grad_norm = None
     if tc.grad_clip:
         grad_norm = run.accelerator.clip_grad_norm_(run.model.parameters(), tc.grad_clip)

@@ -31,6 +31,7 @@ from dicosa.training import (
     make_accelerator,
     read_log,
     resolve_config,
+    scale_tower_gradients,
     train,
 )
 from tests.conftest import random_batch, tiny_config
@@ -142,10 +143,13 @@ def _two_process_worker(rank: int, port: int, out_dir: str) -> None:
     batch = random_batch(batch=8, seed=1)
     local = {k: v[rank * 4:(rank + 1) * 4] for k, v in batch.items()}
     losses = forward_backward(accelerator, model, local)
-    grads = {n: p.grad.clone() for n, p in accelerator.unwrap_model(model).named_parameters()
-             if p.grad is not None}
+    plain = accelerator.unwrap_model(model)
+    grads = {n: p.grad.clone() for n, p in plain.named_parameters() if p.grad is not None}
+    scale_tower_gradients(plain, accelerator.num_processes)  # train.tower_grad: released
+    released = {n: p.grad.clone() for n, p in plain.named_parameters() if p.grad is not None}
     torch.save({"loss": losses["loss"], "loss_sim": losses["loss_sim"], "grads": grads,
-                "first_batch": first_batch}, Path(out_dir) / f"rank{rank}.pt")
+                "released_grads": released, "first_batch": first_batch},
+               Path(out_dir) / f"rank{rank}.pt")
     accelerator.wait_for_everyone()
     torch.distributed.destroy_process_group()
 
@@ -176,6 +180,13 @@ def test_two_processes_match_one_process_on_the_global_batch(tmp_path):
         for r in ranks:
             torch.testing.assert_close(r["grads"][name], grad, rtol=1e-4, atol=1e-6,
                                        msg=f"gradient of {name}")
+    # train.tower_grad: released: the towers and the temporal transformer (before the gather)
+    # get 1/W of the gradient, the concept head and the logit scale all of it.
+    for name, grad in reference.items():
+        before_gather = name.startswith(("clip.", "temporal.")) and name != "clip.logit_scale"
+        expected_grad = grad / 2 if before_gather else grad
+        torch.testing.assert_close(ranks[0]["released_grads"][name], expected_grad, rtol=1e-4,
+                                   atol=1e-6, msg=f"released gradient of {name}")
 
 
 # ---------------------------------------------------------------- failures
