@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-SCRIPTS = ["train_step.py", "score.py", "data.py", "train_epoch.py", "ablation.py"]
+SCRIPTS = ["train_step.py", "score.py", "data.py", "train_epoch.py", "ablation.py",
+           "first_stage.py"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
