@@ -73,7 +73,10 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
 def _cmd_search(args: argparse.Namespace) -> int:
     from .index import VideoIndex
+    from .search.query import QueryError
 
+    if not args.query.strip():
+        raise QueryError("the query is empty: give the text to search for")
     index = VideoIndex.load(args.index)
     if args.checkpoint is None and args.config is None and "model" in index.meta:
         source = index.meta["model"]
@@ -130,6 +133,17 @@ def _model_options(parser: argparse.ArgumentParser, default_config: str | None) 
                         help="config override, repeatable (e.g. --set model.num_frames=8)")
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: a count of at least 1 (argparse prints the message as one line)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dicosa", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
@@ -147,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("search", help="rank the videos of an index for a text query")
     p.add_argument("index", help="index folder written by 'index'")
     p.add_argument("query", help="the text to search for")
-    p.add_argument("-k", type=int, default=10, help="number of results")
+    p.add_argument("-k", type=_positive_int, default=10, help="number of results")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--no-strict", action="store_true",
                    help="warn instead of failing when the model differs from the index's")

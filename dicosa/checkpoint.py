@@ -35,6 +35,9 @@ class CheckpointError(ValueError):
 class NoSpaceError(OSError):
     """A checkpoint could not be written for lack of space; the previous file is intact."""
 
+    def __str__(self) -> str:  # the sentence alone, without OSError's "[Errno 28]" prefix
+        return self.strerror
+
 
 def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> Path:
     """Write ``state`` to ``path`` atomically: a crash leaves the old file or the new one.
@@ -52,7 +55,15 @@ def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> Path:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with tmp.open("wb") as fh:
-            torch.save(state, fh)
+            writer = _RecordingWriter(fh)
+            try:
+                torch.save(state, writer)
+            except RuntimeError:
+                # torch's zip writer reports a failed write as "unexpected pos"; the
+                # OSError behind it says what happened.
+                if writer.error is None:
+                    raise
+                raise writer.error from None
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -67,13 +78,42 @@ def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> Path:
     return path
 
 
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write a small text file (the config beside a checkpoint) with the same guarantee."""
+class _RecordingWriter:
+    """A binary file whose first failed write is kept (torch.save hides it)."""
+
+    def __init__(self, fh):
+        self.fh = fh
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.fh.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    """Write a file whole or not at all (temporary name, then rename), with the process's
+    umask: files created by tempfile-style helpers (safetensors' ``save_file``) are 0600, so
+    an index built by one user could not be read by another."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write a small text file (the config beside a checkpoint) with the same guarantee."""
+    return write_bytes_atomic(path, text.encode())
 
 
 def content_sha256(state: Mapping[str, Any]) -> str:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import open_clip
 import torch
 from open_clip.model import CLIP
+
+log = logging.getLogger(__name__)
 
 TINY_ARCH = "dicosa-tiny"
 _CONFIG_DIR = Path(__file__).parent / "model_configs"
@@ -105,15 +109,23 @@ def load_clip(
             model.load_state_dict(state, strict=True)
         except RuntimeError as e:
             raise ValueError(f"checkpoint {path} does not match architecture '{arch}': {e}") from e
+    elif pretrained is None:
+        # Random weights were asked for: open_clip's "No pretrained weights loaded ... Model
+        # initialized randomly" says nothing the caller does not know (the demo says it once).
+        with _quiet_random_init():
+            model = open_clip.create_model(arch, pretrained=None,
+                                           force_quick_gelu=_wants_quick_gelu(arch))
+        log.debug("CLIP '%s' built with random weights (pretrained: None)", arch)
     else:
         quick = pretrained == "openai" or _wants_quick_gelu(arch)
         try:
+            # require_pretrained: weights that fail to load are an error, never a silent
+            # random model.
             model = open_clip.create_model(
-                arch, pretrained=pretrained, force_quick_gelu=quick, cache_dir=cache_dir
+                arch, pretrained=pretrained, force_quick_gelu=quick, cache_dir=cache_dir,
+                require_pretrained=True,
             )
         except RuntimeError as e:
-            if pretrained is None:
-                raise
             raise PretrainedWeightsError(
                 f"cannot load CLIP weights '{pretrained}' for {arch} ({e}). Offline? Set "
                 "model.pretrained to a local state-dict file, or to null for random weights."
@@ -124,6 +136,24 @@ def load_clip(
             "class (a CLIP text transformer to initialise the temporal transformer from)"
         )
     return model
+
+
+class _DropRandomInitWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No pretrained weights loaded for model")
+
+
+@contextlib.contextmanager
+def _quiet_random_init() -> Iterator[None]:
+    """Drop open_clip's random-initialisation warning (logged on the root logger) while
+    building a model whose random weights were requested; every other message passes."""
+    root = logging.getLogger()
+    quiet = _DropRandomInitWarning()
+    root.addFilter(quiet)
+    try:
+        yield
+    finally:
+        root.removeFilter(quiet)
 
 
 def _wants_quick_gelu(arch: str) -> bool:

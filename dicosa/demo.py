@@ -52,6 +52,9 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
 
     _stage("1/5 synthetic benchmark")
     cfg = resolve_config(config, None, overrides)
+    if cfg.model.pretrained is None:
+        print(f"model: {cfg.model.arch} from random weights (model.pretrained is null: "
+              "nothing is downloaded; the numbers below check the pipeline, not DiCoSA)")
     # Clips at the model's resolution: decoding larger frames only to shrink them is wasted.
     data = make_synthetic(out / "data", num_train=num_train, num_test=num_test,
                           size=_image_size(cfg.model.arch), seconds=1.0, seed=0)

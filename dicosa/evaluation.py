@@ -147,16 +147,16 @@ class FeatureCache:
                     return stored["tensors"]
             except (CheckpointError, OSError) as exc:  # damaged or foreign: recompute it
                 log.warning("ignoring unreadable feature cache %s (%s)", path, exc)
-        _remove_orphans(path)
+        _remove_orphans(self.root)
         tensors = compute()
         save_checkpoint(path, {"key": text, "tensors": tensors})
         return tensors
 
 
-def _remove_orphans(path: Path) -> None:
-    """Delete temporary files of ``path`` left by writers that were killed (their process is
-    gone); entries are renamed into place only once whole, so these were never read."""
-    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
+def _remove_orphans(folder: Path) -> None:
+    """Delete the temporary files in ``folder`` left by writers that were killed (their
+    process is gone); entries are renamed into place only once whole, so none was read."""
+    for tmp in folder.glob(".*.tmp-*"):
         pid = tmp.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not _process_alive(int(pid)):
             tmp.unlink(missing_ok=True)

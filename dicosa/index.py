@@ -36,14 +36,16 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as save_safetensors
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from .checkpoint import write_text_atomic
+from .checkpoint import write_bytes_atomic, write_text_atomic
 from .fingerprint import fingerprint_mismatch, model_fingerprint
 from .model import DiCoSA, VideoFeatures
+from .search.query import QueryError
 
 __all__ = ["FORMAT", "VideoIndex", "fingerprint_mismatch", "list_videos", "model_fingerprint"]
 
@@ -331,14 +333,11 @@ class VideoIndex:
 
     def _write_shard(self, directory: Path, shard: _Shard, number: int) -> None:
         name = f"shard-{number:05d}"
-        # Written under temporary names, then renamed: a file with a shard's name is whole.
-        tmp = directory / f".{name}.safetensors.tmp"
-        save_file({"frames": shard.frames.contiguous(),
-                   "frame_mask": shard.frame_mask.contiguous()}, str(tmp))
-        os.replace(tmp, directory / f"{name}.safetensors")
-        tmp_csv = directory / f".{name}.csv.tmp"
-        pd.DataFrame(shard.rows, columns=list(_COLUMNS)).to_csv(tmp_csv, index=False)
-        os.replace(tmp_csv, directory / f"{name}.csv")
+        # Each file is written whole under a temporary name, then renamed.
+        write_bytes_atomic(directory / f"{name}.safetensors", save_safetensors(
+            {"frames": shard.frames.contiguous(), "frame_mask": shard.frame_mask.contiguous()}))
+        write_text_atomic(directory / f"{name}.csv",
+                          pd.DataFrame(shard.rows, columns=list(_COLUMNS)).to_csv(index=False))
         shard.name = name
 
     def _write_manifest(self) -> None:
@@ -442,6 +441,7 @@ class VideoIndex:
                chunk: int = 1024) -> list[tuple[str, float]] | list[list[tuple[str, float]]]:
         """The ``k`` best videos for ``text``, as ``[(path, score)]`` best first; a list of
         texts gives one such list per text."""
+        _check_search(text, k)
         scores = self.scores(text, chunk)
         top = scores.topk(min(k, scores.shape[1]), dim=1)
         paths = self.paths
@@ -449,3 +449,15 @@ class VideoIndex:
                                                           strict=True)]
                    for idx, val in zip(top.indices, top.values, strict=True)]
         return results[0] if isinstance(text, str) else results
+
+
+def _check_search(text: str | Sequence[str], k: int) -> None:
+    """Refuse what has no meaningful answer instead of ranking it anyway."""
+    texts = [text] if isinstance(text, str) else list(text)
+    if not texts:
+        raise QueryError("no query was given")
+    for t in texts:
+        if not isinstance(t, str) or not t.strip():
+            raise QueryError(f"a query must be non-empty text, got {t!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise QueryError(f"k must be a positive number of results, got {k!r}")

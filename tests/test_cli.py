@@ -95,3 +95,41 @@ def test_demo_quick(tmp_path):
     search = json.loads((tmp_path / "demo" / "search.json").read_text())
     assert len(search["results"]) == 5
     assert "R@1" in done.stdout and str(tmp_path / "demo" / "factors.png") in done.stdout
+
+
+def test_index_files_follow_the_umask(index_dir):
+    """Every file of an index is readable by others under the usual umask 022 (safetensors'
+    own writer creates 0600 files)."""
+    out, done = index_dir
+    assert done.returncode == 0, done.stderr
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert any(name.endswith(".safetensors") for name in modes)
+    assert set(modes.values()) == {0o644}, modes
+
+
+@pytest.mark.parametrize("args, message", [
+    (["", "-k", "3"], "query is empty"),
+    (["   ", "-k", "3"], "query is empty"),
+    (["a dog", "-k", "0"], "must be at least 1, got 0"),
+    (["a dog", "-k", "-2"], "must be at least 1, got -2"),
+    (["a dog", "-k", "ten"], "'ten' is not a whole number"),
+])
+def test_bad_search_arguments_are_one_sentence(index_dir, args, message, capsys, monkeypatch):
+    out, _ = index_dir
+    monkeypatch.chdir(REPO)
+    try:
+        code = main(["search", str(out), *args, *TINY])
+    except SystemExit as exc:  # argparse rejects its arguments with exit status 2
+        code = exc.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and message in err[-1] and "Traceback" not in "".join(err)
+
+
+def test_bad_search_arguments_in_python(index_dir):
+    out, _ = index_dir
+    model, _ = load_model(None, str(REPO / "configs/synthetic.yaml"), ["model.num_frames=4"])
+    index = VideoIndex.load(out, model)
+    for text, k in [("", 3), (" \t", 3), (["a dog", ""], 3), ([], 3), ("a dog", 0),
+                    ("a dog", -1)]:
+        with pytest.raises(ValueError, match=r"query|k must"):
+            index.search(text, k=k)

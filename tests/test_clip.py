@@ -1,3 +1,5 @@
+import logging
+
 import open_clip
 import pytest
 import torch
@@ -84,3 +86,16 @@ def test_unavailable_pretrained_weights_say_what_to_do(monkeypatch):
     monkeypatch.setattr(open_clip, "create_model", offline)
     with pytest.raises(dclip.PretrainedWeightsError, match=r"model\.pretrained to a local"):
         dclip.load_clip("ViT-B-32", pretrained="openai")
+
+
+def test_random_weights_on_request_are_not_warned_about_but_failed_loads_are(caplog):
+    with caplog.at_level(logging.WARNING):
+        dclip.load_clip(dclip.TINY_ARCH, pretrained=None)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # The filter is gone afterwards: open_clip's own warning reaches the log again.
+    with caplog.at_level(logging.WARNING):
+        open_clip.create_model(dclip.TINY_ARCH, pretrained=None)
+    assert any("No pretrained weights loaded" in r.getMessage() for r in caplog.records)
+    # A tag the architecture has no weights for must fail, never fall back to random.
+    with pytest.raises(dclip.PretrainedWeightsError, match="cannot load CLIP weights"):
+        dclip.load_clip(dclip.TINY_ARCH, pretrained="laion2b_s34b_b79k")
