@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,7 +10,10 @@ import torch.nn.functional as F
 from dicosa.metrics import ranked_list_metrics
 from dicosa.model import TextFeatures, VideoFeatures
 from dicosa.search.exclusion import (
+    ExcludedTexts,
+    ExclusionConfig,
     ExclusionDimensions,
+    ExclusionRerank,
     active_dimensions,
     demote,
     exclusion_dimensions,
@@ -17,6 +21,8 @@ from dicosa.search.exclusion import (
     magnitude_scores,
     window_presence,
 )
+from dicosa.search.query import Query
+from dicosa.search.types import EncodedQueries
 
 from ._scenes import article, random_scenes, scorer_model, split, text_vectors, trained_head
 from ._scenes import video as scene_video
@@ -108,24 +114,32 @@ def test_window_presence_equals_scoring_each_window_alone():
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_exclusion_search_end_to_end_on_tiny_features():
+A, B = "red circle", "blue square"
+
+
+@pytest.fixture(scope="module")
+def scene():
     """A red circle without a blue square, where some videos show the square in one frame
     only: the codes (whole-video proxy) cannot see it, the per-frame check can."""
-    model, (_, head) = scorer_model(), trained_head()
-    a, b = "red circle", "blue square"
     others = ["green cross", "white cross", "green circle", "white circle"]
-    scenes = ([[a, o] for o in others]                      # 0-3: the answers
-              + [[a, b], [a, b]]                            # 4-5: the square throughout
-              + [[a, b], [a, b]]                            # 6-7: the square in frame 0 only
-              + [s for s in random_scenes(40, seed=5) if a not in s])
-    visible = {6: {b: [0]}, 7: {b: [0]}}
+    scenes = ([[A, o] for o in others]                      # 0-3: the answers
+              + [[A, B], [A, B]]                            # 4-5: the square throughout
+              + [[A, B], [A, B]]                            # 6-7: the square in frame 0 only
+              + [s for s in random_scenes(40, seed=5) if A not in s])
+    visible = {6: {B: [0]}, 7: {B: [0]}}
     videos = [scene_video(s, visible=visible.get(i), seed=100 + i) for i, s in enumerate(scenes)]
     collection = split(scenes, videos, seed=3).video
-    contains_b = torch.tensor([b in s for s in scenes])
+    return {"model": scorer_model(), "head": trained_head()[1], "collection": collection,
+            "queries": text_vectors([[A], [B]]),
+            "contains_b": torch.tensor([B in s for s in scenes]),
+            "relevant": torch.tensor([A in s and B not in s for s in scenes])}
 
+
+def test_exclusion_search_end_to_end_on_tiny_features(scene):
+    model, head, collection = scene["model"], scene["head"], scene["collection"]
+    queries, contains_b = scene["queries"], scene["contains_b"]
     codes = head.video_codes(collection.frames, collection.frame_mask)
-    queries = text_vectors([[a], [b]])
-    query_codes = head.text_codes(queries, [article(a), article(b)])
+    query_codes = head.text_codes(queries, [article(A), article(B)])
     dims = exclusion_dimensions(codes, query_codes[0], query_codes[1:], 5, 0.5)
     candidates = magnitude_scores(codes, dims.kept).topk(12).indices
     score_a = model.score(TextFeatures(queries[:1]), collection[candidates])[0]
@@ -140,8 +154,115 @@ def test_exclusion_search_end_to_end_on_tiny_features():
     top = checked(window=1)[:4]
     assert sorted(top.tolist()) == [0, 1, 2, 3]
     assert contains_b[checked(window=4)[:4]].any()  # the whole video dilutes the brief square
-    relevant = torch.tensor([a in s and b not in s for s in scenes])[None]
-    assert ranked_list_metrics(top[None], relevant, k=4)["AP@4"] == 1.0
-    # Explanations: every answer matched some of D_A \ D_B.
+    assert ranked_list_metrics(top[None], scene["relevant"][None], k=4)["AP@4"] == 1.0
+    # Explanations: every answer matched some of D_A \\ D_B.
     assert all(e.matched for e in explain_exclusion(codes[top], dims))
     assert F.cosine_similarity(query_codes[0], query_codes[1], dim=0) < 0.9
+
+
+def scene_queries(scene, *queries: Query) -> EncodedQueries:
+    """Encoded queries over the scene's vectors: A's text for every query, B's for every
+    exclusion (what prepare() stores, with the scene's vectors instead of a text tower's)."""
+    head, text = scene["head"], scene["queries"]
+    encoded = EncodedQueries(list(queries), TextFeatures(text[[0] * len(queries)]))
+    owner = torch.tensor([i for i, q in enumerate(queries) for _ in q.exclude], dtype=torch.long)
+    excluded = text[[1] * len(owner)]
+    encoded.extra["exclude"] = ExcludedTexts(
+        TextFeatures(excluded), owner, head.text_codes(excluded, [article(B)] * len(owner)),
+        head.text_codes(encoded.text.text, [article(A)] * len(queries)))
+    return encoded
+
+
+def hook(scene, **settings) -> ExclusionRerank:
+    frames, codes = scene["collection"], scene["head"].encode_videos(scene["collection"])
+    use_codes, use_frames = settings.pop("codes", True), settings.pop("frames", True)
+    return ExclusionRerank(
+        ExclusionConfig(**settings),
+        head=scene["head"] if use_codes else None,
+        video_codes=(lambda ids: codes[torch.from_numpy(ids)]) if use_codes else None,
+        model=scene["model"] if use_frames else None,
+        video_frames=(lambda ids: frames[torch.from_numpy(ids)]) if use_frames else None)
+
+
+@pytest.mark.paths
+def test_rerank_hook_matches_the_pipeline_and_spares_plain_queries(scene):
+    model, collection = scene["model"], scene["collection"]
+    dicosa = model.score(TextFeatures(scene["queries"][:1]), collection).float()  # [1, V]
+    queries = scene_queries(scene, Query(A, (B,)), Query(A))
+    scores = dicosa.expand(2, -1).contiguous()
+    rerank = hook(scene, top_k_results=5, mass_fraction=0.5, candidates=12,
+                  presence_threshold=0.5)
+    adjusted = rerank.rerank_matrix(queries, scores)
+    order = adjusted[0].argsort(descending=True)
+    assert sorted(order[:4].tolist()) == [0, 1, 2, 3]  # the answers, as the pipeline found
+    # The pipeline by hand: top-12 magnitude reranked by S(A), then the square demoted.
+    codes = scene["head"].encode_videos(collection)
+    dims = exclusion_dimensions(codes, queries.extra["exclude"].positive_codes[0],
+                                queries.extra["exclude"].codes, 5, 0.5)
+    candidates = magnitude_scores(codes, dims.kept).topk(12).indices
+    reranked = candidates[dicosa[0, candidates].argsort(descending=True)]
+    present = window_presence(model, TextFeatures(scene["queries"][1:]),
+                              collection[reranked], 1)[0] >= 0.5
+    expected = demote(reranked, present).tolist()
+    clean = int((~present).sum())
+    assert order[:clean].tolist() == expected[:clean]
+    # Past them the hook puts videos outside the 12 but without B before those with B; among
+    # the 12 the order is the pipeline's.
+    assert [i for i in order.tolist() if i in expected] == expected
+    torch.testing.assert_close(adjusted[1], scores[1], rtol=0, atol=0)  # no exclusion
+    # Padded slots (-1) stay -inf and the ranked ones keep their relative order per tier.
+    ids = np.array([[0, 4, 1, -1]])
+    some = rerank(scene_queries(scene, Query(A, (B,))), ids,
+                  torch.tensor([[0.2, 0.9, 0.1, -torch.inf]]))
+    assert some[0, 3] == -torch.inf and some[0, 0] > some[0, 2] > some[0, 1]
+
+
+def test_rerank_hook_per_frame_alone_and_codes_alone(scene):
+    dicosa = scene["model"].score(TextFeatures(scene["queries"][:1]), scene["collection"])
+    queries = scene_queries(scene, Query(A, (B,)))
+    relevant = scene["relevant"][None]
+
+    def ap(rerank):
+        order = rerank.rerank_matrix(queries, dicosa.float()).argsort(descending=True)
+        return ranked_list_metrics(order, relevant, k=4)["AP@4"]
+
+    plain = ranked_list_metrics(dicosa.argsort(descending=True), relevant, k=4)["AP@4"]
+    frames_only = ap(hook(scene, codes=False, presence_threshold=0.5))
+    assert frames_only == 1.0 > plain
+    # The codes alone (one proxy per video) cannot see a square shown in one frame: videos 6
+    # and 7 stay on top; the square shown throughout (video 4, 8th by S(A)) leaves the 12.
+    order = hook(scene, frames=False, top_k_results=5, candidates=12).rerank_matrix(
+        queries, dicosa.float()).argsort(descending=True)[0]
+    assert sorted(order[:2].tolist()) == [6, 7] and 4 not in order[:12].tolist()
+    assert 4 in dicosa.argsort(descending=True)[0, :8].tolist()
+    with pytest.raises(ValueError, match="per-frame check"):
+        hook(scene, codes=False)  # no threshold: nothing would happen
+    with pytest.raises(ValueError, match="prepare"):
+        hook(scene, presence_threshold=0.5)(EncodedQueries([Query(A, (B,))], TextFeatures(
+            scene["queries"][:1])), np.zeros((1, 1), dtype=np.int64), torch.zeros(1, 1))
+
+
+def test_explain_names_matched_and_empty_excluded_dimensions(scene):
+    rerank = hook(scene, top_k_results=5, candidates=12, presence_threshold=0.5)
+    queries = scene_queries(scene, Query(A, (B,)))
+    ids = np.arange(len(scene["relevant"]))
+    explained = rerank.explain(queries, 0, ids, ids[:8])
+    assert all(e.matched for e in explained[:4])
+    assert [e.demoted for e in explained] == [False] * 4 + [True] * 4
+
+
+def test_prepare_encodes_each_exclusion_once_with_its_owner():
+    from dicosa.clip import get_tokenizer
+
+    model = scorer_model()
+    tokenize = get_tokenizer(model.config.arch, model.config.max_words)
+    queries = [Query("a red circle", ("a blue square", "a cross")), Query("a square"),
+               Query("a dog", ("a cat",))]
+    encoded = EncodedQueries(queries, model.encode_text(tokenize([q.text for q in queries])))
+    rerank = ExclusionRerank(ExclusionConfig(presence_threshold=0.5), model=model,
+                             video_frames=lambda ids: None)
+    rerank.prepare(encoded, model, tokenize)
+    excluded = encoded.extra["exclude"]
+    assert excluded.owner.tolist() == [0, 0, 2] and excluded.codes is None
+    expected = model.encode_text(tokenize(["a blue square", "a cross", "a cat"])).text
+    torch.testing.assert_close(excluded.text.text, expected)

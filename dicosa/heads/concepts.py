@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from .. import functional as DF
 from ..metrics import ranks_t2v, retrieval_metrics
+from ..model import VideoFeatures
 from .base import Head
 from .features import HeadData, SplitFeatures
 
@@ -278,6 +279,10 @@ class ConceptCodesHead(Head):
         code of the query-independent proxy, masked by top-k alone (no caption at search)."""
         latent = self.video_latent(DF.video_proxy(frames.float(), frame_mask))
         return F.normalize(latent * top_k_mask(latent, self.config.top_k), dim=-1)
+
+    def encode_videos(self, video: VideoFeatures) -> Tensor:
+        """What an index stores per video row: :meth:`video_codes` of ``video``, ``[V, d]``."""
+        return self.video_codes(video.frames, video.frame_mask)
 
     def dimension_words(self, dim: int, count: int = 3) -> list[str]:
         """The vocabulary words whose SPINE codes are largest on concept dimension ``dim``."""

@@ -18,20 +18,30 @@ The codes come from :class:`dicosa.heads.concepts.ConceptCodesHead` (unit length
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..model import DiCoSA, TextFeatures, VideoFeatures
+from .types import EncodedQueries
+
+if TYPE_CHECKING:
+    from ..heads.concepts import ConceptCodesHead
 
 __all__ = [
+    "ExcludedTexts",
     "ExclusionConfig",
     "ExclusionDimensions",
     "ExclusionExplanation",
+    "ExclusionRerank",
     "active_dimensions",
     "demote",
+    "describe_dimensions",
     "exclusion_dimensions",
     "explain_exclusion",
     "magnitude_scores",
@@ -182,3 +192,158 @@ def describe_dimensions(dimensions: Sequence[int], words_of) -> list[str]:
     """``"12 (red, circle)"`` for each dimension, naming it by ``words_of(dim)`` (e.g.
     :meth:`ConceptCodesHead.dimension_words`)."""
     return [f"{d} ({', '.join(words_of(d)) or '-'})" for d in dimensions]
+
+
+# ---------------------------------------------------------------- the rerank hook
+
+
+@dataclass(frozen=True)
+class ExcludedTexts:
+    """What :meth:`ExclusionRerank.prepare` stores in ``EncodedQueries.extra["exclude"]``.
+
+    Attributes:
+        text: DiCoSA vectors of every exclusion of the batch, ``[E, D]``.
+        owner: ``[E]`` long, the query each exclusion belongs to.
+        codes: ``[E, d]`` concept codes of the exclusions (None without a concepts head).
+        positive_codes: ``[Q, d]`` concept codes of the queries' own text (None likewise).
+    """
+
+    text: TextFeatures
+    owner: Tensor
+    codes: Tensor | None = None
+    positive_codes: Tensor | None = None
+
+
+class ExclusionRerank:
+    """"A without B" as a :class:`~dicosa.search.types.RerankHook` over DiCoSA's rescored
+    candidates: the concept codes' D_A \\ D_B (Sec. 4.3), the per-frame presence check, or both.
+
+    Each candidate of a query with exclusions gets a tier, and the adjusted scores order the
+    tiers first and DiCoSA's score within a tier:
+
+    - +1 if the codes are on and the candidate is not among the ``config.candidates`` largest
+      magnitudes on D_A \\ D_B (the paper's retrieval; DiCoSA then reranks those, as the issue
+      asks);
+    - +2 if the per-frame check is on and B's best window reaches ``config.presence_threshold``
+      (a video that shows B ranks behind every video that does not).
+
+    D_A and D_B are taken from the top ``config.top_k_results`` of the candidates the hook is
+    given (the paper takes them over the whole collection: pass every video, as the exhaustive
+    :meth:`rerank_matrix` does, or let the first stage return a few times K candidates).
+    Queries without exclusions keep their scores.
+
+    Args:
+        config: K, t, C, the window and the presence threshold (choose them on validation;
+            ``benchmarks/exclusion.py`` does).
+        head: the trained concepts head (``load_head(path, model, kind="concepts")``).
+        video_codes: ``ids [n] int64 -> [n, d]`` the head's codes of those rows, i.e. what the
+            index stored per row from ``head.encode_videos(VideoFeatures)``.
+        model: the frozen DiCoSA, for the per-frame check.
+        video_frames: ``ids [n] int64 -> VideoFeatures [n, N, D]`` from the frame store.
+    """
+
+    name = "exclusion"
+
+    def __init__(self, config: ExclusionConfig = ExclusionConfig(), *,
+                 head: ConceptCodesHead | None = None,
+                 video_codes: Callable[[np.ndarray], Tensor] | None = None,
+                 model: DiCoSA | None = None,
+                 video_frames: Callable[[np.ndarray], VideoFeatures] | None = None):
+        if (head is None) != (video_codes is None):
+            raise ValueError("the codes need both head and video_codes")
+        if (model is None) != (video_frames is None):
+            raise ValueError("the per-frame check needs both model and video_frames")
+        if head is None and (video_frames is None or math.isinf(config.presence_threshold)):
+            raise ValueError("ExclusionRerank needs the codes (head, video_codes) or the "
+                             "per-frame check (model, video_frames, a finite presence_threshold)")
+        self.config, self.head, self.video_codes = config, head, video_codes
+        self.model, self.video_frames = model, video_frames
+
+    @property
+    def uses_frames(self) -> bool:
+        return self.video_frames is not None and not math.isinf(self.config.presence_threshold)
+
+    @torch.no_grad()
+    def prepare(self, queries: EncodedQueries, model: DiCoSA,
+                tokenizer: Callable[[list[str]], Tensor]) -> None:
+        """Encode every exclusion of the batch once into ``queries.extra["exclude"]``."""
+        strings = [b for q in queries.queries for b in q.exclude]
+        owner = torch.tensor([i for i, q in enumerate(queries.queries) for _ in q.exclude],
+                             dtype=torch.long)
+        if strings:
+            text = model.encode_text(tokenizer(strings))
+        else:
+            text = TextFeatures(queries.text.text.new_zeros(0, queries.text.text.shape[1]))
+        codes = positive = None
+        if self.head is not None:
+            codes = self.head.text_codes(text.text, strings)
+            positive = self.head.text_codes(queries.text.text, [q.text for q in queries.queries])
+        queries.extra["exclude"] = ExcludedTexts(text, owner, codes, positive)
+
+    @torch.no_grad()
+    def __call__(self, queries: EncodedQueries, ids: np.ndarray, scores: Tensor) -> Tensor:
+        """``ids`` int64 ``[Q, k]`` (-1 pads), ``scores [Q, k]`` -> adjusted scores ``[Q, k]``."""
+        excluded = self._excluded(queries)
+        adjusted = scores.clone()
+        for q in range(len(queries)):
+            mine = excluded.owner == q
+            valid = torch.from_numpy(np.asarray(ids[q]) >= 0)
+            if not mine.any() or not valid.any():
+                continue
+            rows = np.asarray(ids[q])[valid.numpy()]
+            tiers = self._tiers(excluded, q, mine, rows)  # [n]
+            finite = scores[q, valid]
+            spread = float(finite.max() - finite.min()) + 1.0
+            adjusted[q, valid] = finite - tiers.to(finite.dtype) * spread
+        return adjusted
+
+    def rerank_matrix(self, queries: EncodedQueries, scores: Tensor) -> Tensor:
+        """The exhaustive path: DiCoSA's ``scores [Q, V]`` over rows 0..V-1, adjusted."""
+        ids = np.broadcast_to(np.arange(scores.shape[1], dtype=np.int64), scores.shape)
+        return self(queries, ids, scores)
+
+    @torch.no_grad()
+    def explain(self, queries: EncodedQueries, q: int, candidates: np.ndarray,
+                results: np.ndarray) -> list[ExclusionExplanation]:
+        """Why each of ``results`` answered query ``q``: the D_A \\ D_B dimensions it carries,
+        the D_B dimensions empty in it, and B's best window score. D_A and D_B come from
+        ``candidates`` (the ids the hook ranked, as in ``__call__``). Needs the codes."""
+        excluded = self._excluded(queries)
+        if self.head is None:
+            raise ValueError("explanations need the concepts head")
+        mine = excluded.owner == q
+        dims = exclusion_dimensions(self.video_codes(np.asarray(candidates)),
+                                    excluded.positive_codes[q], excluded.codes[mine],
+                                    self.config.top_k_results, self.config.mass_fraction)
+        results = np.asarray(results)
+        presence = self._presence(excluded, mine, results) if self.uses_frames else None
+        return explain_exclusion(self.video_codes(results), dims, presence,
+                                 self.config.presence_threshold)
+
+    def _excluded(self, queries: EncodedQueries) -> ExcludedTexts:
+        excluded = queries.extra.get("exclude")
+        if not isinstance(excluded, ExcludedTexts):
+            raise ValueError('call ExclusionRerank.prepare(queries, model, tokenizer) first: '
+                             'queries.extra["exclude"] is missing')
+        return excluded
+
+    def _tiers(self, excluded: ExcludedTexts, q: int, mine: Tensor, rows: np.ndarray) -> Tensor:
+        cfg = self.config
+        tiers = torch.zeros(len(rows), dtype=torch.long)
+        if self.head is not None:
+            codes = self.video_codes(rows)  # [n, d]
+            dims = exclusion_dimensions(codes, excluded.positive_codes[q], excluded.codes[mine],
+                                        cfg.top_k_results, cfg.mass_fraction)
+            magnitude = magnitude_scores(codes, dims.kept)  # [n]
+            inside = torch.zeros(len(rows), dtype=torch.bool)
+            inside[magnitude.topk(min(cfg.candidates, len(rows))).indices] = True
+            tiers += (~inside).long()
+        if self.uses_frames:
+            tiers += 2 * (self._presence(excluded, mine, rows) >= cfg.presence_threshold).long()
+        return tiers
+
+    def _presence(self, excluded: ExcludedTexts, mine: Tensor, rows: np.ndarray) -> Tensor:
+        """B's best window score in each row, the largest over the query's exclusions: [n]."""
+        video = self.video_frames(rows)
+        return window_presence(self.model, excluded.text[mine], video,
+                               self.config.window).amax(dim=0)
