@@ -135,7 +135,7 @@ def window_presence(model: DiCoSA, text: TextFeatures, video: VideoFeatures,
     windows = frames.unfold(1, width, 1).movedim(-1, 2)  # [B_v, W, width, D]
     window_mask = mask.unfold(1, width, 1)  # [B_v, W, width]
     valid = window_mask.any(-1)  # [B_v, W]
-    scores = torch.full((len(text), *valid.shape), float("-inf"))
+    scores = torch.full((len(text), *valid.shape), float("-inf"), device=frames.device)
     scores[:, valid] = model.score(text, VideoFeatures(windows[valid], window_mask[valid])).float()
     return scores.amax(dim=-1)
 
@@ -287,14 +287,15 @@ class ExclusionRerank:
         adjusted = scores.clone()
         for q in range(len(queries)):
             mine = excluded.owner == q
-            valid = torch.from_numpy(np.asarray(ids[q]) >= 0)
+            valid = np.asarray(ids[q]) >= 0
             if not mine.any() or not valid.any():
                 continue
-            rows = np.asarray(ids[q])[valid.numpy()]
-            tiers = self._tiers(excluded, q, mine, rows)  # [n]
-            finite = scores[q, valid]
-            spread = float(finite.max() - finite.min()) + 1.0
-            adjusted[q, valid] = finite - tiers.to(finite.dtype) * spread
+            tiers = self._tiers(excluded, q, mine, np.asarray(ids[q])[valid])  # [n]
+            where = torch.from_numpy(valid).to(scores.device)
+            ranked = scores[q, where]
+            finite = ranked[ranked.isfinite()]
+            spread = float(finite.max() - finite.min()) + 1.0 if len(finite) else 1.0
+            adjusted[q, where] = ranked - tiers.to(ranked) * spread
         return adjusted
 
     def rerank_matrix(self, queries: EncodedQueries, scores: Tensor) -> Tensor:
