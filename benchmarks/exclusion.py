@@ -20,7 +20,9 @@ on the validation split (the training videos DiCoSA held out); the test split is
 measured. Metrics @10: MRR, NDCG, AP (metrics.ranked_list_metrics) and the violation rate
 (share of the top 10 that contains B).
 
-    python benchmarks/exclusion.py                       # 3 seeds, ~10 min on 2 cores
+    python benchmarks/exclusion.py --workdir /work/artifacts/synth --frozen-seed 0
+        # the README's figures: the shared 300/100-clip DiCoSA, 3 head seeds, ~6 min a seed
+    python benchmarks/exclusion.py                       # 3 DiCoSAs trained too (much longer)
     python benchmarks/exclusion.py --smoke               # tiny data, seconds
 """
 
@@ -329,10 +331,11 @@ def main(argv: list[str] | None = None) -> dict:
                    help="the head's seed; also DiCoSA's training seed unless --frozen-seed")
     p.add_argument("--frozen-seed", type=int, default=None,
                    help="one DiCoSA (trained with this seed) under every head seed")
-    p.add_argument("--num-train", type=int, default=1000,
+    p.add_argument("--num-train", type=int, default=300,
                    help="training clips; DiCoSA holds out 10%% of them: the validation split")
-    p.add_argument("--num-test", type=int, default=300)
-    p.add_argument("--dims", type=int, nargs="+", default=[32, 64, 128, 256, 512])
+    p.add_argument("--num-test", type=int, default=100,
+                   help="test clips (100 give 249 pairs)")
+    p.add_argument("--dims", type=int, nargs="+", default=[32, 64, 128, 256])
     p.add_argument("--top-ks", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="other settings of the concepts head")
