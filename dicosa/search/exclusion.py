@@ -51,11 +51,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ExclusionConfig:
-    """Settings of an exclusion search (defaults chosen on the synthetic validation split)."""
+    """Settings of an exclusion search. K, t, C and the window are what the synthetic
+    benchmark's validation split chose most often; the presence threshold is on DiCoSA's score
+    scale, which differs per model, so it is off until chosen on validation for the model
+    (``benchmarks/exclusion.py`` prints it)."""
 
-    top_k_results: int = 10          # K: results per label whose codes define D_A, D_B
-    mass_fraction: float = 0.5       # t: D_A carries this share of their magnitude
-    candidates: int = 30             # C: videos DiCoSA reranks
+    top_k_results: int = 5           # K: results per label whose codes define D_A, D_B
+    mass_fraction: float = 0.9       # t: D_A carries this share of their magnitude
+    candidates: int = 20             # C: videos DiCoSA reranks
     window: int = 1                  # frames per window of the presence check
     presence_threshold: float = float("inf")  # B present at S(B, window) >= this; inf: off
 
