@@ -231,8 +231,8 @@ def test_rerank_hook_per_frame_alone_and_codes_alone(scene):
     assert frames_only == 1.0 > plain
     # The codes alone (one proxy per video) cannot see a square shown in one frame: videos 6
     # and 7 stay on top; the square shown throughout (video 4, 8th by S(A)) leaves the 12.
-    order = hook(scene, frames=False, top_k_results=5, candidates=12).rerank_matrix(
-        queries, dicosa.float()).argsort(descending=True)[0]
+    codes_only = hook(scene, frames=False, top_k_results=5, mass_fraction=0.5, candidates=12)
+    order = codes_only.rerank_matrix(queries, dicosa.float()).argsort(descending=True)[0]
     assert sorted(order[:2].tolist()) == [6, 7] and 4 not in order[:12].tolist()
     assert 4 in dicosa.argsort(descending=True)[0, :8].tolist()
     with pytest.raises(ValueError, match="per-frame check"):
@@ -243,7 +243,8 @@ def test_rerank_hook_per_frame_alone_and_codes_alone(scene):
 
 
 def test_explain_names_matched_and_empty_excluded_dimensions(scene):
-    rerank = hook(scene, top_k_results=5, candidates=12, presence_threshold=0.5)
+    rerank = hook(scene, top_k_results=5, mass_fraction=0.5, candidates=12,
+                  presence_threshold=0.5)
     queries = scene_queries(scene, Query(A, (B,)))
     ids = np.arange(len(scene["relevant"]))
     explained = rerank.explain(queries, 0, ids, ids[:8])
