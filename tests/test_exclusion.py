@@ -190,7 +190,7 @@ def test_rerank_hook_matches_the_pipeline_and_spares_plain_queries(scene):
     dicosa = model.score(TextFeatures(scene["queries"][:1]), collection).float()  # [1, V]
     queries = scene_queries(scene, Query(A, (B,)), Query(A))
     scores = dicosa.expand(2, -1).contiguous()
-    rerank = hook(scene, top_k_results=5, mass_fraction=0.5, candidates=12,
+    rerank = hook(scene, top_k_results=5, mass_fraction=0.5, candidates=12, window=1,
                   presence_threshold=0.5)
     adjusted = rerank.rerank_matrix(queries, scores)
     order = adjusted[0].argsort(descending=True)
@@ -227,7 +227,7 @@ def test_rerank_hook_per_frame_alone_and_codes_alone(scene):
         return ranked_list_metrics(order, relevant, k=4)["AP@4"]
 
     plain = ranked_list_metrics(dicosa.argsort(descending=True), relevant, k=4)["AP@4"]
-    frames_only = ap(hook(scene, codes=False, presence_threshold=0.5))
+    frames_only = ap(hook(scene, codes=False, window=1, presence_threshold=0.5))
     assert frames_only == 1.0 > plain
     # The codes alone (one proxy per video) cannot see a square shown in one frame: videos 6
     # and 7 stay on top; the square shown throughout (video 4, 8th by S(A)) leaves the 12.
@@ -243,7 +243,7 @@ def test_rerank_hook_per_frame_alone_and_codes_alone(scene):
 
 
 def test_explain_names_matched_and_empty_excluded_dimensions(scene):
-    rerank = hook(scene, top_k_results=5, mass_fraction=0.5, candidates=12,
+    rerank = hook(scene, top_k_results=5, mass_fraction=0.5, candidates=12, window=1,
                   presence_threshold=0.5)
     queries = scene_queries(scene, Query(A, (B,)))
     ids = np.arange(len(scene["relevant"]))

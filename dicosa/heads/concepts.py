@@ -58,10 +58,10 @@ _WORD = re.compile(r"[a-z]+")
 @dataclass(frozen=True)
 class ConceptCodesConfig:
     """Hyper-parameters of the concepts head. d and top-k were chosen on the validation split
-    of the synthetic benchmark (benchmarks/exclusion.py, all three seeds); the rest are
+    of the synthetic benchmark (benchmarks/exclusion.py; two seeds of three); the rest are
     SPINE's or the paper's values, or were set once and not swept."""
 
-    dim: int = 32                       # d: latent width = SPINE's hidden units
+    dim: int = 128                      # d: latent width = SPINE's hidden units
     top_k: int = 16                     # k of the top-k mask
     sentence_threshold: float = 0.0     # sentence-code entries above this enter the mask
     # Step 1, SPINE word codes.

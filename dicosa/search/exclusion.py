@@ -57,9 +57,9 @@ class ExclusionConfig:
     (``benchmarks/exclusion.py`` prints it)."""
 
     top_k_results: int = 5           # K: results per label whose codes define D_A, D_B
-    mass_fraction: float = 0.9       # t: D_A carries this share of their magnitude
-    candidates: int = 20             # C: videos DiCoSA reranks
-    window: int = 1                  # frames per window of the presence check
+    mass_fraction: float = 0.3       # t: D_A carries this share of their magnitude
+    candidates: int = 50             # C: videos DiCoSA reranks
+    window: int = 2                  # frames per window of the presence check
     presence_threshold: float = float("inf")  # B present at S(B, window) >= this; inf: off
 
 
