@@ -9,6 +9,7 @@ import torch
 
 from dicosa.heads import load_head, save_head
 from dicosa.heads.concepts import (
+    ConceptCodesHead,
     average_sparsity_loss,
     build_vocabulary,
     caption_words,
@@ -89,3 +90,21 @@ def test_the_head_round_trips_with_its_fingerprint(trained, tmp_path):
     text = data.val.text.text[:5]
     torch.testing.assert_close(loaded.text_codes(text, data.val.captions[:5]),
                                head.text_codes(text, data.val.captions[:5]), rtol=0, atol=0)
+
+
+def test_fit_is_seeded_and_leaves_the_global_random_state_alone():
+    from dicosa.heads.features import HeadData
+
+    from ._scenes import scene_features
+
+    data = HeadData(scene_features(12, seed=2), None)
+    config = ConceptCodesHead.make_config({"dim": 16, "top_k": 4, "spine_steps": 5, "steps": 5,
+                                           "batch_size": 8})
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    first = ConceptCodesHead.fit(scorer_model(), data, config, seed=7, progress=False)
+    torch.testing.assert_close(torch.rand(3), expected, rtol=0, atol=0)
+    second = ConceptCodesHead.fit(scorer_model(), data, config, seed=7, progress=False)
+    torch.testing.assert_close(first.text_encoder.weight, second.text_encoder.weight,
+                               rtol=0, atol=0)

@@ -313,9 +313,17 @@ class ConceptCodesHead(Head):
     @classmethod
     def fit(cls, model: nn.Module, data: HeadData, config: ConceptCodesConfig, *,
             seed: int = 0, progress: bool = True) -> ConceptCodesHead:
-        """Steps 1–3 on the frozen ``model``'s training features; reports on validation."""
+        """Steps 1–3 on the frozen ``model``'s training features; reports on validation.
+        The caller's global random state is left as it was (layers draw their initial weights
+        from a forked, seeded one)."""
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            return cls._fit(model, data, config, seed, progress)
+
+    @classmethod
+    def _fit(cls, model: nn.Module, data: HeadData, config: ConceptCodesConfig,
+             seed: int, progress: bool) -> ConceptCodesHead:
         generator = torch.Generator().manual_seed(seed)
-        torch.manual_seed(seed)
         train = data.train
         vocabulary = build_vocabulary(train.captions)
         head = cls(config, train.text.text.shape[1], vocabulary)
