@@ -232,3 +232,44 @@ def evaluate_similarity(
     if caption_video.unique().numel() < caption_video.numel():  # several captions a video
         out["v2t_groups"] = retrieval_metrics(ranks_v2t_groups(sim, caption_video, ties=ties))
     return out
+
+
+
+# ---------------------------------------------------------------- ranked lists, binary relevance
+
+
+def ranked_list_metrics(ranking: Tensor, relevant: Tensor, k: int = 10) -> dict[str, float]:
+    """MRR@k, NDCG@k and AP@k of ranked lists against binary relevance, averaged over queries.
+
+    Args:
+        ranking: ``[Q, L]`` long, item ids best first (L >= k; ids < 0 are empty slots).
+        relevant: ``[Q, N]`` bool, the relevant items of each query (each query needs one).
+        k: the cut-off.
+
+    With hits h_i (i = 1..k) and R relevant items: MRR@k = 1 / (rank of the first hit) or 0;
+    NDCG@k = Σ h_i / log2(i + 1) divided by its best value, Σ_{i <= min(k, R)} 1 / log2(i + 1);
+    AP@k = Σ h_i · P@i / min(k, R), so a list holding min(k, R) hits on top scores 1.
+    """
+    if ranking.dim() != 2 or relevant.dim() != 2 or ranking.shape[0] != relevant.shape[0]:
+        raise ValueError(f"ranking [Q, L] and relevant [Q, N] needed, got "
+                         f"{tuple(ranking.shape)} and {tuple(relevant.shape)}")
+    num_relevant = relevant.sum(1)
+    if (num_relevant == 0).any():
+        raise ValueError("every query needs at least one relevant item")
+    hits = hit_matrix(ranking[:, :k], relevant).double()  # [Q, k]
+    position = torch.arange(1, hits.shape[1] + 1, dtype=torch.float64)
+    first = torch.where(hits.any(1), hits.argmax(1).double() + 1, torch.inf)
+    discount = 1 / torch.log2(position + 1)
+    ideal = (discount[None] * (position[None] <= num_relevant[:, None])).sum(1)
+    depth = num_relevant.clamp(max=k).double()
+    precision = hits.cumsum(1) / position
+    return {f"MRR@{k}": float((1 / first).mean()),
+            f"NDCG@{k}": float(((hits * discount).sum(1) / ideal).mean()),
+            f"AP@{k}": float(((hits * precision).sum(1) / depth).mean())}
+
+
+def hit_matrix(ranking: Tensor, items: Tensor) -> Tensor:
+    """``[Q, L]`` bool: whether each ranked id is among the query's ``items [Q, N]`` (ids < 0,
+    empty slots, are never hits)."""
+    filled = ranking >= 0
+    return items.gather(1, ranking.clamp_min(0)) & filled
