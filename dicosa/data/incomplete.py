@@ -50,6 +50,7 @@ class IncompleteGallery:
     text_only: np.ndarray  # bool [V]: the video does not decode; only its title is indexed
     frames_lost: np.ndarray  # float32 [V]: fraction of frames corrupted (0 for intact ones)
     corruption: str  # how corrupted frames look: "noise" (unnoticed) or "lost" (masked)
+    title_source: list[int]  # [V] which caption each title was made from
 
     @property
     def has_title(self) -> np.ndarray:
@@ -79,12 +80,13 @@ def incomplete_gallery(captions: list[list[str]], query_caption: list[int], *, s
     """
     rng = np.random.default_rng(seed)
     num = len(captions)
-    titles = []
+    titles, sources = [], []
     for caps, query in zip(captions, query_caption, strict=True):
-        others = [c for i, c in enumerate(caps) if i != query]
+        others = [i for i in range(len(caps)) if i != query]
         if not others:
             raise ValueError("every video needs a caption besides its query to make a title")
-        titles.append(mask_words(others[int(rng.integers(len(others)))], title_mask, rng))
+        sources.append(others[int(rng.integers(len(others)))])
+        titles.append(mask_words(caps[sources[-1]], title_mask, rng))
     order = rng.permutation(num)
     untitled = order[:round(missing_titles * num)]
     for i in untitled:
@@ -97,7 +99,7 @@ def incomplete_gallery(captions: list[list[str]], query_caption: list[int], *, s
         text_only[damaged] = True
     elif corruption in ("noise", "lost"):
         lost[damaged] = frames_lost
-    return IncompleteGallery(titles, text_only, lost, corruption)
+    return IncompleteGallery(titles, text_only, lost, corruption, sources)
 
 
 def apply_gallery(video: VideoFeatures, gallery: IncompleteGallery,
