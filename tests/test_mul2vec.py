@@ -26,9 +26,15 @@ from dicosa.heads.mul2vec import (
 )
 from dicosa.metrics import ranks_t2v
 from dicosa.model import DiCoSA, TextFeatures, VideoFeatures
-from dicosa.search.fusion import FusionRerank, fill_missing, fused_scores, fusion_rows
+from dicosa.search.fusion import (
+    FusionRerank,
+    SemanticStage,
+    fill_missing,
+    fused_scores,
+    fusion_rows,
+)
 from dicosa.search.query import parse_query
-from dicosa.search.types import EncodedQueries
+from dicosa.search.types import EncodedQueries, FirstStage
 
 from .conftest import tiny_config
 
@@ -309,3 +315,28 @@ def test_the_rerank_hook_equals_the_exhaustive_matrix_on_a_tiny_index(toy):
         (theta[0] @ torch.as_tensor(rows.semantic[5])).item(), abs=1e-5)
     with pytest.raises(ValueError, match="needs the head"):
         FusionRerank(rows, None, beta_semantic=0.5)
+
+
+def test_the_semantic_first_stage_finds_text_only_rows(toy, tmp_path):
+    _, data, _, _, head = toy
+    val = data.val
+    titles = [val.captions[3 * v + 1] for v in range(val.num_videos)]
+    text_only = np.zeros(val.num_videos, dtype=bool)
+    text_only[::2] = True
+    rows = fusion_rows(titles, val.text.text[1::3], DF.video_proxy(val.video.frames,
+                                                                   val.video.frame_mask),
+                       text_only, np.zeros(val.num_videos, dtype=np.float32), head)
+    stage = SemanticStage(head, 16)
+    assert isinstance(stage, FirstStage)
+    stage.add(np.arange(val.num_videos) + 100, rows.semantic)
+    queries = EncodedQueries([parse_query(c) for c in val.captions[::3]],
+                             TextFeatures(val.text.text[::3]))
+    found = stage.search(queries, 5)
+    hits = (found.ids == (np.arange(val.num_videos) + 100)[:, None]).any(1)
+    assert hits[text_only].mean() >= 0.5  # text-only clips are found by their titles
+    assert (np.diff(found.scores, axis=1) <= 0).all()
+    stage.remove(np.array([100, 101]))
+    stage.save(tmp_path)
+    again = SemanticStage.load(tmp_path, head).search(queries, 30)
+    assert again.ids.shape == (val.num_videos, 30) and (again.ids[:, -2:] == -1).all()
+    assert not np.isin(again.ids, [100, 101]).any()

@@ -26,7 +26,7 @@ from ..model import VideoFeatures
 
 __all__ = ["IncompleteGallery", "apply_gallery", "incomplete_gallery", "mask_words", "words"]
 
-Corruption = Literal["none", "noise", "lost", "undecodable"]
+Corruption = Literal["none", "noise", "lost", "undecodable", "mixed"]
 
 
 def words(text: str) -> list[str]:
@@ -75,7 +75,8 @@ def incomplete_gallery(captions: list[list[str]], query_caption: list[int], *, s
         title_mask: fraction of a title's words dropped.
         missing_titles: fraction of videos without a title.
         corrupt: fraction of videos damaged as ``corruption`` says ("undecodable": no video,
-            never chosen among the untitled ones so that every video keeps something).
+            never chosen among the untitled ones so that every video keeps something;
+            "mixed": half of them undecodable, half with noise frames).
         frames_lost: fraction of a damaged video's frames that are noise or lost.
     """
     rng = np.random.default_rng(seed)
@@ -92,10 +93,16 @@ def incomplete_gallery(captions: list[list[str]], query_caption: list[int], *, s
     for i in untitled:
         titles[i] = ""
     # Damage falls on titled videos first so an undecodable video keeps its title.
-    damaged = [i for i in rng.permutation(num) if i not in set(untitled)][:round(corrupt * num)]
+    titled = [i for i in rng.permutation(num) if i not in set(untitled.tolist())]
+    damaged = titled[:round(corrupt * num)]
     text_only = np.zeros(num, dtype=bool)
     lost = np.zeros(num, dtype=np.float32)
-    if corruption == "undecodable":
+    if corruption == "mixed":
+        half = len(damaged) // 2
+        text_only[damaged[:half]] = True
+        lost[damaged[half:]] = frames_lost
+        corruption = "noise"
+    elif corruption == "undecodable":
         text_only[damaged] = True
     elif corruption in ("noise", "lost"):
         lost[damaged] = frames_lost

@@ -34,16 +34,20 @@ fusion is β_title = 0; late fusion is β_sem = 0; each β is chosen on the vali
 
 from __future__ import annotations
 
+import io
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .types import EncodedQueries
+from .types import Candidates, EncodedQueries
 
-__all__ = ["FusionRerank", "FusionRows", "fill_missing", "fused_scores", "fusion_rows"]
+__all__ = ["FusionRerank", "FusionRows", "SemanticStage", "fill_missing", "fused_scores",
+           "fusion_rows"]
 
 
 @dataclass(frozen=True)
@@ -190,9 +194,7 @@ class FusionRerank:
         has_video = valid & ~torch.as_tensor(self.rows.text_only)[rows]
         extra = {}
         if self.beta_semantic:
-            theta = queries.extra.get("mul2vec")
-            if theta is None:
-                theta = queries.extra["mul2vec"] = self.head.query_vectors(queries.text.text)
+            theta = query_topics(queries, self.head)
             g = torch.as_tensor(self.rows.semantic)[rows]  # [Q, k, K]
             extra["semantic"] = torch.einsum("qk,qnk->qn", theta.float(), g)
         if self.beta_title:
@@ -204,3 +206,63 @@ class FusionRerank:
                              beta_title=self.beta_title, trust=self.trust, **extra)
         parts["fused"] = parts["fused"].masked_fill(~valid, float("-inf"))
         return parts
+
+
+def query_topics(queries: EncodedQueries, head) -> Tensor:
+    """θ_q ``[Q, K]``, computed once per batch and kept in ``queries.extra["mul2vec"]``."""
+    if "mul2vec" not in queries.extra:
+        queries.extra["mul2vec"] = head.query_vectors(queries.text.text.float())
+    return queries.extra["mul2vec"]
+
+
+class SemanticStage:
+    """A :class:`~dicosa.search.types.FirstStage` over the rows' Mul2vec vectors g.
+
+    A text-only row has no video proxy for the dense stage; this stage finds it (and any
+    row) by cos(θ_q, g_v). Its candidates are meant to be merged with the dense stage's
+    before DiCoSA rescores them. Exhaustive inner products: K = 50 floats per row.
+    """
+
+    name = "semantic"
+    FILE = "semantic.npz"
+
+    def __init__(self, head, topics: int):
+        self.head = head
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.vectors = np.zeros((0, topics), dtype=np.float32)
+
+    def add(self, ids: np.ndarray, videos: np.ndarray) -> None:
+        """``videos``: the rows' ``FusionRows.semantic`` ``[n, K]``."""
+        self.ids = np.concatenate([self.ids, np.asarray(ids, dtype=np.int64)])
+        self.vectors = np.concatenate([self.vectors, np.asarray(videos, dtype=np.float32)])
+
+    def remove(self, ids: np.ndarray) -> None:
+        keep = ~np.isin(self.ids, ids)
+        self.ids, self.vectors = self.ids[keep], self.vectors[keep]
+
+    @torch.no_grad()
+    def search(self, queries: EncodedQueries, k: int) -> Candidates:
+        theta = query_topics(queries, self.head).numpy()  # [Q, K]
+        scores = theta @ self.vectors.T  # [Q, n]
+        count = min(k, len(self.ids))
+        ids = np.full((len(queries), k), -1, dtype=np.int64)
+        best = np.full((len(queries), k), -np.inf, dtype=np.float32)
+        if count:
+            top = np.argsort(-scores, axis=1, kind="stable")[:, :count]
+            ids[:, :count] = self.ids[top]
+            best[:, :count] = np.take_along_axis(scores, top, axis=1)
+        return Candidates(ids, best, self.name)
+
+    def save(self, directory: str | os.PathLike) -> None:
+        from ..checkpoint import write_bytes_atomic
+
+        buffer = io.BytesIO()
+        np.savez(buffer, ids=self.ids, vectors=self.vectors)
+        write_bytes_atomic(Path(directory) / self.FILE, buffer.getvalue())
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, head) -> SemanticStage:
+        with np.load(Path(directory) / cls.FILE) as stored:
+            stage = cls(head, stored["vectors"].shape[1])
+            stage.ids, stage.vectors = stored["ids"], stored["vectors"]
+        return stage
