@@ -10,6 +10,7 @@ missing. Methods:
   dicosa   DiCoSA's S alone; an undecodable clip is not indexed (today's behaviour)
   late     S + β·cos(e_query, e_title): the text tower's query-title similarity
   mul2vec  S + β·cos(θ_query, g_video): the Mul2vec head's topic vectors
+  both     S + β·cos(θ_query, g_video) + β'·cos(e_query, e_title) (not a bar; for the default)
 
 Each β (and the imputation trust of dicosa.search.fusion.fill_missing) is chosen per seed
 on the validation videos (carved from the training split as in
@@ -57,7 +58,7 @@ CONDITIONS = {
 }
 BETAS = [0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0]
 TRUSTS = [0.0, 0.25, 0.5, 0.75, 1.0]
-METHODS = ("dicosa", "late", "mul2vec")
+METHODS = ("dicosa", "late", "mul2vec", "both")
 
 
 @dataclass
@@ -138,17 +139,22 @@ def condition_parts(model, head, gallery: Gallery, settings: dict, noise: VideoF
     }
 
 
-def method_scores(parts: dict, method: str, beta: float, trust: float) -> torch.Tensor:
+def method_scores(parts: dict, method: str, beta: float, trust: float,
+                  beta_title: float = 0.0) -> torch.Tensor:
     if method == "dicosa":  # not indexed when it does not decode
         return parts["dicosa"].masked_fill(~parts["has_video"], float("-inf"))
     if method == "late":
         return fused_scores(parts["dicosa"], parts["has_video"], title=parts["title"],
                             has_title=parts["has_title"], beta_title=beta, trust=trust)["fused"]
+    if method == "both":
+        return fused_scores(parts["dicosa"], parts["has_video"], parts["semantic"],
+                            parts["title"], parts["has_title"], beta_semantic=beta,
+                            beta_title=beta_title, trust=trust)["fused"]
     return fused_scores(parts["dicosa"], parts["has_video"], semantic=parts["semantic"],
                         beta_semantic=beta, trust=trust)["fused"]
 
 
-def metrics(parts: dict, method: str, choice: tuple[float, float]) -> dict:
+def metrics(parts: dict, method: str, choice: tuple[float, ...]) -> dict:
     ranks = ranks_t2v(method_scores(parts, method, *choice), parts["query_video"])
     result = {k: round(v, 2) for k, v in retrieval_metrics(ranks).items()
               if k in ("R@1", "R@5", "R@10")}
@@ -159,13 +165,17 @@ def metrics(parts: dict, method: str, choice: tuple[float, float]) -> dict:
     return result
 
 
-def choose(val: dict[str, dict], method: str) -> tuple[float, float]:
-    """(β, trust) maximising validation R@1+R@5+R@10 averaged over the conditions."""
-    def score(choice: tuple[float, float]) -> float:
+def choose(val: dict[str, dict], method: str) -> tuple[float, ...]:
+    """(β, trust[, β_title]) maximising validation R@1+R@5+R@10 averaged over the
+    conditions."""
+    def score(choice: tuple[float, ...]) -> float:
         return statistics.mean(sum(metrics(p, method, choice)[k] for k in ("R@1", "R@5", "R@10"))
                                for p in val.values())
     if method == "dicosa":
         return (0.0, 0.0)
+    if method == "both":
+        return max(((b, t, bt) for b in BETAS[1:] for t in TRUSTS for bt in BETAS[1:]),
+                   key=score)
     return max(((b, t) for b in BETAS for t in TRUSTS), key=score)
 
 
@@ -201,6 +211,8 @@ def summarise(runs: list[dict]) -> dict:
         "held-out MAE <= 0.15": statistics.mean(maes) <= 0.15,
         "mul2vec beats late fusion (R@5, every condition)":
             all(r5[c]["mul2vec"] > r5[c]["late"] for c in CONDITIONS),
+        "both beats mul2vec (R@5, every condition)":
+            all(r5[c]["both"] > r5[c]["mul2vec"] for c in CONDITIONS),
     }
     return {"test": table, "heldout_mae": mae, "bars": bars}
 

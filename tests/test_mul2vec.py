@@ -291,6 +291,12 @@ def test_the_rerank_hook_equals_the_exhaustive_matrix_on_a_tiny_index(toy):
                        text_only, lost, head)
     assert rows.semantic.shape == (6, 16) and rows.has_title.tolist()[1] is False
     assert (rows.title_text[1] == 0).all()
+    halves = fusion_rows(titles[:2], val.text.text[:2], DF.video_proxy(
+        val.video.frames[:2], val.video.frame_mask[:2]), text_only[:2], lost[:2], head).extend(
+        fusion_rows(titles[2:], val.text.text[2:6], DF.video_proxy(
+            val.video.frames[2:6], val.video.frame_mask[2:6]), text_only[2:], lost[2:], head))
+    assert len(halves) == 6 and halves.title == rows.title
+    np.testing.assert_allclose(halves.semantic, rows.semantic, rtol=1e-5, atol=1e-6)
     queries = EncodedQueries([parse_query(c) for c in val.captions[:4]],
                              TextFeatures(val.text.text[:4]))
     dicosa = torch.randn(4, 6, generator=torch.Generator().manual_seed(1))

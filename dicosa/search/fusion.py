@@ -64,6 +64,19 @@ class FusionRows:
     def has_title(self) -> np.ndarray:
         return np.array([bool(t) for t in self.title], dtype=bool)
 
+    def __len__(self) -> int:
+        return len(self.title)
+
+    def extend(self, new: FusionRows) -> FusionRows:
+        """These rows followed by ``new`` (the next row ids), as an index appends them."""
+        semantic = None
+        if self.semantic is not None and new.semantic is not None:
+            semantic = np.concatenate([self.semantic, new.semantic])
+        return FusionRows(np.concatenate([self.title_text, new.title_text]),
+                          self.title + new.title,
+                          np.concatenate([self.text_only, new.text_only]),
+                          np.concatenate([self.frames_lost, new.frames_lost]), semantic)
+
 
 @torch.no_grad()
 def fusion_rows(title: list[str], title_text: Tensor, proxy: Tensor, text_only: np.ndarray,
