@@ -346,3 +346,27 @@ def test_the_semantic_first_stage_finds_text_only_rows(toy, tmp_path):
     again = SemanticStage.load(tmp_path, head).search(queries, 30)
     assert again.ids.shape == (val.num_videos, 30) and (again.ids[:, -2:] == -1).all()
     assert not np.isin(again.ids, [100, 101]).any()
+
+
+def test_heads_train_mul2vec_from_a_checkpoint(tmp_path):
+    """The command-line path: registry, real encoded features, fit report in the file."""
+    from dicosa.checkpoint import save_checkpoint
+    from dicosa.config import Config, DataConfig, EvalConfig
+    from dicosa.data.synthetic import make_synthetic
+    from dicosa.heads.train import train_head
+
+    root = make_synthetic(tmp_path / "data", num_train=10, num_test=0, size=32, seconds=0.5,
+                          num_workers=1)
+    torch.manual_seed(0)
+    model = DiCoSA.from_config(tiny_config()).eval()
+    cfg = Config(model=tiny_config(), data=DataConfig(dataset="synthetic", root=str(root),
+                                                      val_fraction=0.2, num_workers=0),
+                 eval=EvalConfig(batch_size=4))
+    checkpoint = tmp_path / "run" / "best.pt"
+    save_checkpoint(checkpoint, {"model": model.state_dict(), "config": cfg.to_yaml()})
+    path = train_head("mul2vec", checkpoint, tmp_path / "m2v.pt",
+                      ["steps=5", "topics=8", "batch_size=16"], progress=False)
+    head = load_head(path, model, kind="mul2vec")
+    assert isinstance(head, Mul2vecHead) and head.config.topics == 8
+    assert len(head.vocab) > 5 and all(w.isalpha() and w.islower() for w in head.vocab)
+    assert 0 <= head.trained["heldout_mae"] <= 1 and "val_semantic_t2v_r1" in head.trained
