@@ -56,7 +56,8 @@ def synthetic_checkpoint(work: str | Path, *, num_train: int = 300, num_test: in
 
     Data go to ``work/data-<n_train>-<n_test>-<data_seed>`` and the run to
     ``work/run-seed<seed>``; both are reused when already there, so several benchmarks
-    (or a re-run) share one trained model. ``smoke`` trains 2 steps.
+    (or a re-run) share one trained model (use another ``work`` for other ``overrides``:
+    ``{section: {key: value}}``, any section). ``smoke`` trains 2 steps.
 
     Returns:
         ``(checkpoint, data_root, cfg)``: best.pt (chosen on the validation split carved from
@@ -72,10 +73,13 @@ def synthetic_checkpoint(work: str | Path, *, num_train: int = 300, num_test: in
         make_synthetic(data, num_train=num_train, num_test=num_test, size=32, seconds=1.0,
                        seed=data_seed)
     cfg = resolve_config(config, None)
-    train_overrides = {"seed": seed, "output_dir": str(work / f"run-seed{seed}")}
+    sections = {name: dict(values) for name, values in (overrides or {}).items()}
+    train_overrides = {**sections.pop("train", {}), "seed": seed,
+                       "output_dir": str(work / f"run-seed{seed}")}
     if smoke:
         train_overrides.update(epochs=1, max_steps=2, batch_size=8)
-    cfg = replace(cfg, data={"root": str(data)}, train=train_overrides, **(overrides or {}))
+    cfg = replace(cfg, data={**sections.pop("data", {}), "root": str(data)},
+                  train=train_overrides, **sections)
     run = Path(cfg.train.output_dir)
     if not (run / "best.pt").is_file():
         if (run / "last.pt").is_file():  # an interrupted earlier run: start it again

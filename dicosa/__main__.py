@@ -1,4 +1,4 @@
-"""Command line: ``python -m dicosa {index,search,heads,demo} ...``.
+"""Command line: ``python -m dicosa {index,search,heads,convert,demo} ...``.
 
     python -m dicosa index FOLDER --out INDEX [--checkpoint CKPT | --config CFG]
                            [--backend local|exact|milvus --uri URI] [--stage-option K=V]
@@ -6,6 +6,7 @@
                            [--checkpoint CKPT] [--json]
     python -m dicosa heads train KIND --checkpoint CKPT --out HEAD.pt [--set key=value]
     python -m dicosa heads info HEAD.pt
+    python -m dicosa convert RELEASED.pth --out dicosa.pt [--config CFG] [--set key=value]
     python -m dicosa demo --out outputs/demo [--quick]
 
 Without ``--checkpoint`` the model is built from a config (default ``configs/msrvtt.yaml``,
@@ -125,6 +126,16 @@ def _cmd_heads_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from .convert import convert_checkpoint
+
+    out = convert_checkpoint(args.source, args.out, args.config, args.set)
+    print(f"converted {args.source} into {out}; evaluate it with: python evaluate.py "
+          f"--config {args.config or 'configs/msrvtt-released.yaml'} --checkpoint {out} "
+          "--postprocess qbnorm data.root=...")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -218,6 +229,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = head_commands.add_parser("info", help="what a head file holds and how it was trained")
     p.add_argument("head")
     p.set_defaults(func=_cmd_heads_info)
+
+    p = commands.add_parser("convert", help="turn a checkpoint of the authors' released code "
+                                            "into a dicosa checkpoint")
+    p.add_argument("source", help="the released best.pth / pytorch_model.bin.N")
+    p.add_argument("--out", required=True, help="the dicosa checkpoint to write")
+    p.add_argument("--config", help="run config stored with it (default: "
+                                    "configs/msrvtt-released.yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="config override, repeatable")
+    p.set_defaults(func=_cmd_convert)
 
     p = commands.add_parser("demo", help="synthetic data -> train -> evaluate -> visualise "
                                          "-> index -> search, on CPU")

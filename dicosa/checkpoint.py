@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import yaml
 
+from .clip import load_clip
 from .config import Config, ModelConfig, config_from_dict
 from .model import DiCoSA
 
@@ -265,9 +266,16 @@ def load_model_weights(model: DiCoSA, weights: Mapping[str, torch.Tensor], sourc
     model.load_state_dict(weights)
 
 
-def _offline(model_cfg: ModelConfig) -> ModelConfig:
-    # The checkpoint holds every weight, so CLIP's pretrained ones are never downloaded.
-    return dataclasses.replace(model_cfg, pretrained=None)
+def offline_model(model_cfg: ModelConfig) -> DiCoSA:
+    """The architecture of ``model_cfg`` with random weights, for a checkpoint's weights.
+
+    The checkpoint holds every weight, so CLIP's pretrained ones are never downloaded; a
+    model fine-tuned from OpenAI's weights keeps their QuickGELU activation (open_clip's
+    plain ``ViT-B-32`` config would otherwise build nn.GELU and change every feature).
+    """
+    quick_gelu = True if model_cfg.pretrained == "openai" else None
+    clip = load_clip(model_cfg.arch, None, quick_gelu=quick_gelu)
+    return DiCoSA(clip, dataclasses.replace(model_cfg, pretrained=None))
 
 
 def load(path: str | Path, device: str | torch.device = "cpu",
@@ -285,6 +293,6 @@ def load(path: str | Path, device: str | torch.device = "cpu",
     """
     state = load_checkpoint(path)
     cfg = checkpoint_config(state)
-    model = DiCoSA.from_config(_offline(model_config or cfg.model))
+    model = offline_model(model_config or cfg.model)
     load_model_weights(model, state["model"], str(path))
     return model.to(device).eval(), cfg

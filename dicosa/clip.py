@@ -66,6 +66,7 @@ def load_clip(
     pretrained: str | Path | None = "openai",
     *,
     cache_dir: str | None = None,
+    quick_gelu: bool | None = None,
 ) -> CLIP:
     """Build an open_clip CLIP model and load its weights.
 
@@ -77,7 +78,9 @@ def load_clip(
             or ``None`` for random weights.
 
     OpenAI's weights were trained with QuickGELU; open_clip's plain ``ViT-B-32`` config uses
-    nn.GELU, so QuickGELU is forced whenever ``pretrained == "openai"``.
+    nn.GELU, so QuickGELU is forced whenever ``pretrained == "openai"``. ``quick_gelu``
+    overrides that rule: rebuilding a model fine-tuned from OpenAI's weights without them
+    (``pretrained=None``) must keep QuickGELU.
     """
     register_architectures()
     if arch not in open_clip.list_models():
@@ -95,7 +98,8 @@ def load_clip(
         if not path.is_file():
             raise FileNotFoundError(f"CLIP checkpoint not found: {path}")
         model = open_clip.create_model(
-            arch, pretrained=None, force_quick_gelu=_wants_quick_gelu(arch)
+            arch, pretrained=None,
+            force_quick_gelu=_wants_quick_gelu(arch) if quick_gelu is None else quick_gelu,
         )
         state = _load_state_dict(path)
         missing, unexpected = _diff_keys(model, state)
@@ -113,11 +117,13 @@ def load_clip(
         # Random weights were asked for: open_clip's "No pretrained weights loaded ... Model
         # initialized randomly" says nothing the caller does not know (the demo says it once).
         with _quiet_random_init():
-            model = open_clip.create_model(arch, pretrained=None,
-                                           force_quick_gelu=_wants_quick_gelu(arch))
+            model = open_clip.create_model(
+                arch, pretrained=None,
+                force_quick_gelu=_wants_quick_gelu(arch) if quick_gelu is None else quick_gelu)
         log.debug("CLIP '%s' built with random weights (pretrained: None)", arch)
     else:
         quick = pretrained == "openai" or _wants_quick_gelu(arch)
+        quick = quick if quick_gelu is None else quick_gelu
         try:
             # require_pretrained: weights that fail to load are an error, never a silent
             # random model.

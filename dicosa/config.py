@@ -1,15 +1,18 @@
 """Typed configuration: frozen dataclasses, loaded from YAML with unknown keys rejected.
 
 A run's configuration is one :class:`Config` with four sections (``model``, ``data``,
-``train``, ``eval``). YAML files under ``configs/`` hold the paper's settings per dataset;
-command-line overrides use dotted keys (``train.lr=3e-5``). Nothing in here imports the rest
-of the package.
+``train``, ``eval``) and a ``protocol``. YAML files under ``configs/`` hold the paper's settings
+per dataset; command-line overrides use dotted keys (``train.lr=3e-5``). ``protocol: released``
+turns on every switch that reproduces the authors' released training and evaluation
+(:data:`PROTOCOLS`); keys set explicitly win over the protocol's. Nothing in here imports the
+rest of the package.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -19,7 +22,10 @@ from typing import Any, Literal
 
 import yaml
 
+log = logging.getLogger(__name__)
+
 Variant = Literal["released", "paper"]
+Protocol = Literal["dicosa", "released"]
 
 
 class ConfigError(ValueError):
@@ -60,6 +66,16 @@ class DataConfig:
     val_fraction: float = 0.05
     video_dir: str | None = None  # default: <root>/videos
     num_workers: int = 8
+    # "segments": N equal segments, a random frame of each in training, the centre in
+    # evaluation. "released": the frames at 1 fps, then N evenly spaced among those, in
+    # training too (the authors' loader).
+    frame_sampling: Literal["segments", "released"] = "segments"
+    # Rows past a short clip's frames: "black", or CLIP's "mean" colour (the released loader
+    # pads with zeros after normalisation, i.e. the mean colour).
+    frame_padding: Literal["black", "mean"] = "black"
+    # A timm RandAugment string applied to training clips, the same ops on every frame of a
+    # clip (released: "rand-m7-n4-mstd0.5-inc1"); None for no augmentation.
+    augment: str | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +100,22 @@ class TrainConfig:
     max_steps: int | None = None  # stop early (smoke runs, learning tests)
     # Also write last.pt every this many optimiser steps (resume after a crash mid-epoch).
     checkpoint_every: int | None = None
+    # "adamw" (bias-corrected, decoupled decay); "bertadam": the released optimiser (no bias
+    # correction, every tensor's gradient clipped to norm 1 before the update).
+    optimizer: Literal["adamw", "bertadam"] = "adamw"
+    # "cosine": linear warm-up, then cosine over the remaining steps; "released": linear
+    # warm-up, then the cosine of the whole run's progress (not restarted after warm-up).
+    schedule: Literal["cosine", "released"] = "cosine"
+    # Which parameters skip weight decay. "clip": biases, norms, embeddings, logit scale;
+    # "released": names containing "bias" only (CLIP's ln_* weights and embeddings decay).
+    weight_decay_rule: Literal["clip", "released"] = "clip"
+    # Do not train the CLIP towers (image, text, logit scale). The released code's fp16
+    # towers at lr 1e-7 round nearly every update away, so its towers are in effect frozen.
+    freeze_towers: bool = False
+    # "full": every parameter gets the gradient of the global-batch loss. "released": the
+    # parameters before the all-gather (towers, temporal transformer) get 1/W of it under W
+    # processes, as with the released all-gather (its backward keeps the local slice only).
+    tower_grad: Literal["full", "released"] = "full"
 
 
 @dataclass(frozen=True)
@@ -96,13 +128,18 @@ class EvalConfig:
     qb_theta_t2v: float = 3.0
     qb_theta_v2t: float = 5.0
     cache_dir: str | None = None
-    # QB-Norm's query bank: a random subset of the training split, capped at these sizes.
-    qb_bank_captions: int = 5000
-    qb_bank_videos: int = 1000
+    # QB-Norm's query banks from the training split. "first-caption": the first caption of
+    # every training video (t2v) and every training video once (v2t); "all-captions": every
+    # caption, and the video of every caption (videos repeat); "released": what the released
+    # loader builds for the dataset (MSR-VTT: first-caption; the others: all-captions).
+    qb_bank: Literal["released", "first-caption", "all-captions"] = "released"
+    # Encoding and scoring of reported numbers: fp32, or bf16 autocast on request.
+    precision: Literal["fp32", "bf16"] = "fp32"
 
 
 @dataclass(frozen=True)
 class Config:
+    protocol: Protocol = "dicosa"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -218,9 +255,58 @@ def dataclass_from_dict(cls: type, values: Mapping[str, Any], where: str = "") -
     return _build(cls, values, where)
 
 
+# Every switch that makes a run follow the authors' released code (README, "The released
+# protocol"); the variant's own differences come with model.variant.
+PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
+    "dicosa": {},
+    "released": {
+        "model": {"variant": "released"},
+        "data": {"frame_sampling": "released", "frame_padding": "mean",
+                 "augment": "rand-m7-n4-mstd0.5-inc1"},
+        "train": {"optimizer": "bertadam", "schedule": "released", "betas": [0.9, 0.98],
+                  "eps": 1.0e-6, "weight_decay": 0.2, "weight_decay_rule": "released",
+                  "warmup_fraction": 0.1, "grad_clip": 1.0, "freeze_towers": True,
+                  "tower_grad": "released"},
+        "eval": {"qb_bank": "released", "qb_k": 1, "qb_beta": 70.0, "qb_theta_t2v": 3.0,
+                 "qb_theta_v2t": 5.0},
+    },
+}
+
+# Keys that older dicosa versions wrote (and checkpoints still hold): dropped with a warning.
+_RETIRED_KEYS = {
+    ("eval", "qb_bank_captions"): "the QB-Norm bank is now eval.qb_bank",
+    ("eval", "qb_bank_videos"): "the QB-Norm bank is now eval.qb_bank",
+}
+
+
+def _with_protocol(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` on top of its protocol's settings (explicit keys win)."""
+    protocol = values.get("protocol", "dicosa")
+    if protocol not in PROTOCOLS:
+        raise ConfigError(f"'protocol' must be one of {list(PROTOCOLS)}, got {protocol!r}")
+    merged: dict[str, Any] = {k: dict(v) for k, v in PROTOCOLS[protocol].items()}
+    for key, value in values.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key].update(value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _drop_retired(values: dict[str, Any]) -> dict[str, Any]:
+    for (section, key), why in _RETIRED_KEYS.items():
+        if isinstance(values.get(section), Mapping) and key in values[section]:
+            values[section] = {k: v for k, v in values[section].items() if k != key}
+            log.warning("ignoring retired config key '%s.%s' (%s)", section, key, why)
+    return values
+
+
 def config_from_dict(values: Mapping[str, Any]) -> Config:
-    """Build a :class:`Config`; unknown keys raise :class:`ConfigError` naming the nearest key."""
-    cfg = _build(Config, values, "")
+    """Build a :class:`Config`, its ``protocol``'s settings under the given ones; unknown keys
+    raise :class:`ConfigError` naming the nearest key."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"a config must be a mapping, got {type(values).__name__}")
+    cfg = _build(Config, _drop_retired(_with_protocol(values)), "")
     validate(cfg)
     return cfg
 
@@ -235,13 +321,17 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> Config:
 
 
 def apply_overrides(values: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply ``section.key=value`` strings (values parsed as YAML scalars) to a nested dict."""
+    """Apply ``section.key=value`` strings (values parsed as YAML scalars) to a nested dict;
+    ``protocol=NAME`` sets the protocol."""
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in values.items()}
-    sections = {f.name for f in dataclasses.fields(Config)}
+    sections = {f.name for f in dataclasses.fields(Config)} - {"protocol"}
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}' must look like section.key=value")
         dotted, raw = item.split("=", 1)
+        if dotted == "protocol":
+            out["protocol"] = raw
+            continue
         parts = dotted.split(".")
         if len(parts) != 2:
             raise ConfigError(f"override '{item}': key must be section.key, e.g. train.lr")
@@ -275,3 +365,7 @@ def validate(cfg: Config) -> None:
     for name in cfg.eval.postprocess:
         if name not in ("dsl", "qbnorm"):
             raise ConfigError(f"eval.postprocess: unknown method '{name}' (use dsl, qbnorm)")
+    augment = cfg.data.augment
+    if augment is not None and not augment.startswith("rand-"):
+        raise ConfigError(f"data.augment must be a timm RandAugment string such as "
+                          f"'rand-m7-n4-mstd0.5-inc1', got {augment!r}")

@@ -2,10 +2,12 @@
 
 Gradient convention
 -------------------
-``all_gather_with_grad`` uses ``torch.distributed.nn.functional.all_gather``, whose backward
-*sums* the incoming gradients of every rank for each rank's slice (reduce-scatter; all-to-all
-plus sum on gloo).  Consider the usual setup: every rank computes the same loss ``L`` on the
-full gathered batch, and DDP then *averages* parameter gradients over the ``W`` ranks.
+``all_gather_with_grad`` uses torch's functional collectives (``all_gather_single_autograd``,
+called ``all_gather_tensor_autograd`` before torch 2.1x), whose backward *sums* the incoming
+gradients of every rank for each rank's slice (a reduce-scatter with sum; the deprecated
+``torch.distributed.nn.functional.all_gather`` had the same convention).  Consider the usual
+setup: every rank computes the same loss ``L`` on the full gathered batch, and DDP then
+*averages* parameter gradients over the ``W`` ranks.
 
 * Rank ``r`` receives ``sum_{r'} dL/dx_r = W * dL/dx_r`` for its local features ``x_r``.
 * Its parameter gradient is ``W * dL/dx_r * dx_r/dtheta``.
@@ -15,9 +17,13 @@ which is exactly the single-process gradient on the concatenated batch, so no ex
 is needed.  The same holds when each rank computes a *different* loss ``L_r`` (e.g. only its
 local queries against all keys): the result is the gradient of ``mean_r L_r``.
 
-The alternative found in many CLIP4Clip-style code bases — backward returns only the local
-slice of the incoming gradient, without summing — yields ``(1/W) * dL/dtheta`` after DDP
-averaging, i.e. an implicit learning-rate division by the world size.
+The alternative found in many CLIP4Clip-style code bases, the released DiCoSA among them —
+backward returns only the local slice of the incoming gradient, without summing — yields
+``(1/W) * dL/dtheta`` after DDP averaging for every parameter before the gather, i.e. an
+implicit learning-rate division by the world size for the towers (parameters after the
+gather see the whole batch on every rank and get the full gradient).
+:func:`all_gather_local_grad` has that backward; training reproduces it with
+``train.tower_grad: released``.
 
 All ranks must pass tensors of identical shape (use ``drop_last=True`` in distributed
 samplers); the underlying collective does not support ragged batches.
@@ -36,6 +42,14 @@ def _world_size() -> int:
     return dist.get_world_size()
 
 
+def _functional_all_gather():
+    """torch's differentiable all-gather along dim 0 (functional collectives)."""
+    from torch.distributed import _functional_collectives as funcol
+
+    # torch >= 2.1x names it all_gather_single_autograd and deprecates the older name.
+    return getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
+
+
 def all_gather_with_grad(x: Tensor) -> Tensor:
     """Concatenate ``x`` from every process along dim 0, keeping gradients.
 
@@ -49,24 +63,42 @@ def all_gather_with_grad(x: Tensor) -> Tensor:
     """
     if _world_size() == 1:
         return x
-    # Imported lazily: torch.distributed.nn pulls in RPC bits that are absent on some builds.
-    from torch.distributed.nn.functional import all_gather
+    gathered = _functional_all_gather()(x.contiguous(), 0, dist.group.WORLD)
+    # Waits for the collective, and guards the backward's reduce-scatter against gradients
+    # that arrive as strided views.
+    return _ContiguousGrad.apply(gathered)
 
-    return _ContiguousGrad.apply(torch.cat(all_gather(x), dim=0))
+
+def all_gather_local_grad(x: Tensor) -> Tensor:
+    """The released code's all-gather: like :func:`all_gather_with_grad` forward, but the
+    backward keeps only the gradient of this rank's own slice from this rank's loss (no sum
+    over ranks), so parameters before it get 1/W of the true gradient after DDP averaging.
+    Kept as the reference of ``train.tower_grad: released``, which scales those gradients
+    instead."""
+    world = _world_size()
+    if world == 1:
+        return x
+    gathered = all_gather_no_grad(x)
+    rows = x.shape[0]
+    rank = dist.get_rank()
+    return torch.cat([gathered[:rank * rows], x, gathered[(rank + 1) * rows:]])
 
 
 class _ContiguousGrad(torch.autograd.Function):
     """Identity whose backward makes the incoming gradient contiguous.
 
-    all_gather's backward hands the per-rank slices of this gradient to a collective
-    (all-to-all on gloo) that reads raw memory; a gradient arriving as a strided view (an
-    einsum's or rearrange's backward produces those) was sent scrambled, which the 2-process
-    equality test caught.
+    The all-gather's backward hands the per-rank slices of this gradient to a collective
+    (reduce-scatter; all-to-all on gloo for the deprecated gather) that reads raw memory; a
+    gradient arriving as a strided view (an einsum's or rearrange's backward produces those)
+    was sent scrambled, which the 2-process equality test caught. Current torch makes it
+    contiguous itself; this keeps older versions right.
     """
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
-        return x.view_as(x)
+        # The functional all-gather returns an AsyncCollectiveTensor; hand on a plain tensor.
+        wait = getattr(x, "wait", None)
+        return wait() if callable(wait) else x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:

@@ -1,13 +1,13 @@
 """Retrieval evaluation: encode a split once, score every pair, report R@K both ways.
 
 Texts and videos are encoded once (and cached on disk, keyed by the weights, the split and
-the settings that change features), then scored in chunks with ``model.score``. Optional
+the settings that change features), then scored in chunks with ``model.score``, in fp32
+unless ``eval.precision`` asks for bf16 (:mod:`dicosa.precision`). Optional
 post-processing (DSL, QB-Norm) is reported next to the raw numbers, never instead of them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -18,7 +18,6 @@ import platform
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
@@ -30,6 +29,7 @@ from .checkpoint import (
     file_sha256,
     load_checkpoint,
     load_model_weights,
+    offline_model,
     read_checkpoint_file,
     save_checkpoint,
 )
@@ -39,38 +39,16 @@ from .data.datasets import DATASETS, RetrievalSplit, load_split
 from .data.loader import VideoDataset
 from .metrics import evaluate_similarity
 from .model import DiCoSA, TextFeatures, VideoFeatures
+from .precision import autocast, eval_mixed_precision, resolve_device
 
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 1
 METRIC_KEYS = ("R@1", "R@5", "R@10", "R@50", "MdR", "MnR")
 ROW_LABELS = {"raw": "raw", "dsl": "+DSL", "qbnorm": "+QB-Norm"}
-
-
-# ---------------------------------------------------------------- devices and precision
-
-
-def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_mixed_precision(mode: str, device: torch.device | str | None = None) -> str:
-    """``"auto"`` -> ``"bf16"`` on a CUDA device that supports it, else ``"no"``."""
-    if mode != "auto":
-        return mode
-    device = resolve_device(device)
-    if device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-        return "bf16"
-    return "no"
-
-
-def autocast(device: torch.device, mixed_precision: str) -> contextlib.AbstractContextManager:
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision)
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
+ZERO_SHOT_NOTE = ("zero-shot: CLIP weights '{pretrained}'; the temporal transformer starts as "
+                  "a copy of CLIP's first text blocks and only the concept head is randomly "
+                  "initialised (nothing trained)")
 
 
 # ---------------------------------------------------------------- encoding and scoring
@@ -93,10 +71,12 @@ def encode_texts(model: DiCoSA, captions: Sequence[str], tokenize: Callable, bat
 @torch.no_grad()
 def encode_videos(model: DiCoSA, split: RetrievalSplit, batch_size: int, num_workers: int,
                   device: torch.device, mixed_precision: str = "no",
-                  indices: Sequence[int] | None = None, progress: bool = False) -> VideoFeatures:
+                  indices: Sequence[int] | None = None, progress: bool = False, *,
+                  sampling: str = "segments", padding: str = "black") -> VideoFeatures:
     """Per-frame video vectors ``[V, N, D]`` (float32, CPU) for the split's videos in order
-    (or those at ``indices``). An unusable file raises, listing every bad file of the split."""
-    dataset = VideoDataset(split, model.config.num_frames, model.image_size)
+    (or those at ``indices``), frames picked and padded as ``data.frame_sampling`` and
+    ``data.frame_padding`` say. An unusable file raises, listing every bad file of the split."""
+    dataset = VideoDataset(split, model.config.num_frames, model.image_size, sampling, padding)
     if indices is not None:
         dataset = Subset(dataset, list(indices))
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
@@ -187,6 +167,15 @@ def _captions_fingerprint(captions: Sequence[str]) -> str:
 # ---------------------------------------------------------------- metrics
 
 
+def _both_directions(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor,
+                     caption_video: torch.Tensor) -> dict[str, dict]:
+    """t2v ranks from ``sim_t2v``, v2t ranks (both conventions) from ``sim_v2t``: each
+    post-processing revises the matrix for the direction it ranks."""
+    t2v = evaluate_similarity(sim_t2v, caption_video)
+    v2t = evaluate_similarity(sim_v2t, caption_video)
+    return {"t2v": t2v["t2v"], **{k: v for k, v in v2t.items() if k != "t2v"}}
+
+
 def retrieval_results(sim: torch.Tensor, caption_video: torch.Tensor,
                       postprocess: Sequence[str] = (), *, eval_cfg=None,
                       bank_t2v: torch.Tensor | None = None,
@@ -198,26 +187,24 @@ def retrieval_results(sim: torch.Tensor, caption_video: torch.Tensor,
         caption_video: ``[N_t]`` ground-truth video of each caption.
         postprocess: any of ``"dsl"``, ``"qbnorm"``.
         eval_cfg: :class:`EvalConfig` with the QB-Norm settings.
-        bank_t2v: ``[N_b, N_v]`` training captions x test videos (QB-Norm, t2v).
-        bank_v2t: ``[N_t, N_bv]`` test captions x training videos (QB-Norm, v2t).
+        bank_t2v: ``[N_b, N_v]`` bank captions x test videos (QB-Norm, t2v).
+        bank_v2t: ``[N_t, N_bv]`` test captions x bank videos (QB-Norm, v2t).
+
+    Returns:
+        ``{"raw": {"t2v", "v2t"[, "v2t_groups"]}, "dsl": ..., "qbnorm": ...}``;
+        ``"v2t_groups"`` (multi-caption splits) is the CLIP4Clip/DiCoSA convention.
     """
     results = {"raw": evaluate_similarity(sim, caption_video)}
     if "dsl" in postprocess:
         # DSL's prior runs along the axis that is not ranked, so each direction has its own.
-        results["dsl"] = {
-            "t2v": evaluate_similarity(PP.dsl_t2v(sim), caption_video)["t2v"],
-            "v2t": evaluate_similarity(PP.dsl_v2t(sim), caption_video)["v2t"],
-        }
+        results["dsl"] = _both_directions(PP.dsl_t2v(sim), PP.dsl_v2t(sim), caption_video)
     if "qbnorm" in postprocess:
         if bank_t2v is None or bank_v2t is None or eval_cfg is None:
             raise ValueError("QB-Norm needs both query banks and the eval config")
         t2v = PP.qb_norm(sim, bank_t2v, eval_cfg.qb_k, eval_cfg.qb_beta, eval_cfg.qb_theta_t2v)
         v2t = PP.qb_norm(sim.T, bank_v2t.T, eval_cfg.qb_k, eval_cfg.qb_beta,
                          eval_cfg.qb_theta_v2t).T
-        results["qbnorm"] = {
-            "t2v": evaluate_similarity(t2v, caption_video)["t2v"],
-            "v2t": evaluate_similarity(v2t, caption_video)["v2t"],
-        }
+        results["qbnorm"] = _both_directions(t2v, v2t, caption_video)
     return results
 
 
@@ -228,21 +215,62 @@ def selection_score(metrics: dict) -> float:
 
 
 def evaluate_model(model: DiCoSA, split: RetrievalSplit, cfg: Config, device: torch.device,
-                   mixed_precision: str = "no", progress: bool = False) -> dict:
-    """Raw t2v/v2t metrics of ``model`` on ``split`` (no cache, no post-processing): the
-    validation pass run during training."""
+                   progress: bool = False) -> dict:
+    """Raw t2v/v2t metrics of ``model`` on ``split`` (no cache, no post-processing) at
+    ``eval.precision``, frames as ``cfg.data`` says: the validation pass run during training."""
     was_training = model.training
     model.eval()
+    precision = eval_mixed_precision(cfg.eval.precision)
     try:
         tokenize = get_tokenizer(model.config.arch, model.config.max_words)
         text = encode_texts(model, split.captions, tokenize, cfg.eval.batch_size, device,
-                            mixed_precision, progress)
+                            precision, progress)
         video = encode_videos(model, split, cfg.eval.batch_size, cfg.data.num_workers, device,
-                              mixed_precision, progress=progress)
-        sim = similarity(model, text, video, cfg.eval.score_chunk, device, mixed_precision)
+                              precision, progress=progress, sampling=cfg.data.frame_sampling,
+                              padding=cfg.data.frame_padding)
+        sim = similarity(model, text, video, cfg.eval.score_chunk, device, precision)
     finally:
         model.train(was_training)
     return evaluate_similarity(sim, torch.tensor(split.caption_video))
+
+
+# ---------------------------------------------------------------- QB-Norm query banks
+
+
+@dataclasses.dataclass
+class QueryBanks:
+    """The training queries QB-Norm normalises with (``eval.qb_bank``).
+
+    Attributes:
+        rule: ``"first-caption"`` or ``"all-captions"`` (``"released"`` resolved).
+        captions: the t2v bank, training captions.
+        videos: the v2t bank, indices of training videos (repeated under all-captions).
+    """
+
+    rule: str
+    captions: list[str]
+    videos: list[int]
+
+
+def query_banks(train: RetrievalSplit, rule: str, dataset: str) -> QueryBanks:
+    """The QB-Norm banks the released evaluation builds, or those ``rule`` names.
+
+    ``"first-caption"``: the first caption of every training video, and every training video
+    once (the released MSR-VTT bank: 9,000 + 9,000). ``"all-captions"``: every training
+    caption, and the video of every caption, so a video appears once per caption (the
+    released MSVD bank). ``"released"``: first-caption for MSR-VTT, all-captions otherwise
+    (LSMDC, ActivityNet and DiDeMo have one caption per video, where both agree).
+    """
+    if rule == "released":
+        rule = "first-caption" if dataset == "msrvtt" else "all-captions"
+    if rule == "all-captions":
+        return QueryBanks(rule, list(train.captions), list(train.caption_video))
+    if rule != "first-caption":
+        raise ValueError(f"unknown eval.qb_bank {rule!r}")
+    first: dict[int, int] = {}
+    for index, video in enumerate(train.caption_video):
+        first.setdefault(video, index)
+    return QueryBanks(rule, [train.captions[first[v]] for v in sorted(first)], sorted(first))
 
 
 # ---------------------------------------------------------------- the evaluate entry point
@@ -259,36 +287,47 @@ def dataset_for_split(split: str) -> str:
     return owners[0]
 
 
+# The data settings that decide what a model sees of a video: they come with the checkpoint.
+_FRAME_PROTOCOL = ("frame_sampling", "frame_padding")
+
+
 def _model_for(cfg: Config, checkpoint: Path | None, device: torch.device
                ) -> tuple[DiCoSA, Config, dict]:
-    """The model to evaluate, the config it runs under, and facts about its weights."""
+    """The model to evaluate, the config it runs under, and facts about its weights.
+
+    A checkpoint brings its model settings and its frame sampling/padding (the model was
+    trained on those frames); the given config's differing values are ignored with a warning.
+    """
     if checkpoint is None:
         # Random head: seed it so that zero-shot numbers are reproducible.
         torch.manual_seed(cfg.train.seed)
         model = DiCoSA.from_config(cfg.model)
         info = {"checkpoint": None, "checkpoint_sha256": None, "selected_on": None,
-                "zero_shot": True,
-                "note": f"zero-shot: CLIP weights '{cfg.model.pretrained}' with a randomly "
-                        "initialised temporal transformer and concept head (not trained)",
+                "zero_shot": True, "note": ZERO_SHOT_NOTE.format(pretrained=cfg.model.pretrained),
                 "weights_key": f"zero-shot:{cfg.model.arch}:{cfg.model.pretrained}:"
                                f"seed{cfg.train.seed}"}
         return model.to(device).eval(), cfg, info
     state = load_checkpoint(checkpoint)
     trained = checkpoint_config(state)
-    differences = {k: (getattr(cfg.model, k), getattr(trained.model, k))
-                   for k in (f.name for f in dataclasses.fields(ModelConfig))
-                   if k != "pretrained" and getattr(cfg.model, k) != getattr(trained.model, k)}
-    if differences:
-        log.warning("using the checkpoint's model settings; ignoring config values %s",
-                    {k: v[0] for k, v in differences.items()})
-    model = DiCoSA.from_config(dataclasses.replace(trained.model, pretrained=None))
+    ignored = {f"model.{k}": getattr(cfg.model, k)
+               for k in (f.name for f in dataclasses.fields(ModelConfig))
+               if k != "pretrained" and getattr(cfg.model, k) != getattr(trained.model, k)}
+    ignored.update({f"data.{k}": getattr(cfg.data, k) for k in _FRAME_PROTOCOL
+                    if getattr(cfg.data, k) != getattr(trained.data, k)})
+    if ignored:
+        log.warning("using the checkpoint's model and frame settings; ignoring config values "
+                    "%s", ignored)
+    model = offline_model(trained.model)
     load_model_weights(model, state["model"], str(checkpoint))
     sha = file_sha256(checkpoint)
     info = {"checkpoint": str(checkpoint), "checkpoint_sha256": sha,
             "selected_on": state.get("selected_on", "unknown"), "zero_shot": False,
             "trained_steps": state.get("step"), "git_sha_of_training": state.get("git_sha"),
             "weights_key": sha}
-    return model.to(device).eval(), dataclasses.replace(cfg, model=trained.model), info
+    if "converted_from" in state:
+        info["converted_from"] = state["converted_from"]
+    data = dataclasses.replace(cfg.data, **{k: getattr(trained.data, k) for k in _FRAME_PROTOCOL})
+    return model.to(device).eval(), dataclasses.replace(cfg, model=trained.model, data=data), info
 
 
 def _device_name(device: torch.device) -> str:
@@ -297,13 +336,81 @@ def _device_name(device: torch.device) -> str:
     return f"{device.type} ({platform.processor() or platform.machine()})"
 
 
+class _Features:
+    """Encodes captions and videos of ``model`` through the feature cache, and scores them."""
+
+    def __init__(self, model: DiCoSA, cfg: Config, weights_key: str, device: torch.device,
+                 cache: FeatureCache, progress: bool):
+        self.model, self.cfg, self.device, self.cache = model, cfg, device, cache
+        self.progress = progress
+        self.precision = eval_mixed_precision(cfg.eval.precision)
+        self.tokenize = get_tokenizer(cfg.model.arch, cfg.model.max_words)
+        # Everything that changes a feature vector; the model config covers frames and words.
+        self.key = {"version": CACHE_VERSION, "weights": weights_key,
+                    "model": dataclasses.asdict(cfg.model), "precision": self.precision,
+                    "device": device.type,
+                    **{k: getattr(cfg.data, k) for k in _FRAME_PROTOCOL}}
+
+    def texts(self, captions: Sequence[str], tag: str) -> TextFeatures:
+        key = dict(self.key, captions=_captions_fingerprint(captions))
+        stored = self.cache.get(f"text-{tag}", key, lambda: {"text": encode_texts(
+            self.model, captions, self.tokenize, self.cfg.eval.batch_size, self.device,
+            self.precision, self.progress).text})
+        return TextFeatures(stored["text"])
+
+    def videos(self, split: RetrievalSplit, tag: str,
+               indices: Sequence[int] | None = None) -> VideoFeatures:
+        key = dict(self.key, videos=_split_fingerprint(split, indices))
+        data = self.cfg.data
+
+        def compute() -> dict[str, torch.Tensor]:
+            v = encode_videos(self.model, split, self.cfg.eval.batch_size, data.num_workers,
+                              self.device, self.precision, indices, self.progress,
+                              sampling=data.frame_sampling, padding=data.frame_padding)
+            return {"frames": v.frames, "frame_mask": v.frame_mask}
+
+        stored = self.cache.get(f"video-{tag}", key, compute)
+        return VideoFeatures(stored["frames"], stored["frame_mask"])
+
+    def score(self, text: TextFeatures, video: VideoFeatures) -> torch.Tensor:
+        return similarity(self.model, text, video, self.cfg.eval.score_chunk, self.device,
+                          self.precision)
+
+
+def _qbnorm_banks(features: _Features, text: TextFeatures, video: VideoFeatures
+                  ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """``(bank_t2v [N_b, N_v], bank_v2t [N_t, N_bv], composition)`` for QB-Norm."""
+    cfg = features.cfg
+    data = cfg.data
+    train = load_split(data.dataset, data.root, data.train_split, data.video_dir)
+    banks = query_banks(train, cfg.eval.qb_bank, data.dataset)
+    tag = f"{data.train_split}-bank"
+    bank_t2v = features.score(features.texts(banks.captions, tag), video)
+    unique = sorted(set(banks.videos))
+    column = {v: i for i, v in enumerate(unique)}
+    bank_v2t = features.score(text, features.videos(train, tag, unique))
+    bank_v2t = bank_v2t[:, [column[v] for v in banks.videos]]  # repeats, as the rule says
+    composition = {
+        "split": train.name, "rule": banks.rule, "setting": cfg.eval.qb_bank,
+        "t2v_queries": len(banks.captions), "v2t_queries": len(banks.videos),
+        "v2t_distinct_videos": len(unique),
+        # θ is an absolute count, so the bank's size decides how many items are hubs.
+        "t2v_hubs": int(PP.hub_gallery_items(bank_t2v, cfg.eval.qb_k,
+                                             cfg.eval.qb_theta_t2v).sum()),
+        "v2t_hubs": int(PP.hub_gallery_items(bank_v2t.T, cfg.eval.qb_k,
+                                             cfg.eval.qb_theta_v2t).sum()),
+    }
+    return bank_t2v, bank_v2t, composition
+
+
 def evaluate(cfg: Config, checkpoint: Path | None, split: str | None = None,
              device: str | torch.device | None = None, *, out: Path | None = None,
              progress: bool = True) -> dict:
     """Evaluate a checkpoint (or zero-shot CLIP when ``checkpoint`` is None) on a split.
 
     Args:
-        cfg: data and eval settings (the model section comes from the checkpoint).
+        cfg: data and eval settings (the model section and the frame sampling/padding come
+            from the checkpoint).
         checkpoint: a training checkpoint, or None for zero-shot weights.
         split: split of ``cfg.data.dataset``; default ``cfg.data.test_split``.
         device: default CUDA when available.
@@ -312,81 +419,42 @@ def evaluate(cfg: Config, checkpoint: Path | None, split: str | None = None,
 
     Returns:
         The results dict that was written to ``out`` (``"metrics"`` holds one entry per row:
-        ``"raw"`` always, ``"dsl"``/``"qbnorm"`` when requested), plus ``"json_path"``.
+        ``"raw"`` always, ``"dsl"``/``"qbnorm"`` when requested; ``"qbnorm_bank"`` the
+        banks' composition), plus ``"json_path"``.
     """
     checkpoint = Path(checkpoint) if checkpoint is not None else None
     device = resolve_device(device)
     split_name = split or cfg.data.test_split
-    data = cfg.data
     # Annotations first: a missing file should fail before a weights download, not after.
-    test = load_split(data.dataset, data.root, split_name, data.video_dir)
+    test = load_split(cfg.data.dataset, cfg.data.root, split_name, cfg.data.video_dir)
     model, cfg, info = _model_for(cfg, checkpoint, device)
     if device.type == "cuda":
         # Fuses the confidence MLP's epilogue: 16 -> 6 ms for 1k x 1k on an H100.
         model.compile_scoring(dynamic=False)
-    precision = resolve_mixed_precision(cfg.train.mixed_precision, device)
     out_dir = checkpoint.parent if checkpoint is not None else Path(cfg.train.output_dir)
     cache = FeatureCache(Path(cfg.eval.cache_dir) if cfg.eval.cache_dir else out_dir / "cache")
+    features = _Features(model, cfg, info.pop("weights_key"), device, cache, progress)
 
-    tokenize = get_tokenizer(cfg.model.arch, cfg.model.max_words)
-    # Everything that changes a feature vector; the model config covers frames and words.
-    base_key = {"version": CACHE_VERSION, "weights": info["weights_key"],
-                "model": dataclasses.asdict(cfg.model), "precision": precision,
-                "device": device.type}
-
-    def texts(captions: Sequence[str], tag: str) -> TextFeatures:
-        key = dict(base_key, captions=_captions_fingerprint(captions))
-        stored = cache.get(f"text-{tag}", key, lambda: {"text": encode_texts(
-            model, captions, tokenize, cfg.eval.batch_size, device, precision, progress).text})
-        return TextFeatures(stored["text"])
-
-    def videos(split_: RetrievalSplit, tag: str, indices: Sequence[int] | None = None
-               ) -> VideoFeatures:
-        key = dict(base_key, videos=_split_fingerprint(split_, indices))
-
-        def compute() -> dict[str, torch.Tensor]:
-            v = encode_videos(model, split_, cfg.eval.batch_size, data.num_workers, device,
-                              precision, indices, progress)
-            return {"frames": v.frames, "frame_mask": v.frame_mask}
-
-        stored = cache.get(f"video-{tag}", key, compute)
-        return VideoFeatures(stored["frames"], stored["frame_mask"])
-
-    text, video = texts(test.captions, split_name), videos(test, split_name)
-    score = lambda t, v: similarity(model, t, v, cfg.eval.score_chunk, device, precision)  # noqa: E731
-    sim = score(text, video)
-    caption_video = torch.tensor(test.caption_video)
-
-    bank_t2v = bank_v2t = None
-    bank_info = None
+    text, video = features.texts(test.captions, split_name), features.videos(test, split_name)
+    sim = features.score(text, video)
+    bank_t2v = bank_v2t = bank_info = None
     if "qbnorm" in cfg.eval.postprocess:
-        train = load_split(data.dataset, data.root, data.train_split, data.video_dir)
-        rng = np.random.default_rng(cfg.train.seed)
-        cap_idx = np.sort(rng.permutation(train.num_captions)[:cfg.eval.qb_bank_captions])
-        vid_idx = np.sort(rng.permutation(train.num_videos)[:cfg.eval.qb_bank_videos])
-        bank_captions = [train.captions[i] for i in cap_idx]
-        bank_t2v = score(texts(bank_captions, f"{data.train_split}-bank"), video)
-        bank_v2t = score(text, videos(train, f"{data.train_split}-bank", vid_idx.tolist()))
-        bank_info = {"split": train.name, "captions": len(cap_idx), "videos": len(vid_idx)}
+        bank_t2v, bank_v2t, bank_info = _qbnorm_banks(features, text, video)
+    metrics = retrieval_results(sim, torch.tensor(test.caption_video), cfg.eval.postprocess,
+                                eval_cfg=cfg.eval, bank_t2v=bank_t2v, bank_v2t=bank_v2t)
 
-    metrics = retrieval_results(sim, caption_video, cfg.eval.postprocess, eval_cfg=cfg.eval,
-                                bank_t2v=bank_t2v, bank_v2t=bank_v2t)
     name = checkpoint.stem if checkpoint is not None else "zeroshot"
-    if out is None:
-        out = out_dir / f"eval-{data.dataset}-{split_name}-{name}.json"
-    out = Path(out)
+    out = Path(out or out_dir / f"eval-{cfg.data.dataset}-{split_name}-{name}.json")
     results = {
-        "dataset": data.dataset,
-        "split": split_name,
-        "num_captions": test.num_captions,
-        "num_videos": test.num_videos,
+        "dataset": cfg.data.dataset, "split": split_name,
+        "num_captions": test.num_captions, "num_videos": test.num_videos,
         "multi_caption": test.multi_caption,
         "metrics": metrics,
         "postprocess": list(cfg.eval.postprocess),
         "qbnorm_bank": bank_info,
-        **{k: v for k, v in info.items() if k != "weights_key"},
+        **info,
         "device": _device_name(device),
-        "mixed_precision": precision,
+        "precision": cfg.eval.precision,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "config": cfg.to_dict(),
     }
@@ -399,18 +467,29 @@ def evaluate(cfg: Config, checkpoint: Path | None, split: str | None = None,
 # ---------------------------------------------------------------- terminal output
 
 
+def _rows(metrics: dict, directions: tuple[str, str]) -> list[str]:
+    lines = []
+    for row, label in ROW_LABELS.items():
+        if row in metrics and all(d in metrics[row] for d in directions):
+            cells = [" ".join(f"{metrics[row][d][k]:6.1f}" for k in METRIC_KEYS)
+                     for d in directions]
+            lines.append(f"{label:10}| {cells[0]} | {cells[1]}")
+    return lines
+
+
 def format_table(results: dict) -> str:
-    """Rows raw / +DSL / +QB-Norm; R@1 R@5 R@10 R@50 MdR MnR for t2v, then for v2t."""
+    """Rows raw / +DSL / +QB-Norm; R@1 R@5 R@10 R@50 MdR MnR for t2v, then for v2t. On a
+    multi-caption split a second table gives v2t under both conventions, labelled."""
     metrics = results["metrics"]
     head = " ".join(f"{k:>6}" for k in METRIC_KEYS)
     lines = [f"{'':10}| {'text -> video':^{len(head)}} | {'video -> text':^{len(head)}}",
-             f"{'':10}| {head} | {head}"]
-    for row, label in ROW_LABELS.items():
-        if row not in metrics:
-            continue
-        cells = [" ".join(f"{metrics[row][d][k]:6.1f}" for k in METRIC_KEYS)
-                 for d in ("t2v", "v2t")]
-        lines.append(f"{label:10}| {cells[0]} | {cells[1]}")
+             f"{'':10}| {head} | {head}", *_rows(metrics, ("t2v", "v2t"))]
+    if "v2t_groups" in metrics["raw"]:
+        lines += [
+            "video -> text with several captions per video, two conventions:",
+            f"{'':10}| {'best caption among all captions':^{len(head)}} | "
+            f"{'among V caption groups (DiCoSA)':^{len(head)}}",
+            f"{'':10}| {head} | {head}", *_rows(metrics, ("v2t", "v2t_groups"))]
     return "\n".join(lines)
 
 
@@ -422,7 +501,13 @@ def summary(results: dict) -> str:
         origin = (f"checkpoint {results['checkpoint']} (sha256 {results['checkpoint_sha256'][:12]}"
                   f", selected on: {results['selected_on']})")
     lines = [f"{results['dataset']}/{results['split']}: {results['num_captions']} captions, "
-             f"{results['num_videos']} videos; {origin}", format_table(results)]
+             f"{results['num_videos']} videos; {origin}; scored in {results['precision']}",
+             format_table(results)]
+    bank = results.get("qbnorm_bank")
+    if bank:
+        lines.append(f"QB-Norm banks from {bank['split']} ({bank['rule']}): "
+                     f"{bank['t2v_queries']} captions ({bank['t2v_hubs']} hub videos), "
+                     f"{bank['v2t_queries']} videos ({bank['v2t_hubs']} hub captions)")
     if len(results["metrics"]) > 1:
         lines.append("+DSL / +QB-Norm use the whole test gallery or a training query bank; "
                      "they are not comparable with raw numbers.")

@@ -71,6 +71,56 @@ def split_concepts(x: Tensor, num_concepts: int) -> Tensor:
     return rearrange(x, "... (k d) -> ... k d", k=num_concepts)
 
 
+def concept_similarity_reference(
+    text: Tensor,
+    frames: Tensor,
+    frame_mask: Tensor,
+    temperature: float,
+    num_concepts: int,
+    mask_mode: MaskMode = "before",
+    text_proj: Tensor | None = None,
+    video_proj: Tensor | None = None,
+    confidence_mlp: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
+) -> Tensor:
+    """Eqs. 1, 2, 8 and 9 in the paper's order, one pair at a time: the readable definition
+    that :func:`concept_similarity` (the fast path) is tested against.
+
+    1. pool: the video vector of pair (t, v) is V = Σ_i a_i f_i, a from Eq. 1;
+    2. split: e_k^t = W_k^t T and e_k^v = W_k^v V (Eq. 2);
+    3. cosine: s_k = cos(e_k^t, e_k^v);
+    4. MLP: g_k = w_2ᵀ ReLU(W_1 [e_k^t; e_k^v] + b_1) + b_2 (Eq. 8), or 1/K without one;
+    5. sum: S = Σ_k g_k s_k (Eq. 9).
+
+    Builds a ``[B_t, B_v, D]`` tensor, so it is for small inputs only.
+
+    Args:
+        text: ``[B_t, D]`` T; frames ``[B_v, N, D]`` and ``frame_mask [B_v, N]``.
+        temperature, mask_mode: Eq. 1 (:func:`pooling_weights`).
+        num_concepts: K.
+        text_proj, video_proj: ``[D, D]`` the stacked W_k (None: no projection, the
+            released variant).
+        confidence_mlp: ``(W_1 [H, 2d], b_1 [H], w_2 [H], b_2 [])``, or None for g_k = 1/K.
+    Returns:
+        S ``[B_t, B_v]``.
+    """
+    weights = pooling_weights(text, frames, frame_mask, temperature, mask_mode)
+    video = torch.einsum("tvn,vnd->tvd", weights, frames.float())  # 1. pool: V per pair
+    text = text.float()
+    if text_proj is not None:
+        text, video = text @ text_proj.float().T, video @ video_proj.float().T
+    text_factors = split_concepts(text, num_concepts)[:, None]  # 2. split: [B_t, 1, K, d]
+    video_factors = split_concepts(video, num_concepts)  # [B_t, B_v, K, d]
+    text_factors = text_factors.expand_as(video_factors)
+    cosines = F.cosine_similarity(text_factors, video_factors, dim=-1)  # 3. [B_t, B_v, K]
+    if confidence_mlp is None:
+        confidences = torch.full_like(cosines, 1.0 / num_concepts)
+    else:  # 4. the MLP on the concatenated pair of factors
+        w1, b1, w2, b2 = (t.float() for t in confidence_mlp)
+        pair = torch.cat([text_factors, video_factors], dim=-1)  # [B_t, B_v, K, 2d]
+        confidences = F.relu(pair @ w1.T + b1) @ w2 + b2
+    return (confidences * cosines).sum(-1)  # 5. sum over the K concepts
+
+
 def concept_similarity(
     text_factors: Tensor,
     frame_factors: Tensor,

@@ -16,6 +16,15 @@ whatever order the sort leaves them in, which lies between the two; with continu
 similarities ties are rare and both conventions agree.  Reporting both is a cheap way to see
 whether a model collapses many scores onto one value.
 
+Video-to-text with several captions per video
+---------------------------------------------
+Two conventions are in use, and both are reported (``"v2t"`` and ``"v2t_groups"``):
+:func:`ranks_v2t` ranks a video's best caption among *all* captions (ranks up to N_t);
+:func:`ranks_v2t_groups` ranks the video's caption *group* among the V groups, each group
+scored by its best caption (ranks up to V: the CLIP4Clip / DiCoSA evaluation). R@1 is the
+same under both; R@5, R@10, MdR and MnR differ as soon as another video has several
+captions above the target.
+
 Neither convention needs a full sort: counting the candidates above a threshold is one
 comparison per matrix entry, done in row chunks so that memory stays bounded for
 27k x 670 (MSVD) or 5k x 5k matrices.
@@ -143,6 +152,32 @@ def ranks_v2t(
     return _count_rank(above, ties)
 
 
+def ranks_v2t_groups(sim: Tensor, caption_video: Tensor, *, ties: Ties = "optimistic") -> Tensor:
+    """For each video, the rank of its own caption group among the V groups, every group
+    scored by its best caption for that video (the CLIP4Clip / DiCoSA multi-caption rule).
+
+    Args:
+        sim: [N_t, N_v] caption x video similarities (NOT transposed).
+        caption_video: [N_t] long; every video must have at least one caption.
+        ties: see :func:`ranks_t2v`.
+
+    Returns:
+        [N_v] long, 1-based ranks (at most N_v).
+    """
+    _check_inputs(sim, caption_video)
+    caption_video = caption_video.long()
+    n_v = sim.shape[1]
+    if (torch.bincount(caption_video, minlength=n_v) == 0).any():
+        raise ValueError("videos without any caption cannot form a caption group")
+    # group_scores[g, v]: the best caption of video g's group for query video v.
+    group_scores = torch.full((n_v, n_v), float("-inf"), dtype=sim.dtype, device=sim.device)
+    group_scores = group_scores.scatter_reduce(0, caption_video[:, None].expand(-1, n_v), sim,
+                                               reduce="amax")
+    own = group_scores.diagonal()[None, :]  # [1, N_v]
+    above = (group_scores > own if ties == "optimistic" else group_scores >= own).sum(dim=0)
+    return _count_rank(above, ties)
+
+
 def retrieval_metrics(ranks: Tensor) -> dict[str, float | int]:
     """Standard retrieval summary of 1-based ranks.
 
@@ -183,13 +218,58 @@ def evaluate_similarity(
         ties: see :func:`ranks_t2v`.
 
     Returns:
-        {"t2v": retrieval_metrics(...), "v2t": retrieval_metrics(...)}.
+        ``{"t2v": retrieval_metrics(...), "v2t": retrieval_metrics(...)}``, and
+        ``"v2t_groups"`` (:func:`ranks_v2t_groups`) when some video has several captions.
     """
     if caption_video is None:
         if sim.dim() != 2 or sim.shape[0] != sim.shape[1]:
             raise ValueError("caption_video=None needs a square sim matrix")
         caption_video = torch.arange(sim.shape[0], device=sim.device)
-    return {
+    out = {
         "t2v": retrieval_metrics(ranks_t2v(sim, caption_video, ties=ties)),
         "v2t": retrieval_metrics(ranks_v2t(sim, caption_video, ties=ties)),
     }
+    if caption_video.unique().numel() < caption_video.numel():  # several captions a video
+        out["v2t_groups"] = retrieval_metrics(ranks_v2t_groups(sim, caption_video, ties=ties))
+    return out
+
+
+
+# ---------------------------------------------------------------- ranked lists, binary relevance
+
+
+def ranked_list_metrics(ranking: Tensor, relevant: Tensor, k: int = 10) -> dict[str, float]:
+    """MRR@k, NDCG@k and AP@k of ranked lists against binary relevance, averaged over queries.
+
+    Args:
+        ranking: ``[Q, L]`` long, item ids best first (L >= k; ids < 0 are empty slots).
+        relevant: ``[Q, N]`` bool, the relevant items of each query (each query needs one).
+        k: the cut-off.
+
+    With hits h_i (i = 1..k) and R relevant items: MRR@k = 1 / (rank of the first hit) or 0;
+    NDCG@k = Σ h_i / log2(i + 1) divided by its best value, Σ_{i <= min(k, R)} 1 / log2(i + 1);
+    AP@k = Σ h_i · P@i / min(k, R), so a list holding min(k, R) hits on top scores 1.
+    """
+    if ranking.dim() != 2 or relevant.dim() != 2 or ranking.shape[0] != relevant.shape[0]:
+        raise ValueError(f"ranking [Q, L] and relevant [Q, N] needed, got "
+                         f"{tuple(ranking.shape)} and {tuple(relevant.shape)}")
+    num_relevant = relevant.sum(1)
+    if (num_relevant == 0).any():
+        raise ValueError("every query needs at least one relevant item")
+    hits = hit_matrix(ranking[:, :k], relevant).double()  # [Q, k]
+    position = torch.arange(1, hits.shape[1] + 1, dtype=torch.float64)
+    first = torch.where(hits.any(1), hits.argmax(1).double() + 1, torch.inf)
+    discount = 1 / torch.log2(position + 1)
+    ideal = (discount[None] * (position[None] <= num_relevant[:, None])).sum(1)
+    depth = num_relevant.clamp(max=k).double()
+    precision = hits.cumsum(1) / position
+    return {f"MRR@{k}": float((1 / first).mean()),
+            f"NDCG@{k}": float(((hits * discount).sum(1) / ideal).mean()),
+            f"AP@{k}": float(((hits * precision).sum(1) / depth).mean())}
+
+
+def hit_matrix(ranking: Tensor, items: Tensor) -> Tensor:
+    """``[Q, L]`` bool: whether each ranked id is among the query's ``items [Q, N]`` (ids < 0,
+    empty slots, are never hits)."""
+    filled = ranking >= 0
+    return items.gather(1, ranking.clamp_min(0)) & filled

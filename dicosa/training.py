@@ -1,10 +1,17 @@
-"""The training loop: Accelerate, AdamW with two learning rates, resumable checkpoints.
+"""The training loop: Accelerate, two learning rates, resumable checkpoints.
+
+The loop reads as open_clip's does: :func:`build_run` makes the pieces of a run once (a
+:class:`Run`), a small :class:`RunState` says where the run is, and :func:`train` alternates
+:func:`train_one_epoch`, :func:`evaluate_and_select` and :func:`save_state`. The learning
+rate is a pure function of the step (:func:`dicosa.optim.lr_factor`), so a checkpoint needs
+no scheduler state.
 
 One process or many (``accelerate launch``): the data loader's global batch is split across
 processes and the model gathers every process's features, so the contrastive loss always
-sees the whole global batch. Each training item's random frames are a function of
-``(seed, epoch, index)`` and each epoch's order of ``(seed, epoch)``, so a run resumed from a
-mid-epoch checkpoint replays exactly the batches the killed run would have seen.
+sees the whole global batch. Each training item's random frames (and augmentation) are a
+function of ``(seed, epoch, index)`` and each epoch's order of ``(seed, epoch)``, so a run
+resumed from a mid-epoch checkpoint replays exactly the batches the killed run would have
+seen.
 
 Outputs under ``train.output_dir``: ``config.yaml``, ``log.jsonl`` (one JSON object per
 logged step, epoch and evaluation), ``last.pt`` (full training state) and ``best.pt``
@@ -28,6 +35,7 @@ import numpy as np
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import gather_object, set_seed
+from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm import tqdm
 
@@ -42,23 +50,31 @@ from .clip import get_tokenizer
 from .config import Config, ConfigError, TrainConfig, load_config
 from .data.datasets import RetrievalSplit, load_split, split_off_validation
 from .data.loader import TrainDataset
-from .evaluation import evaluate_model, resolve_mixed_precision, selection_score
+from .evaluation import evaluate_model, selection_score
 from .model import DiCoSA
-from .optim import build_optimizer, build_scheduler
+from .optim import build_optimizer, lr_factor, set_learning_rates
+from .precision import resolve_mixed_precision
 
 __all__ = [
     "CONFIG_DIR",
     "EpochSampler",
     "NonFiniteLossError",
+    "Run",
+    "RunState",
     "SeededItems",
     "build_optimizer",
-    "build_scheduler",
+    "build_run",
     "build_train_loader",
     "config_path",
+    "evaluate_and_select",
     "forward_backward",
     "make_accelerator",
     "resolve_config",
+    "save_state",
+    "scale_tower_gradients",
+    "tower_parameters",
     "train",
+    "train_one_epoch",
 ]
 
 log = logging.getLogger(__name__)
@@ -189,7 +205,7 @@ def make_accelerator(train_cfg: TrainConfig) -> Accelerator:
         # Each process takes its slice of every global batch, so any number of processes
         # trains on exactly the batches one process would see.
         dataloader_config=DataLoaderConfiguration(split_batches=True),
-        # The scheduler is stepped by hand once per optimiser step.
+        # The learning rate is set by hand before every optimiser step.
         step_scheduler_with_optimizer=False,
     )
     if train_cfg.batch_size % accelerator.num_processes:
@@ -208,6 +224,31 @@ def forward_backward(accelerator: Accelerator, model: torch.nn.Module,
     out = model(batch)
     accelerator.backward(out["loss"])
     return {k: v.detach() for k, v in out.items()}
+
+
+def tower_parameters(model: DiCoSA) -> list[nn.Parameter]:
+    """The parameters before the all-gather: CLIP's image and text towers and the temporal
+    transformer (all of ``model.clip`` but the logit scale, which acts on gathered scores)."""
+    return [p for name, p in model.named_parameters()
+            if name.startswith("temporal.")
+            or (name.startswith("clip.") and name != "clip.logit_scale")]
+
+
+def scale_tower_gradients(model: DiCoSA, world_size: int) -> None:
+    """``train.tower_grad: released``: divide the (DDP-averaged) gradients of the parameters
+    before the all-gather by the number of processes, which is what the released all-gather's
+    backward (local slice only) leaves them (dicosa.distributed); the head keeps its own."""
+    if world_size == 1:
+        return
+    for param in tower_parameters(model):
+        if param.grad is not None:
+            param.grad.div_(world_size)
+
+
+def freeze_towers(model: DiCoSA) -> None:
+    """Stop training the CLIP towers (image, text, logit scale): ``train.freeze_towers``."""
+    for param in model.clip.parameters():
+        param.requires_grad_(False)
 
 
 # ---------------------------------------------------------------- state helpers
@@ -234,15 +275,6 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
-    """``lr`` (new modules) and ``clip_lr`` (CLIP towers) as the scheduler has set them."""
-    rates = {}
-    for group in optimizer.param_groups:
-        key = "clip_lr" if group.get("name", "").startswith("clip") else "lr"
-        rates.setdefault(key, group["lr"])
-    return rates
 
 
 def _peak_memory_mib(device: torch.device) -> float:
@@ -275,18 +307,265 @@ class _Window:
     step_time: float = 0.0
 
 
+# ---------------------------------------------------------------- the run
+
+
 @dataclass
-class _Progress:
+class RunState:
+    """Where a run is: all a checkpoint restores besides weights, optimiser and RNGs."""
+
     epoch: int = 0
     batches_done: int = 0  # in the current epoch, per process (= global batches)
-    step: int = 0
-    epoch_skipped: int = 0  # bad videos substituted so far this epoch, all processes
+    step: int = 0  # optimiser steps taken; the learning rate is a function of it
+    epoch_skipped: int = 0  # bad videos substituted this epoch by this process
     best_score: float | None = None
     best_step: int | None = None
     last_metrics: dict | None = None
 
 
-# ---------------------------------------------------------------- the loop
+@dataclass
+class Run:
+    """The pieces of one training run, built once by :func:`build_run`."""
+
+    cfg: Config
+    accelerator: Accelerator
+    model: nn.Module  # as prepared by Accelerate (DDP-wrapped under several processes)
+    plain_model: DiCoSA
+    optimizer: torch.optim.Optimizer
+    loader: DataLoader
+    sampler: EpochSampler
+    train_split: RetrievalSplit
+    select_split: RetrievalSplit | None
+    selected_on: str
+    steps_per_epoch: int
+    total_steps: int
+    run_dir: Path
+    log: RunLog
+    git_sha: str | None
+
+    @property
+    def last_path(self) -> Path:
+        return self.run_dir / "last.pt"
+
+    @property
+    def best_path(self) -> Path:
+        return self.run_dir / "best.pt"
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def lr(self, step: int) -> float:
+        """The learning-rate factor of optimiser step ``step`` (from 0)."""
+        tc = self.cfg.train
+        return lr_factor(step, self.total_steps, tc.warmup_fraction, tc.schedule)
+
+    def finished(self, state: RunState) -> bool:
+        return state.step >= self.total_steps or state.epoch >= self.cfg.train.epochs
+
+
+def build_run(cfg: Config) -> Run:
+    """Accelerator, model, data and optimiser of ``cfg``, prepared by Accelerate."""
+    tc = cfg.train
+    run_dir = Path(tc.output_dir)
+    accelerator = make_accelerator(tc)
+    device = accelerator.device
+    set_seed(tc.seed)
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
+
+    # Annotations first: a missing file should fail before a weights download, not after.
+    train_split, select_split, selected_on = training_splits(cfg)
+    with accelerator.main_process_first():  # one download of pretrained weights
+        model = DiCoSA.from_config(cfg.model)
+    if tc.freeze_towers:
+        freeze_towers(model)
+    if tc.compile if tc.compile is not None else device.type == "cuda":
+        model.compile_towers()
+    model.to(device)
+
+    data = cfg.data
+    dataset = TrainDataset(train_split, get_tokenizer(cfg.model.arch, cfg.model.max_words),
+                           cfg.model.num_frames, model.image_size, seed=tc.seed,
+                           sampling=data.frame_sampling, padding=data.frame_padding,
+                           augment=data.augment)
+    if len(dataset) < tc.batch_size:
+        raise ConfigError(f"{train_split.name} has {len(dataset)} captions, fewer than "
+                          f"train.batch_size={tc.batch_size}")
+    loader, sampler = build_train_loader(dataset, tc.batch_size, tc.seed, data.num_workers,
+                                         pin_memory=device.type == "cuda")
+    steps_per_epoch = len(loader)
+    total_steps = steps_per_epoch * tc.epochs
+    if tc.max_steps is not None:
+        total_steps = min(total_steps, tc.max_steps)
+
+    optimizer = build_optimizer(model, tc)
+    prepared, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    return Run(cfg, accelerator, prepared, accelerator.unwrap_model(prepared), optimizer,
+               loader, sampler, train_split, select_split, selected_on, steps_per_epoch,
+               total_steps, run_dir, RunLog(run_dir / "log.jsonl", accelerator.is_main_process),
+               git_sha())
+
+
+def restore(run: Run, saved: Mapping[str, Any]) -> RunState:
+    """Load a ``last.pt``'s weights, optimiser and RNGs into ``run``; its position."""
+    run.plain_model.load_state_dict(saved["model"])
+    run.optimizer.load_state_dict(saved["optimizer"])
+    rngs = saved["rng"]
+    processes = run.accelerator.num_processes
+    if len(rngs) != processes:
+        log.warning("checkpoint has RNG states of %d processes, this run has %d",
+                    len(rngs), processes)
+    set_rng_state(rngs[min(run.accelerator.process_index, len(rngs) - 1)])
+    # The stored count is the sum over processes, so the main process carries it alone.
+    return RunState(saved["epoch"], saved["batches_done"], saved["step"],
+                    saved["epoch_skipped"] if run.is_main else 0, saved["best_score"],
+                    saved["best_step"], saved["metrics"])
+
+
+def save_state(run: Run, state: RunState, path: Path, full: bool) -> None:
+    """Write a checkpoint: weights and position, and with ``full`` the optimiser, every
+    process's RNG states and the epoch's count of bad videos (all processes take part; the
+    main one writes)."""
+    accelerator = run.accelerator
+    checkpoint: dict[str, Any] = {
+        "model": run.plain_model.state_dict(), "config": run.cfg.to_yaml(),
+        "git_sha": run.git_sha, "step": state.step, "epoch": state.epoch,
+        "batches_done": state.batches_done, "selected_on": run.selected_on,
+        "best_score": state.best_score, "best_step": state.best_step,
+        "metrics": state.last_metrics, "world_size": accelerator.num_processes,
+    }
+    if full:
+        skipped = accelerator.reduce(torch.tensor(state.epoch_skipped,
+                                                  device=accelerator.device), "sum")
+        checkpoint.update(optimizer=run.optimizer.state_dict(),
+                          rng=gather_object([rng_state()]), epoch_skipped=int(skipped))
+    if run.is_main:
+        save_checkpoint(path, checkpoint)
+        write_text_atomic(run.run_dir / "config.yaml", run.cfg.to_yaml())
+    accelerator.wait_for_everyone()
+
+
+def evaluate_and_select(run: Run, state: RunState) -> None:
+    """Evaluate on the selection split (main process) and write ``best.pt`` when the
+    selection score improved."""
+    split = run.select_split
+    if split is None:
+        return
+    if run.is_main:
+        metrics = evaluate_model(run.plain_model, split, run.cfg, run.accelerator.device)
+        score = selection_score(metrics)
+        improved = state.best_score is None or score > state.best_score
+        if improved:
+            state.best_score, state.best_step = score, state.step
+        state.last_metrics = metrics
+        run.log.write({"event": "eval", "step": state.step, "epoch": state.epoch,
+                       "split": split.name, "selected_on": run.selected_on,
+                       "score_t2v_r1_r5_r10": score, "best": improved, **metrics})
+        t2v = metrics["t2v"]
+        run.accelerator.print(f"step {state.step}: {run.selected_on} ({split.name}) t2v R@1 "
+                              f"{t2v['R@1']:.1f} R@5 {t2v['R@5']:.1f} R@10 {t2v['R@10']:.1f}"
+                              f"{' (best)' if improved else ''}")
+    run.accelerator.wait_for_everyone()
+    if gather_object([state.best_step])[0] == state.step:  # main's decision, seen by all
+        save_state(run, state, run.best_path, full=False)
+
+
+def train_step(run: Run, state: RunState, batch: Mapping[str, torch.Tensor]
+               ) -> tuple[dict[str, torch.Tensor], dict[str, float], float | None]:
+    """One optimiser step at the scheduled rate: ``(losses, rates, grad_norm)``."""
+    tc = run.cfg.train
+    rates = set_learning_rates(run.optimizer, tc, run.lr(state.step))
+    losses = forward_backward(run.accelerator, run.model, batch)
+    loss = losses["loss"].item()
+    if not math.isfinite(loss):
+        last = run.last_path if run.last_path.exists() else "none"
+        raise NonFiniteLossError(
+            f"loss is {loss} at step {state.step + 1} (epoch {state.epoch}, batch "
+            f"{state.batches_done + 1}); stopped without saving this state; the last good "
+            f"checkpoint is {last}")
+    if tc.tower_grad == "released":
+        scale_tower_gradients(run.plain_model, run.accelerator.num_processes)
+    grad_norm = None
+    if tc.grad_clip:
+        grad_norm = run.accelerator.clip_grad_norm_(run.model.parameters(), tc.grad_clip)
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return losses, rates, None if grad_norm is None else float(grad_norm)
+
+
+def train_one_epoch(run: Run, state: RunState, bar: tqdm) -> None:
+    """Train from ``state``'s position to the end of its epoch (or the last step), logging
+    every ``log_every`` steps and writing ``last.pt`` every ``checkpoint_every``."""
+    tc, accelerator = run.cfg.train, run.accelerator
+    run.sampler.set_epoch(state.epoch)
+    run.loader.set_epoch(state.epoch)
+    batches = (accelerator.skip_first_batches(run.loader, state.batches_done)
+               if state.batches_done else run.loader)
+    window = _Window(time.perf_counter())
+    tick = window.start
+    for batch in batches:
+        loaded = time.perf_counter()
+        losses, rates, grad_norm = train_step(run, state, batch)
+        state.step += 1
+        state.batches_done += 1
+        state.epoch_skipped += int(batch["skipped"].sum())
+        done = time.perf_counter()
+        window.steps += 1
+        window.data_time += loaded - tick
+        window.step_time += done - loaded
+        tick = done
+        if state.step % tc.log_every == 0 or state.step == run.total_steps:
+            record = {
+                "event": "step", "step": state.step, "epoch": state.epoch,
+                **{k: float(v) for k, v in losses.items()}, **rates, "grad_norm": grad_norm,
+                "clips_per_s": tc.batch_size * window.steps / max(done - window.start, 1e-9),
+                "data_time": window.data_time / window.steps,
+                "step_time": window.step_time / window.steps,
+                "peak_memory_mib": _peak_memory_mib(accelerator.device),
+            }
+            run.log.write(record)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", sim=f"{record['loss_sim']:.3f}",
+                            clips_s=f"{record['clips_per_s']:.0f}", refresh=False)
+            window = _Window(done)
+        bar.update(1)
+        if tc.checkpoint_every and state.step % tc.checkpoint_every == 0:
+            save_state(run, state, run.last_path, full=True)
+        if state.step >= run.total_steps:
+            break
+    if state.batches_done >= run.steps_per_epoch:
+        _end_epoch(run, state)
+
+
+def _end_epoch(run: Run, state: RunState) -> None:
+    skipped = int(run.accelerator.reduce(torch.tensor(state.epoch_skipped,
+                                                      device=run.accelerator.device), "sum"))
+    run.log.write({"event": "epoch", "epoch": state.epoch, "step": state.step,
+                   "skipped_videos": skipped})
+    if skipped:
+        run.accelerator.print(f"epoch {state.epoch}: {skipped} unusable training videos were "
+                              "replaced by other pairs")
+    state.epoch += 1
+    state.batches_done = 0
+    state.epoch_skipped = 0
+
+
+def _start_record(run: Run, state: RunState, resumed: bool) -> dict[str, Any]:
+    return {
+        "event": "resume" if resumed else "start", "step": state.step, "epoch": state.epoch,
+        "batches_done": state.batches_done, "selected_on": run.selected_on,
+        "selection_split": run.select_split.name if run.select_split is not None else None,
+        "train_split": run.train_split.name, "train_captions": len(run.loader.dataset),
+        "num_processes": run.accelerator.num_processes, "global_batch": run.cfg.train.batch_size,
+        "steps_per_epoch": run.steps_per_epoch, "total_steps": run.total_steps,
+        "mixed_precision": run.accelerator.mixed_precision,
+        "device": str(run.accelerator.device), "git_sha": run.git_sha,
+        "protocol": run.cfg.protocol,
+        "frozen_towers": run.cfg.train.freeze_towers,
+        "trainable_parameters": sum(p.numel() for p in run.plain_model.parameters()
+                                    if p.requires_grad),
+    }
 
 
 def train(cfg: Config, resume: bool = False) -> Path:
@@ -300,211 +579,50 @@ def train(cfg: Config, resume: bool = False) -> Path:
         FileExistsError: ``last.pt`` exists and ``resume`` is False.
         NonFiniteLossError: the loss became NaN/inf; the last good checkpoint is kept.
     """
-    run_dir = Path(cfg.train.output_dir)
-    last_path, best_path = run_dir / "last.pt", run_dir / "best.pt"
+    last_path = Path(cfg.train.output_dir) / "last.pt"
     saved = None
     if resume:
         saved = load_checkpoint(last_path)
-        resumed_cfg = checkpoint_config(saved)
-        if resumed_cfg != cfg:
+        stored = checkpoint_config(saved)
+        if stored != cfg:
             log.warning("resuming with the configuration stored in %s, not the one given",
                         last_path)
-        cfg = resumed_cfg
+        cfg = stored
     elif last_path.exists():
         raise FileExistsError(f"{last_path} exists: pass --resume to continue that run, or "
                               "set another train.output_dir")
-    tc = cfg.train
+    run = build_run(cfg)
+    state = restore(run, saved) if saved is not None else RunState()
+    run.log.write(_start_record(run, state, resumed=saved is not None))
+    select = (f" ({run.select_split.name})" if run.select_split is not None else "")
+    run.accelerator.print(f"training on {run.train_split.name} ({len(run.loader.dataset)} "
+                          f"captions), model selection on: {run.selected_on}{select}")
 
-    accelerator = make_accelerator(tc)
-    device = accelerator.device
-    is_main = accelerator.is_main_process
-    set_seed(tc.seed)
-    if is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
-    runlog = RunLog(run_dir / "log.jsonl", is_main)
-
-    # Annotations first: a missing file should fail before a weights download, not after.
-    train_split, select_split, selected_on = training_splits(cfg)
-    with accelerator.main_process_first():  # one download of pretrained weights
-        model = DiCoSA.from_config(cfg.model)
-    if tc.compile if tc.compile is not None else device.type == "cuda":
-        model.compile_towers()
-    model.to(device)
-
-    tokenize = get_tokenizer(cfg.model.arch, cfg.model.max_words)
-    dataset = TrainDataset(train_split, tokenize, cfg.model.num_frames, model.image_size,
-                           seed=tc.seed)
-    if len(dataset) < tc.batch_size:
-        raise ConfigError(f"{train_split.name} has {len(dataset)} captions, fewer than "
-                          f"train.batch_size={tc.batch_size}")
-    loader, sampler = build_train_loader(dataset, tc.batch_size, tc.seed, cfg.data.num_workers,
-                                         pin_memory=device.type == "cuda")
-    steps_per_epoch = len(loader)
-    total_steps = steps_per_epoch * tc.epochs
-    if tc.max_steps is not None:
-        total_steps = min(total_steps, tc.max_steps)
-
-    optimizer = build_optimizer(model, tc)
-    scheduler = build_scheduler(optimizer, total_steps, tc.warmup_fraction)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    plain_model: DiCoSA = accelerator.unwrap_model(model)
-
-    p = _Progress()
-    if saved is not None:
-        plain_model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        rngs = saved["rng"]
-        if len(rngs) != accelerator.num_processes:
-            log.warning("checkpoint has RNG states of %d processes, this run has %d",
-                        len(rngs), accelerator.num_processes)
-        set_rng_state(rngs[min(accelerator.process_index, len(rngs) - 1)])
-        p = _Progress(saved["epoch"], saved["batches_done"], saved["step"],
-                      saved["epoch_skipped"] if is_main else 0, saved["best_score"],
-                      saved["best_step"], saved["metrics"])
-    sha = git_sha()
-
-    def save(path: Path, full: bool) -> None:
-        # Every process takes part (RNG states are gathered); only the main one writes.
-        state: dict[str, Any] = {
-            "model": plain_model.state_dict(), "config": cfg.to_yaml(), "git_sha": sha,
-            "step": p.step, "epoch": p.epoch, "batches_done": p.batches_done,
-            "selected_on": selected_on, "best_score": p.best_score, "best_step": p.best_step,
-            "metrics": p.last_metrics, "world_size": accelerator.num_processes,
-        }
-        if full:
-            skipped = accelerator.reduce(torch.tensor(epoch_skipped, device=device), "sum")
-            state.update(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-                         rng=gather_object([rng_state()]), epoch_skipped=int(skipped))
-        if is_main:
-            save_checkpoint(path, state)
-            write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
-        accelerator.wait_for_everyone()
-
-    def evaluate_selection() -> None:
-        if select_split is None:
-            return
-        if is_main:
-            metrics = evaluate_model(plain_model, select_split, cfg, device,
-                                     resolve_mixed_precision(tc.mixed_precision))
-            score = selection_score(metrics)
-            improved = p.best_score is None or score > p.best_score
-            if improved:
-                p.best_score, p.best_step = score, p.step
-            p.last_metrics = metrics
-            runlog.write({"event": "eval", "step": p.step, "epoch": p.epoch,
-                          "split": select_split.name, "selected_on": selected_on,
-                          "score_t2v_r1_r5_r10": score, "best": improved, **metrics})
-            accelerator.print(f"step {p.step}: {selected_on} ({select_split.name}) "
-                              f"t2v R@1 {metrics['t2v']['R@1']:.1f} R@5 {metrics['t2v']['R@5']:.1f}"
-                              f" R@10 {metrics['t2v']['R@10']:.1f}{' (best)' if improved else ''}")
-        accelerator.wait_for_everyone()
-        best = gather_object([p.best_step])[0]  # main's decision, seen by all
-        if best == p.step:
-            save(best_path, full=False)
-
-    global_batch = tc.batch_size
-    runlog.write({
-        "event": "resume" if saved is not None else "start", "step": p.step, "epoch": p.epoch,
-        "batches_done": p.batches_done, "selected_on": selected_on,
-        "selection_split": select_split.name if select_split is not None else None,
-        "train_split": train_split.name, "train_captions": len(dataset),
-        "num_processes": accelerator.num_processes, "global_batch": global_batch,
-        "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
-        "mixed_precision": accelerator.mixed_precision, "device": str(device), "git_sha": sha,
-    })
-    accelerator.print(f"training on {train_split.name} ({len(dataset)} captions), model "
-                      f"selection on: {selected_on}"
-                      + (f" ({select_split.name})" if select_split is not None else ""))
-
-    bar = tqdm(total=total_steps, initial=p.step, disable=not is_main, unit="step",
-               dynamic_ncols=True)
-    model.train()
-    epoch_skipped = p.epoch_skipped
+    bar = tqdm(total=run.total_steps, initial=state.step, disable=not run.is_main,
+               unit="step", dynamic_ncols=True)
+    run.model.train()
     try:
-        while p.step < total_steps and p.epoch < tc.epochs:
-            sampler.set_epoch(p.epoch)
-            loader.set_epoch(p.epoch)
-            batches = (accelerator.skip_first_batches(loader, p.batches_done)
-                       if p.batches_done else loader)
-            window = _Window(time.perf_counter())
-            tick = time.perf_counter()
-            for batch in batches:
-                loaded = time.perf_counter()
-                losses = forward_backward(accelerator, model, batch)
-                loss = losses["loss"].item()
-                if not math.isfinite(loss):
-                    raise NonFiniteLossError(
-                        f"loss is {loss} at step {p.step + 1} (epoch {p.epoch}, batch "
-                        f"{p.batches_done + 1}); stopped without saving this state; the last "
-                        f"good checkpoint is {last_path if last_path.exists() else 'none'}")
-                grad_norm = None
-                if tc.grad_clip:
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), tc.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                p.step += 1
-                p.batches_done += 1
-                epoch_skipped += int(batch["skipped"].sum())
-                done = time.perf_counter()
-                window.steps += 1
-                window.data_time += loaded - tick
-                window.step_time += done - loaded
-                tick = done
-
-                if p.step % tc.log_every == 0 or p.step == total_steps:
-                    elapsed = done - window.start
-                    record = {
-                        "event": "step", "step": p.step, "epoch": p.epoch,
-                        **{k: float(v) for k, v in losses.items()},
-                        **_learning_rates(optimizer),
-                        "grad_norm": float(grad_norm) if grad_norm is not None else None,
-                        "clips_per_s": global_batch * window.steps / max(elapsed, 1e-9),
-                        "data_time": window.data_time / window.steps,
-                        "step_time": window.step_time / window.steps,
-                        "peak_memory_mib": _peak_memory_mib(device),
-                    }
-                    runlog.write(record)
-                    bar.set_postfix(loss=f"{loss:.3f}", sim=f"{float(losses['loss_sim']):.3f}",
-                                    clips_s=f"{record['clips_per_s']:.0f}", refresh=False)
-                    window = _Window(done)
-                bar.update(1)
-                if tc.checkpoint_every and p.step % tc.checkpoint_every == 0:
-                    save(last_path, full=True)
-                if p.step >= total_steps:
-                    break
-
-            epoch_finished = p.batches_done >= steps_per_epoch
-            if epoch_finished:
-                skipped = int(accelerator.reduce(torch.tensor(epoch_skipped, device=device),
-                                                 "sum"))
-                runlog.write({"event": "epoch", "epoch": p.epoch, "step": p.step,
-                              "skipped_videos": skipped})
-                if skipped:
-                    accelerator.print(f"epoch {p.epoch}: {skipped} unusable training videos "
-                                      "were replaced by other pairs")
-                p.epoch += 1
-                p.batches_done = 0
-                epoch_skipped = 0
-            finished = p.step >= total_steps or p.epoch >= tc.epochs
-            if finished or (epoch_finished and p.epoch % tc.eval_every_epochs == 0):
-                evaluate_selection()
-            save(last_path, full=True)
+        while not run.finished(state):
+            epoch = state.epoch
+            train_one_epoch(run, state, bar)
+            epoch_ended = state.epoch > epoch
+            if run.finished(state) or (epoch_ended and
+                                       state.epoch % cfg.train.eval_every_epochs == 0):
+                evaluate_and_select(run, state)
+            save_state(run, state, run.last_path, full=True)
     except NonFiniteLossError as exc:
-        runlog.write({"event": "error", "step": p.step + 1, "error": str(exc)})
+        run.log.write({"event": "error", "step": state.step + 1, "error": str(exc)})
         raise
     finally:
         bar.close()
 
-    runlog.write({"event": "end", "step": p.step, "selected_on": selected_on,
-                  "best_step": p.best_step, "best_score_t2v_r1_r5_r10": p.best_score})
-    accelerator.print(f"done: {p.step} steps; best.pt from step {p.best_step} selected on "
-                      f"{selected_on}" if select_split is not None else
-                      f"done: {p.step} steps; no selection split (last.pt only)")
-    accelerator.end_training()
-    return run_dir
+    run.log.write({"event": "end", "step": state.step, "selected_on": run.selected_on,
+                   "best_step": state.best_step, "best_score_t2v_r1_r5_r10": state.best_score})
+    run.accelerator.print(f"done: {state.step} steps; best.pt from step {state.best_step} "
+                          f"selected on {run.selected_on}" if run.select_split is not None else
+                          f"done: {state.step} steps; no selection split (last.pt only)")
+    run.accelerator.end_training()
+    return run.run_dir
 
 
 def read_log(path: str | Path, event: str | None = "step") -> list[dict]:
@@ -517,5 +635,3 @@ def read_log(path: str | Path, event: str | None = "step") -> list[dict]:
         by_step = {r["step"]: r for r in records}
         records = [by_step[s] for s in sorted(by_step)]
     return records
-
-

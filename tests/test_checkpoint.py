@@ -79,3 +79,24 @@ def test_only_safe_types_are_stored(tmp_path):
     save_checkpoint(tmp_path / "x.pt", {"model": {}, "config": "", "bad": object()})
     with pytest.raises(Exception, match=r"(?i)weights_only"):
         load_checkpoint(tmp_path / "x.pt")
+
+
+def test_models_fine_tuned_from_openai_are_rebuilt_with_quick_gelu(monkeypatch):
+    """OpenAI's weights use QuickGELU, open_clip's plain ViT-B-32 config nn.GELU: rebuilding
+    a fine-tuned model without pretrained weights must still ask for QuickGELU."""
+    import open_clip
+
+    from dicosa import checkpoint as ckpt
+
+    asked = []
+    real = open_clip.create_model
+
+    def record(arch, *args, **kwargs):
+        asked.append((arch, kwargs.get("force_quick_gelu")))
+        return real("dicosa-tiny", pretrained=None)
+
+    monkeypatch.setattr(open_clip, "create_model", record)
+    for pretrained in ("openai", None):
+        cfg = dataclasses.replace(tiny_config(), arch="ViT-B-32", pretrained=pretrained)
+        ckpt.offline_model(dataclasses.replace(cfg, arch="ViT-B-32"))
+    assert asked == [("ViT-B-32", True), ("ViT-B-32", False)]

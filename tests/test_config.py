@@ -45,3 +45,30 @@ def test_shipped_configs_load():
     files = sorted(Path(__file__).parents[1].joinpath("configs").glob("*.yaml"))
     for f in files:
         load_config(f)
+
+
+def test_released_protocol_turns_on_every_switch_and_explicit_keys_win(tmp_path):
+    from pathlib import Path
+
+    from dicosa.config import PROTOCOLS
+
+    preset = load_config(Path(__file__).parents[1] / "configs" / "msrvtt-released.yaml")
+    assert preset.protocol == "released"
+    for section, values in PROTOCOLS["released"].items():
+        for key, value in values.items():
+            got = getattr(getattr(preset, section), key)
+            assert got == (tuple(value) if isinstance(got, tuple) else value), (section, key)
+    mine = config_from_dict({"protocol": "released", "train": {"freeze_towers": False}})
+    assert not mine.train.freeze_towers and mine.train.optimizer == "bertadam"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"model": {"variant": "paper"}}))
+    assert load_config(path, ["protocol=released"]).data.frame_padding == "mean"
+    assert load_config(path).data.frame_padding == "black"
+    with pytest.raises(ConfigError, match="protocol"):
+        config_from_dict({"protocol": "authors"})
+
+
+def test_retired_bank_sizes_in_old_checkpoints_are_dropped_with_a_warning(caplog):
+    cfg = config_from_dict({"eval": {"qb_bank_captions": 5000, "qb_bank_videos": 1000}})
+    assert cfg.eval.qb_bank == "released"
+    assert "qb_bank_captions" in caplog.text

@@ -2,6 +2,7 @@
 
 import os
 import socket
+import warnings
 
 import pytest
 import torch
@@ -9,7 +10,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from dicosa.distributed import all_gather_no_grad, all_gather_with_grad, gather_features
+from dicosa.distributed import (
+    all_gather_local_grad,
+    all_gather_no_grad,
+    all_gather_with_grad,
+    gather_features,
+)
 
 WORLD = 2
 B_LOCAL, D_IN, D_OUT, N_FRAMES = 3, 5, 4, 2
@@ -147,6 +153,23 @@ def _worker(rank: int, port: int) -> None:
         _, bad = _loss_and_grads(*local, text_proj, video_proj, detached)
         bad = _ddp_average(bad)
         assert any(not torch.allclose(b, r, atol=1e-4) for b, r in zip(bad, ref_grads, strict=True))
+
+        # 4) the released all-gather (local slice only in backward) is that detached gather,
+        #    and gives every parameter before it 1/W of the gradient: train.tower_grad=released
+        def released(t, v, m):
+            return all_gather_local_grad(t), all_gather_local_grad(v), all_gather_no_grad(m)
+
+        _, quirk = _loss_and_grads(*local, text_proj, video_proj, released)
+        quirk = _ddp_average(quirk)
+        for q, b, r in zip(quirk, bad, ref_grads, strict=True):
+            torch.testing.assert_close(q, b, atol=TOL, rtol=0)
+            torch.testing.assert_close(q, r / WORLD, atol=TOL, rtol=0)
+
+        # 5) functional collectives: no deprecation warning from the gather (item 12)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            all_gather_with_grad(text_proj(local[0])).sum().backward()
+        assert not [w for w in caught if "deprecat" in str(w.message).lower()], caught
     finally:
         dist.destroy_process_group()
 

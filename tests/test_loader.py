@@ -169,3 +169,53 @@ def test_text_dataset_indexes_every_caption(tmp_path):
     batch = next(iter(DataLoader(ds, batch_size=6)))
     assert batch["tokens"].shape == (6, LENGTH) and batch["caption_index"].tolist() == [
         0, 1, 2, 3, 4, 5]
+
+
+# ---------------------------------------------------------------- the released protocol
+
+
+def _textured_frames(num_frames: int, size: int = 32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    image = torch.randint(0, 256, (1, 3, size, size), generator=g, dtype=torch.uint8)
+    return image.expand(num_frames, -1, -1, -1).clone()
+
+
+def test_randaugment_changes_every_frame_of_a_clip_alike():
+    import random
+
+    import numpy as np
+
+    from dicosa.data.augment import RELEASED_AUGMENT, ClipRandAugment
+
+    augment = ClipRandAugment(RELEASED_AUGMENT, image_size=32)
+    frames = _textured_frames(4)
+    mask = torch.tensor([True, True, True, False])
+    random.seed(7)
+    np.random.seed(7)
+    outputs = []
+    for seed in range(6):
+        out = augment(frames, mask, seed=seed)
+        assert torch.equal(out[0], out[1]) and torch.equal(out[1], out[2])  # one draw a clip
+        assert torch.equal(out[3], frames[3])  # padding is left alone
+        assert torch.equal(out, augment(frames, mask, seed=seed))  # a function of the seed
+        outputs.append(out[0])
+    assert len({o.numpy().tobytes() for o in outputs}) >= 3  # seeds draw different ops
+    assert random.random() == random.Random(7).random()  # the caller's streams are intact
+    with pytest.raises(ValueError, match="RandAugment"):
+        ClipRandAugment("rand-q9", image_size=32)
+
+
+def test_augmented_training_items_are_reproducible(tmp_path):
+    split = make_split(tmp_path)
+    plain = TrainDataset(split, fake_tokenize, num_frames=4, image_size=32, seed=5)
+    augmented = TrainDataset(split, fake_tokenize, num_frames=4, image_size=32, seed=5,
+                             augment="rand-m7-n4-mstd0.5-inc1")
+    changed = 0
+    for index in range(len(plain)):
+        torch.manual_seed(index)
+        a = augmented[index]["frames"]
+        torch.manual_seed(index)
+        assert torch.equal(a, augmented[index]["frames"])
+        torch.manual_seed(index)
+        changed += not torch.equal(a, plain[index]["frames"])
+    assert changed >= len(plain) // 2

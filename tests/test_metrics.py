@@ -1,7 +1,13 @@
 import pytest
 import torch
 
-from dicosa.metrics import evaluate_similarity, ranks_t2v, ranks_v2t, retrieval_metrics
+from dicosa.metrics import (
+    evaluate_similarity,
+    ranks_t2v,
+    ranks_v2t,
+    ranks_v2t_groups,
+    retrieval_metrics,
+)
 
 
 def _reference_ranks_t2v(sim: torch.Tensor, caption_video: torch.Tensor) -> torch.Tensor:
@@ -124,3 +130,39 @@ def test_invalid_inputs():
     bad[1, 1] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
         ranks_t2v(bad, torch.tensor([0, 1, 1]))
+
+
+def _reference_ranks_v2t_groups(sim, cv):
+    """Rank of each video's caption group among the V groups, a group scored by its best
+    caption (the CLIP4Clip / DiCoSA rule), by a plain loop and a sort."""
+    ranks = []
+    for v in range(sim.shape[1]):
+        group_best = torch.stack([sim[cv == g, v].max() for g in range(sim.shape[1])])
+        order = torch.argsort(group_best, descending=True)
+        ranks.append(int((order == v).nonzero()) + 1)
+    return torch.tensor(ranks)
+
+
+def test_v2t_group_convention_hand_built():
+    # 5 captions x 3 videos. Video 0's best own caption (0.5) has three captions above it
+    # (c2, c3 of video 1 and c4 of video 2), but only two *groups* above it.
+    sim = torch.tensor([[0.5], [0.1], [0.9], [0.8], [0.7]]).expand(5, 3).clone()
+    cv = torch.tensor([0, 0, 1, 1, 2])
+    assert ranks_v2t(sim, cv)[0].item() == 4
+    assert ranks_v2t_groups(sim, cv)[0].item() == 3
+    m = evaluate_similarity(sim, cv)
+    assert m["v2t"]["num_queries"] == m["v2t_groups"]["num_queries"] == 3
+    # One caption per video: no second convention is reported (they coincide).
+    assert "v2t_groups" not in evaluate_similarity(torch.eye(3), torch.arange(3))
+
+
+def test_v2t_groups_match_the_reference_and_agree_at_r1():
+    g = torch.Generator().manual_seed(1)
+    n_t, n_v = 80, 11
+    sim = torch.randn(n_t, n_v, generator=g)
+    cv = torch.cat([torch.arange(n_v), torch.randint(0, n_v, (n_t - n_v,), generator=g)])
+    groups = ranks_v2t_groups(sim, cv)
+    assert torch.equal(groups, _reference_ranks_v2t_groups(sim, cv))
+    flat = ranks_v2t(sim, cv)
+    assert torch.equal(groups == 1, flat == 1)  # R@1 is the same under both conventions
+    assert (groups <= flat).all() and (groups < flat).any()

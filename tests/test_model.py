@@ -139,3 +139,32 @@ def test_features_move_between_devices_and_dtypes(tiny_model):
     assert isinstance(text.to(dtype=torch.float16), TextFeatures)
     half = video.to(dtype=torch.float16)
     assert isinstance(half, VideoFeatures) and half.frame_mask.dtype == torch.bool
+
+
+def test_paper_projections_start_with_clips_alignment():
+    """W_k start as the identity: matched text/video factors are as aligned as CLIP's vectors,
+    where independent default initialisations scramble the two modalities apart."""
+    import torch.nn.functional as F
+
+    from dicosa import functional as DF
+    from dicosa.model import ConceptHead
+
+    torch.manual_seed(0)
+    model = DiCoSA.from_config(tiny_config(variant="paper")).eval()
+    text = torch.randn(32, model.embed_dim)
+    video = text + 0.3 * torch.randn_like(text)  # matched pairs, CLIP-like alignment
+    k = model.num_concepts
+
+    def matched_cosine(head) -> float:
+        with torch.no_grad():
+            return F.cosine_similarity(head.text_factors(text), head.frame_factors(video),
+                                       dim=-1).mean().item()
+
+    split = F.cosine_similarity(DF.split_concepts(text, k), DF.split_concepts(video, k),
+                                dim=-1).mean().item()
+    assert split > 0.9
+    assert matched_cosine(model.head) == pytest.approx(split, abs=1e-6)
+    scrambled = ConceptHead(model.embed_dim, k)
+    scrambled.text_proj.reset_parameters()
+    scrambled.video_proj.reset_parameters()
+    assert abs(matched_cosine(scrambled)) < 0.3  # what the identity start avoids

@@ -31,6 +31,7 @@ from dicosa.training import (
     make_accelerator,
     read_log,
     resolve_config,
+    scale_tower_gradients,
     train,
 )
 from tests.conftest import random_batch, tiny_config
@@ -46,8 +47,9 @@ def synthetic_root(tmp_path_factory) -> Path:
                           num_workers=1)
 
 
-def run_config(root: Path, out: Path, **train) -> Config:
+def run_config(root: Path, out: Path, protocol: str = "dicosa", **train) -> Config:
     values = {
+        "protocol": protocol,
         "model": {"arch": "dicosa-tiny", "pretrained": None, "temporal_layers": 2,
                   "num_frames": 4, "max_words": 16},
         "data": {"dataset": "synthetic", "root": str(root), "train_split": "train",
@@ -141,10 +143,13 @@ def _two_process_worker(rank: int, port: int, out_dir: str) -> None:
     batch = random_batch(batch=8, seed=1)
     local = {k: v[rank * 4:(rank + 1) * 4] for k, v in batch.items()}
     losses = forward_backward(accelerator, model, local)
-    grads = {n: p.grad.clone() for n, p in accelerator.unwrap_model(model).named_parameters()
-             if p.grad is not None}
+    plain = accelerator.unwrap_model(model)
+    grads = {n: p.grad.clone() for n, p in plain.named_parameters() if p.grad is not None}
+    scale_tower_gradients(plain, accelerator.num_processes)  # train.tower_grad: released
+    released = {n: p.grad.clone() for n, p in plain.named_parameters() if p.grad is not None}
     torch.save({"loss": losses["loss"], "loss_sim": losses["loss_sim"], "grads": grads,
-                "first_batch": first_batch}, Path(out_dir) / f"rank{rank}.pt")
+                "released_grads": released, "first_batch": first_batch},
+               Path(out_dir) / f"rank{rank}.pt")
     accelerator.wait_for_everyone()
     torch.distributed.destroy_process_group()
 
@@ -175,6 +180,13 @@ def test_two_processes_match_one_process_on_the_global_batch(tmp_path):
         for r in ranks:
             torch.testing.assert_close(r["grads"][name], grad, rtol=1e-4, atol=1e-6,
                                        msg=f"gradient of {name}")
+    # train.tower_grad: released: the towers and the temporal transformer (before the gather)
+    # get 1/W of the gradient, the concept head and the logit scale all of it.
+    for name, grad in reference.items():
+        before_gather = name.startswith(("clip.", "temporal.")) and name != "clip.logit_scale"
+        expected_grad = grad / 2 if before_gather else grad
+        torch.testing.assert_close(ranks[0]["released_grads"][name], expected_grad, rtol=1e-4,
+                                   atol=1e-6, msg=f"released gradient of {name}")
 
 
 # ---------------------------------------------------------------- failures
@@ -285,3 +297,25 @@ def test_resume_after_sigkill_replays_the_same_losses(synthetic_root, tmp_path):
         for key in LOSS_KEYS:
             assert record[key] == reference[record["step"]][key], (record["step"], key)
     assert math.isfinite(resumed[-1]["loss"])
+
+
+def test_released_protocol_trains_the_head_on_the_released_schedule(synthetic_root, tmp_path):
+    """protocol: released: frozen towers, BertAdam on the not-restarted cosine, released
+    frames with mean padding and RandAugment, all through the real loop."""
+    from accelerate.utils import set_seed
+
+    from dicosa.optim import lr_factor
+
+    cfg = run_config(synthetic_root, tmp_path / "run", max_steps=3, protocol="released")
+    assert (cfg.train.optimizer, cfg.train.freeze_towers, cfg.data.augment) == (
+        "bertadam", True, "rand-m7-n4-mstd0.5-inc1")
+    run = train(cfg)
+    steps = read_log(run / "log.jsonl")
+    assert [r["lr"] for r in steps] == pytest.approx(
+        [1e-3 * lr_factor(s, 3, 0.1, "released") for s in range(3)])
+    set_seed(cfg.train.seed)  # what build_run does before building the model
+    start = DiCoSA.from_config(cfg.model).state_dict()
+    trained = load_checkpoint(run / "last.pt")["model"]
+    assert all(torch.equal(trained[k], start[k]) for k in start if k.startswith("clip."))
+    assert any(not torch.equal(trained[k], start[k]) for k in start if k.startswith("head."))
+    assert read_log(run / "log.jsonl", event="start")[0]["frozen_towers"] is True

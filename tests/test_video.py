@@ -18,6 +18,7 @@ from dicosa.data.video import (
     check_videos,
     load_video,
     sample_indices,
+    sample_indices_released,
     video_info,
 )
 from tests._videos import level_to_index, truncate, write_frames, write_video
@@ -298,3 +299,28 @@ def test_compress_refuses_to_write_into_its_source(tmp_path):
             plan_outputs(tmp_path, dst)
     shutil.rmtree(tmp_path / "out", ignore_errors=True)
     assert plan_outputs(tmp_path, tmp_path.parent / "elsewhere") != []
+
+
+# ---------------------------------------------------------------- the released protocol
+
+
+def test_released_indices_are_one_a_second_then_evenly_spaced():
+    assert sample_indices_released(50, 3, fps=10).tolist() == [0, 20, 40]  # of 0, 10, .., 40
+    assert sample_indices_released(50, 12, fps=10).tolist() == [0, 10, 20, 30, 40]
+    assert sample_indices_released(100, 4, fps=10, start=25, end=95).tolist() == [25, 45, 65, 85]
+    assert sample_indices_released(7, 4, fps=0.5).tolist() == [0, 2, 4, 6]  # every frame
+    assert sample_indices_released(10, 4, fps=10, start=12).tolist() == []
+
+
+def test_released_sampling_in_training_and_mean_colour_padding(tmp_path):
+    path = write_video(tmp_path / "v.mp4", 50, fps=10)
+    mean = (123, 117, 104)  # CLIP's mean colour in uint8
+    for train in (True, False):  # the released grid is used in training too
+        frames, mask = load_video(path, 8, 32, train=train, rng=np.random.default_rng(1),
+                                  sampling="released", pad_colour=mean)
+        assert decoded_indices(frames, mask).tolist() == [0, 10, 20, 30, 40]
+        assert mask.tolist() == [True] * 5 + [False] * 3
+        padded = frames[5:].permute(1, 0, 2, 3).flatten(1)  # [3, pixels]
+        assert padded.eq(torch.tensor(mean, dtype=torch.uint8)[:, None]).all()
+    with pytest.raises(ValueError, match="sampling"):
+        load_video(path, 8, 32, sampling="uniform")

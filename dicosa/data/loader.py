@@ -14,14 +14,29 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..clip import CLIP_MEAN
+from .augment import ClipRandAugment
 from .datasets import RetrievalSplit
 from .video import VideoDecodeError, check_videos, load_video
 
-__all__ = ["BadVideosError", "TextDataset", "TrainDataset", "VideoDataset"]
+__all__ = ["PAD_COLOURS", "BadVideosError", "TextDataset", "TrainDataset", "VideoDataset"]
 
 log = logging.getLogger(__name__)
 
 Tokenize = Callable[[list[str]], torch.Tensor]
+
+# data.frame_padding -> the RGB of padded rows. CLIP's mean colour is what the released loader's
+# zero rows become once normalised (to 0.5/255 per channel: uint8 cannot hold it exactly).
+PAD_COLOURS: dict[str, tuple[int, int, int]] = {
+    "black": (0, 0, 0),
+    "mean": tuple(round(255 * m) for m in CLIP_MEAN),  # (123, 117, 104)
+}
+
+
+def _pad_colour(padding: str) -> tuple[int, int, int]:
+    if padding not in PAD_COLOURS:
+        raise ValueError(f"frame padding must be one of {sorted(PAD_COLOURS)}, got {padding!r}")
+    return PAD_COLOURS[padding]
 
 
 class BadVideosError(VideoDecodeError):
@@ -54,8 +69,13 @@ class TrainDataset(Dataset):
     substitutions it needed: summing that over batches counts failures across DataLoader
     workers, which :attr:`bad_videos` (per process) cannot.
 
-    Frame offsets come from torch's RNG, so ``torch.manual_seed`` (and DataLoader's per-worker
-    seeding) makes them reproducible while every epoch samples new ones.
+    Frame offsets and the augmentation's draws come from torch's RNG, so
+    ``torch.manual_seed`` (and DataLoader's per-worker seeding) makes them reproducible while
+    every epoch samples new ones.
+
+    Args:
+        sampling, padding: ``data.frame_sampling`` and ``data.frame_padding``.
+        augment: ``data.augment``, a timm RandAugment string, or None.
     """
 
     def __init__(
@@ -66,6 +86,9 @@ class TrainDataset(Dataset):
         image_size: int,
         seed: int = 0,
         max_substitutions: int = 20,
+        sampling: str = "segments",
+        padding: str = "black",
+        augment: str | None = None,
     ) -> None:
         if split.num_captions == 0:
             raise ValueError(f"{split.name} has no captions to train on")
@@ -75,6 +98,9 @@ class TrainDataset(Dataset):
         self.image_size = image_size
         self.seed = seed
         self.max_substitutions = max_substitutions
+        self.sampling = sampling
+        self.pad_colour = _pad_colour(padding)
+        self.augment = ClipRandAugment(augment, image_size) if augment else None
         self.bad_videos: set[str] = set()
 
     def __len__(self) -> int:
@@ -98,12 +124,15 @@ class TrainDataset(Dataset):
             try:
                 frames, mask = load_video(
                     path, self.num_frames, self.image_size, train=True,
-                    segment=self.split.segments[video], rng=rng,
+                    segment=self.split.segments[video], rng=rng, sampling=self.sampling,
+                    pad_colour=self.pad_colour,
                 )
             except VideoDecodeError as exc:
                 self.bad_videos.add(path)
                 log.warning("skipping unusable training video %s (%s)", exc.path, exc.reason)
                 continue
+            if self.augment is not None:
+                frames = self.augment(frames, mask, seed=int(rng.integers(2**63)))
             return {
                 "tokens": self.tokenize([self.split.captions[caption]])[0],
                 "frames": frames,
@@ -129,10 +158,13 @@ class VideoDataset(Dataset):
     :class:`BadVideosError` listing them all, so one run shows the whole repair list.
     """
 
-    def __init__(self, split: RetrievalSplit, num_frames: int, image_size: int) -> None:
+    def __init__(self, split: RetrievalSplit, num_frames: int, image_size: int,
+                 sampling: str = "segments", padding: str = "black") -> None:
         self.split = split
         self.num_frames = num_frames
         self.image_size = image_size
+        self.sampling = sampling
+        self.pad_colour = _pad_colour(padding)
 
     def __len__(self) -> int:
         return self.split.num_videos
@@ -149,7 +181,8 @@ class VideoDataset(Dataset):
         try:
             frames, mask = load_video(
                 self.split.video_paths[index], self.num_frames, self.image_size,
-                train=False, segment=self.split.segments[index],
+                train=False, segment=self.split.segments[index], sampling=self.sampling,
+                pad_colour=self.pad_colour,
             )
         except VideoDecodeError as exc:
             log.error("%s; checking every video of %s", exc, self.split.name)

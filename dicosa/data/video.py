@@ -2,9 +2,12 @@
 
 Frames are sampled uniformly over the clip (or a ``[start, end]`` segment in seconds): the
 clip is cut into N equal segments and one frame is taken from each, at a random offset in
-training and at the segment centre in evaluation. Output is uint8 ``[N, 3, S, S]`` with the
-short side resized to ``S`` (bicubic) and centre-cropped; normalisation happens later, on the
-device. Every failure to read a file surfaces as :class:`VideoDecodeError`.
+training and at the segment centre in evaluation (``sampling="segments"``); or, as the
+released code does, the frames at 1 fps are taken and N evenly spaced among those, in
+training too (``sampling="released"``). Output is uint8 ``[N, 3, S, S]`` with the short side
+resized to ``S`` (bicubic) and centre-cropped, rows past a short clip's frames filled with a
+padding colour; normalisation happens later, on the device. Every failure to read a file
+surfaces as :class:`VideoDecodeError`.
 
 Two decoders sit behind one interface: MJPEG files (the default output of
 ``data_prep/compress_videos.py``) are demuxed with PyAV and only the sampled JPEGs decoded,
@@ -36,6 +39,7 @@ __all__ = [
     "check_videos",
     "load_video",
     "sample_indices",
+    "sample_indices_released",
     "video_info",
 ]
 
@@ -109,6 +113,29 @@ def sample_indices(
     # non-empty and the picks stay sorted and distinct.
     edges = start + np.floor(np.arange(num_frames + 1) * step).astype(np.int64)
     return rng.integers(edges[:-1], edges[1:]).astype(np.int64)
+
+
+def sample_indices_released(num_total: int, num_frames: int, fps: float, start: int = 0,
+                            end: int | None = None) -> np.ndarray:
+    """The released loader's frames in ``[start, end)``: one frame a second, then up to
+    ``num_frames`` evenly spaced among those (the first and last included).
+
+    "One a second" is every ``int(fps)``-th frame from ``start`` (every frame when the rate
+    is below 1 or unknown). Deterministic: training and evaluation take the same frames.
+
+    Returns:
+        int64 array ``[min(N, seconds)]``, strictly increasing.
+    """
+    if num_frames < 1:
+        raise ValueError(f"num_frames must be >= 1, got {num_frames}")
+    end = num_total if end is None else min(end, num_total)
+    start = max(0, start)
+    if end <= start:
+        return np.zeros(0, dtype=np.int64)
+    grid = np.arange(start, end, max(1, int(fps)), dtype=np.int64)  # 1 fps
+    if len(grid) <= num_frames:
+        return grid
+    return grid[np.linspace(0, len(grid) - 1, num_frames).astype(np.int64)]
 
 
 def _check_file(path: Path) -> None:
@@ -275,6 +302,8 @@ def load_video(
     segment: tuple[float, float] | None = None,
     rng: np.random.Generator | None = None,
     decoder: str = "auto",
+    sampling: str = "segments",
+    pad_colour: tuple[int, int, int] = (0, 0, 0),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode ``num_frames`` frames of ``path`` as model input.
 
@@ -282,21 +311,27 @@ def load_video(
         path: video file.
         num_frames: N.
         image_size: S, side of the square output frames.
-        train: random offset inside each segment (True) or segment centres (False).
+        train: random offset inside each segment (True) or segment centres (False); the
+            released sampling ignores it.
         segment: ``(start, end)`` in seconds to sample from; the whole video when None.
         rng: generator for training offsets.
         decoder: ``"auto"`` decodes MJPEG files (what ``compress_videos`` writes by default)
             with libjpeg-turbo and everything else with decord; ``"decord"`` uses decord for
             every file.
+        sampling: ``"segments"`` (:func:`sample_indices`) or ``"released"``
+            (:func:`sample_indices_released`).
+        pad_colour: RGB of the rows past the decoded frames.
 
     Returns:
-        frames: uint8 ``[N, 3, S, S]``; rows past the decoded frames are zero.
+        frames: uint8 ``[N, 3, S, S]``; rows past the decoded frames are ``pad_colour``.
         mask: bool ``[N]``, True for real frames.
 
     Raises:
         VideoDecodeError: the file is missing, empty, or cannot be decoded.
     """
     path = Path(path)
+    if sampling not in ("segments", "released"):
+        raise ValueError(f"sampling must be 'segments' or 'released', got {sampling!r}")
 
     def pick(total: int, fps: float) -> np.ndarray:
         start, end = 0, total
@@ -306,6 +341,8 @@ def load_video(
             start = min(max(0, int(np.floor(segment[0] * fps))), total - 1)
             # A segment that rounds to nothing still yields one frame rather than none.
             end = min(total, max(start + 1, int(np.ceil(segment[1] * fps))))
+        if sampling == "released":
+            return sample_indices_released(total, num_frames, fps, start, end)
         return sample_indices(total, num_frames, train, rng, start, end)
 
     decoded = _resize_crop(_decode(path, pick, image_size, decoder), image_size)
@@ -313,7 +350,8 @@ def load_video(
     mask[: len(decoded)] = True
     if len(decoded) == num_frames:
         return decoded, mask
-    frames = torch.zeros(num_frames, 3, image_size, image_size, dtype=torch.uint8)
+    colour = torch.tensor(pad_colour, dtype=torch.uint8).view(1, 3, 1, 1)
+    frames = colour.expand(num_frames, 3, image_size, image_size).clone()
     frames[: len(decoded)] = decoded
     return frames, mask
 

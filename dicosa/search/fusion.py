@@ -1,0 +1,281 @@
+"""Fused scoring for incomplete entries: DiCoSA + β·(Mul2vec topic or title similarity).
+
+Every indexed row may have a video (decodable frames, possibly with a fraction lost) and a
+title. What the index stores per row for fusion (:class:`FusionRows`, built by
+:func:`fusion_rows` when the row is added):
+
+==============  ==============  =========================================================
+array           shape / dtype   how it is computed
+==============  ==============  =========================================================
+``semantic``    [n, K] float32  Mul2vec's g (unit norm): the mean of the title view
+                                f(title) and the video view f_v(proxy) weighted by
+                                ``has_title`` and ``(1 - frames_lost)``
+                                (:meth:`Mul2vecHead.entity_vectors`); absent without a head
+``title_text``  [n, D] float32  DiCoSA's text vector of the title (unit norm), zeros where
+                                there is none (late fusion; also what a text-only row
+                                offers a dense first stage)
+``title``       [n] str         the title as given ("" = none); metadata column
+``text_only``   [n] bool        no decodable frame: DiCoSA cannot score the row
+``frames_lost`` [n] float32     fraction of the frames that did not decode
+==============  ==============  =========================================================
+
+Fused score of query q and row v (:func:`fused_scores`)::
+
+    S = S_DiCoSA(q, v) + β_sem·cos(θ_q, g_v) + β_title·cos(e_q, e_title(v))
+
+A part a row lacks (DiCoSA for a text-only row, the title term for an untitled one) is
+imputed from the part it has (:func:`fill_missing`): the query's mean of the missing part
+plus ``trust`` x its spread x the row's z-score in the other part, so a text-only row whose
+title matches the query as well as the best videos do ranks among them. (The plain mean,
+trust = 0, left every text-only clip out of the top 10 on the synthetic benchmark.) Mul2vec
+fusion is β_title = 0; late fusion is β_sem = 0; each β is chosen on the validation split
+(``benchmarks/mul2vec.py``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .types import Candidates, EncodedQueries
+
+__all__ = ["FusionRerank", "FusionRows", "SemanticStage", "fill_missing", "fused_scores",
+           "fusion_rows"]
+
+
+@dataclass(frozen=True)
+class FusionRows:
+    """The per-row fusion arrays of an index, indexed by row id (see the module table)."""
+
+    title_text: np.ndarray  # float32 [n, D]
+    title: list[str]  # [n]
+    text_only: np.ndarray  # bool [n]
+    frames_lost: np.ndarray  # float32 [n]
+    semantic: np.ndarray | None = None  # float32 [n, K]
+
+    @property
+    def has_title(self) -> np.ndarray:
+        return np.array([bool(t) for t in self.title], dtype=bool)
+
+    def __len__(self) -> int:
+        return len(self.title)
+
+    def extend(self, new: FusionRows) -> FusionRows:
+        """These rows followed by ``new`` (the next row ids), as an index appends them."""
+        semantic = None
+        if self.semantic is not None and new.semantic is not None:
+            semantic = np.concatenate([self.semantic, new.semantic])
+        return FusionRows(np.concatenate([self.title_text, new.title_text]),
+                          self.title + new.title,
+                          np.concatenate([self.text_only, new.text_only]),
+                          np.concatenate([self.frames_lost, new.frames_lost]), semantic)
+
+
+@torch.no_grad()
+def fusion_rows(title: list[str], title_text: Tensor, proxy: Tensor, text_only: np.ndarray,
+                frames_lost: np.ndarray, head=None) -> FusionRows:
+    """The fusion arrays of new rows.
+
+    Args:
+        title: ``[n]`` titles ("" where none).
+        title_text: DiCoSA text vectors of the titles ``[n, D]`` (any value where none).
+        proxy: video proxies ``[n, D]`` (:func:`dicosa.functional.video_proxy` over the
+            decodable frames; any value for text-only rows).
+        text_only: ``[n]`` bool, the rows without a decodable frame.
+        frames_lost: ``[n]`` fraction of each video's frames that did not decode.
+        head: a :class:`dicosa.heads.mul2vec.Mul2vecHead` to fill ``semantic`` (or None).
+    """
+    has_title = torch.tensor([bool(t) for t in title])
+    text_vectors = F.normalize(title_text.float(), dim=-1) * has_title[:, None]
+    semantic = None
+    if head is not None:
+        semantic = head.entity_vectors(title_text.float(), has_title, proxy.float(),
+                                       ~torch.as_tensor(text_only),
+                                       torch.as_tensor(frames_lost)).numpy()
+    return FusionRows(text_vectors.numpy().astype(np.float32), list(title),
+                      np.asarray(text_only, dtype=bool),
+                      np.asarray(frames_lost, dtype=np.float32), semantic)
+
+
+def fill_missing(part: Tensor, present: Tensor, evidence: Tensor | None = None,
+                 trust: float = 0.0) -> Tensor:
+    """``part [Q, V]`` with the entries where ``present [V]`` (or ``[Q, V]``) is False imputed:
+    the query's mean of ``part`` over the present rows, plus ``trust`` times its spread times
+    the row's z-score in ``evidence [Q, V]`` (another score every row has).
+
+    ``trust`` = 0 is "no evidence either way"; 1 places a row the other part ranks two
+    deviations above the rest two deviations above the rest here too. It is chosen on the
+    validation split with β.
+    """
+    present = present.expand_as(part)
+    mean, std = _moments(part, present)
+    guess = mean.expand_as(part)
+    if evidence is not None and trust:
+        e_mean, e_std = _moments(evidence, present)
+        guess = mean + trust * std * (evidence - e_mean) / e_std.clamp_min(1e-6)
+    return torch.where(present, part, guess)
+
+
+def _moments(part: Tensor, present: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-query mean and standard deviation ``[Q, 1]`` of ``part`` over ``present``."""
+    count = present.sum(dim=1, keepdim=True).clamp_min(1)
+    mean = torch.where(present, part, 0).sum(dim=1, keepdim=True) / count
+    var = torch.where(present, (part - mean) ** 2, 0).sum(dim=1, keepdim=True) / count
+    return mean, var.sqrt()
+
+
+def fused_scores(dicosa: Tensor, has_video: Tensor, semantic: Tensor | None = None,
+                 title: Tensor | None = None, has_title: Tensor | None = None, *,
+                 beta_semantic: float = 0.0, beta_title: float = 0.0,
+                 trust: float = 0.0) -> dict[str, Tensor]:
+    """The fused score and its parts, every one ``[Q, V]``.
+
+    Args:
+        dicosa: DiCoSA's S (any value, NaN included, where ``has_video`` is False).
+        has_video: ``[V]`` or ``[Q, V]`` bool.
+        semantic: cos(θ_q, g_v) (Mul2vec); present for every row.
+        title: cos(e_q, e_title); ``has_title`` says where it exists.
+
+    A text-only row's DiCoSA part is imputed (:func:`fill_missing` with ``trust``) from the
+    semantic part (Mul2vec) or else the title part; an untitled row's title part from its
+    DiCoSA part.
+
+    Returns:
+        ``{"dicosa", "semantic", "title"}`` (missing parts imputed, unweighted; absent when
+        not given) and ``"fused"`` = dicosa + β_sem·semantic + β_title·title.
+    """
+    dicosa = torch.nan_to_num(dicosa)
+    parts = {}
+    if title is not None:
+        has_title = (has_title if has_title is not None
+                     else torch.ones(title.shape[-1], dtype=torch.bool)).expand_as(title)
+        # Imputed from DiCoSA where the row has a video, else left at the title mean.
+        parts["title"] = fill_missing(title, has_title, fill_missing(dicosa, has_video),
+                                      trust)
+    if semantic is not None:
+        parts["semantic"] = semantic
+    evidence = parts.get("semantic", parts.get("title"))
+    parts["dicosa"] = fill_missing(dicosa, has_video, evidence, trust)
+    fused = parts["dicosa"].clone()
+    if semantic is not None:
+        fused = fused + beta_semantic * semantic
+    if title is not None:
+        fused = fused + beta_title * parts["title"]
+    parts["fused"] = fused
+    return parts
+
+
+class FusionRerank:
+    """The :class:`~dicosa.search.types.RerankHook` of fused scoring.
+
+    Args:
+        rows: the index's fusion arrays, indexed by row id.
+        head: the Mul2vec head (θ_q = f(e_q)); needed when ``beta_semantic`` is non-zero.
+        beta_semantic, beta_title: the weights of the two extra parts.
+        trust: how far a missing part follows the part a row has (:func:`fill_missing`).
+
+    DiCoSA's rescored ``scores`` of text-only rows are ignored (pass NaN or anything); the
+    missing parts are filled over the candidate list it is given, so the exhaustive path
+    (every row a candidate) is :func:`fused_scores` exactly.
+    """
+
+    def __init__(self, rows: FusionRows, head=None, *, beta_semantic: float = 0.0,
+                 beta_title: float = 0.0, trust: float = 0.0):
+        if beta_semantic and (head is None or rows.semantic is None):
+            raise ValueError("Mul2vec fusion (beta_semantic != 0) needs the head and the rows' "
+                             "semantic vectors")
+        self.rows, self.head = rows, head
+        self.beta_semantic, self.beta_title, self.trust = beta_semantic, beta_title, trust
+
+    def __call__(self, queries: EncodedQueries, ids: np.ndarray, scores: Tensor) -> Tensor:
+        return self.explain(queries, ids, scores)["fused"]
+
+    @torch.no_grad()
+    def explain(self, queries: EncodedQueries, ids: np.ndarray,
+                scores: Tensor) -> dict[str, Tensor]:
+        """Every part of the fused score of the candidates ``ids [Q, k]`` (-1 pads, which
+        keep -inf)."""
+        valid = torch.as_tensor(ids >= 0)  # [Q, k]
+        rows = torch.as_tensor(np.where(ids >= 0, ids, 0))
+        has_video = valid & ~torch.as_tensor(self.rows.text_only)[rows]
+        extra = {}
+        if self.beta_semantic:
+            theta = query_topics(queries, self.head)
+            g = torch.as_tensor(self.rows.semantic)[rows]  # [Q, k, K]
+            extra["semantic"] = torch.einsum("qk,qnk->qn", theta.float(), g)
+        if self.beta_title:
+            e_q = F.normalize(queries.text.text.float(), dim=-1)
+            e_title = torch.as_tensor(self.rows.title_text)[rows]  # [Q, k, D]
+            extra["title"] = torch.einsum("qd,qnd->qn", e_q, e_title)
+            extra["has_title"] = valid & torch.as_tensor(self.rows.has_title)[rows]
+        parts = fused_scores(scores.float(), has_video, beta_semantic=self.beta_semantic,
+                             beta_title=self.beta_title, trust=self.trust, **extra)
+        parts["fused"] = parts["fused"].masked_fill(~valid, float("-inf"))
+        return parts
+
+
+def query_topics(queries: EncodedQueries, head) -> Tensor:
+    """θ_q ``[Q, K]``, computed once per batch and kept in ``queries.extra["mul2vec"]``."""
+    if "mul2vec" not in queries.extra:
+        queries.extra["mul2vec"] = head.query_vectors(queries.text.text.float())
+    return queries.extra["mul2vec"]
+
+
+class SemanticStage:
+    """A :class:`~dicosa.search.types.FirstStage` over the rows' Mul2vec vectors g.
+
+    A text-only row has no video proxy for the dense stage; this stage finds it (and any
+    row) by cos(θ_q, g_v). Its candidates are meant to be merged with the dense stage's
+    before DiCoSA rescores them. Exhaustive inner products: K = 50 floats per row.
+    """
+
+    name = "semantic"
+    FILE = "semantic.npz"
+
+    def __init__(self, head, topics: int):
+        self.head = head
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.vectors = np.zeros((0, topics), dtype=np.float32)
+
+    def add(self, ids: np.ndarray, videos: np.ndarray) -> None:
+        """``videos``: the rows' ``FusionRows.semantic`` ``[n, K]``."""
+        self.ids = np.concatenate([self.ids, np.asarray(ids, dtype=np.int64)])
+        self.vectors = np.concatenate([self.vectors, np.asarray(videos, dtype=np.float32)])
+
+    def remove(self, ids: np.ndarray) -> None:
+        keep = ~np.isin(self.ids, ids)
+        self.ids, self.vectors = self.ids[keep], self.vectors[keep]
+
+    @torch.no_grad()
+    def search(self, queries: EncodedQueries, k: int) -> Candidates:
+        theta = query_topics(queries, self.head).numpy()  # [Q, K]
+        scores = theta @ self.vectors.T  # [Q, n]
+        count = min(k, len(self.ids))
+        ids = np.full((len(queries), k), -1, dtype=np.int64)
+        best = np.full((len(queries), k), -np.inf, dtype=np.float32)
+        if count:
+            top = np.argsort(-scores, axis=1, kind="stable")[:, :count]
+            ids[:, :count] = self.ids[top]
+            best[:, :count] = np.take_along_axis(scores, top, axis=1)
+        return Candidates(ids, best, self.name)
+
+    def save(self, directory: str | os.PathLike) -> None:
+        from ..checkpoint import write_bytes_atomic
+
+        buffer = io.BytesIO()
+        np.savez(buffer, ids=self.ids, vectors=self.vectors)
+        write_bytes_atomic(Path(directory) / self.FILE, buffer.getvalue())
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, head) -> SemanticStage:
+        with np.load(Path(directory) / cls.FILE) as stored:
+            stage = cls(head, stored["vectors"].shape[1])
+            stage.ids, stage.vectors = stored["ids"], stored["vectors"]
+        return stage
