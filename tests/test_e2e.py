@@ -53,7 +53,7 @@ def test_training_learns_the_synthetic_benchmark(tmp_path):
                              progress=False)
     first = top5 = 0
     for caption, video in zip(test.captions, test.caption_video, strict=True):
-        hits = [Path(path).name for path, _ in index.search(caption, k=5)]
+        hits = [Path(hit.path).name for hit in index.search(caption, k=5)]
         first += hits[0] == test.video_paths[video].name
         top5 += test.video_paths[video].name in hits
     print(f"index search: right clip first for {first}/{NUM_TEST}, in the top 5 for {top5}")
