@@ -166,8 +166,9 @@ class LexicalHead(Head):
 
     def prepare(self, queries: Any, mode: str = "lexical") -> None:
         """Fill ``queries.extra["lexical"]`` (an :class:`~dicosa.search.types.EncodedQueries`)
-        with the queries' sparse vectors as scipy CSR ``[Q, |V|]``: ``"lexical"`` runs the
-        head on the DiCoSA text vectors, ``"bow"`` uses only the query's words."""
+        with the queries' sparse vectors as scipy CSR ``[Q, |V|]`` (and ``"lexical_mode"``
+        with ``mode``): ``"lexical"`` runs the head on the DiCoSA text vectors, ``"bow"``
+        uses only the query's words."""
         texts = [q.text for q in queries.queries]
         if mode == "bow":
             vectors = self.bow(texts)
@@ -176,6 +177,7 @@ class LexicalHead(Head):
         else:
             raise ValueError(f"unknown lexical query mode '{mode}'; use lexical or bow")
         queries.extra["lexical"] = to_csr(vectors)
+        queries.extra["lexical_mode"] = mode
 
     def top_words(self, vector: Tensor, n: int = 10) -> list[tuple[str, float]]:
         """The ``n`` heaviest words of one sparse vector ``[|V|]`` (non-zero ones only)."""
