@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-SCRIPTS = ["train_step.py", "score.py", "data.py", "train_epoch.py", "ablation.py"]
+SCRIPTS = ["train_step.py", "score.py", "data.py", "train_epoch.py", "ablation.py", "lexical.py"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -297,11 +297,11 @@ class VDRHead(LexicalHead):
 
     def text_weights(self, text: Tensor) -> Tensor:
         """V_q: ``[B, D]`` -> ``[B, |V|]`` (one state per text: the cached text vector)."""
-        return elu1p(self.text_proj(self.text_norm(text)))
+        return elu1p(self.text_proj(self.text_norm(text.float())))
 
     def frame_weights(self, frames: Tensor) -> Tensor:
         """Per-frame V_p: ``[B_v, N, D]`` -> ``[B_v, N, |V|]``."""
-        return elu1p(self.video_proj(self.video_norm(frames)))
+        return elu1p(self.video_proj(self.video_norm(frames.float())))
 
     def video_weights(self, video: VideoFeatures) -> Tensor:
         """V_p: max over the valid frames, ``[B_v, |V|]``."""
@@ -403,14 +403,14 @@ class D2SHead(LexicalHead):
 
     def weights(self, dense: Tensor) -> Tensor:
         """g_ψ (Eqs. 4-5): ``[B, D]`` -> log(1 + ReLU(W2 LN(W1 z))) ``[B, |V|]``."""
-        return torch.log1p(F.relu(self.vocab_proj(self.norm(self.inner(F.normalize(dense,
-                                                                                   dim=-1))))))
+        z = F.normalize(dense.float(), dim=-1)  # stored features may be float16
+        return torch.log1p(F.relu(self.vocab_proj(self.norm(self.inner(z)))))
 
     def text_weights(self, text: Tensor) -> Tensor:
         return self.weights(text)
 
     def video_weights(self, video: VideoFeatures) -> Tensor:
-        return self.weights(DF.video_proxy(video.frames, video.frame_mask))
+        return self.weights(DF.video_proxy(video.frames.float(), video.frame_mask))
 
     @torch.no_grad()
     def encode_texts(self, text: Tensor, captions: list[str]) -> Tensor:
