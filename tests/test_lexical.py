@@ -234,3 +234,21 @@ def test_d2s_distils_and_expansion_control_keeps_caption_words(model, tmp_path):
     loaded = load_head(save_head(head, tmp_path / "d2s.pt", model), model, kind="d2s")
     torch.testing.assert_close(loaded.encode_texts(val.text.text, val.captions),
                                head.encode_texts(val.text.text, val.captions), rtol=0, atol=0)
+
+
+def test_token_states_come_from_the_same_forward_and_pool_over_valid_tokens(model, vdr):
+    from dicosa.clip import encode_text_token_states, encode_text_tokens, get_tokenizer
+    from dicosa.heads.lexical import TokenStates, text_token_states
+
+    tokens = get_tokenizer("dicosa-tiny", 16)(["a red square", "a blue circle and a cross"])
+    with torch.no_grad():
+        eot, states, valid = encode_text_token_states(model.clip, tokens)
+        torch.testing.assert_close(eot, encode_text_tokens(model.clip, tokens))
+    assert valid.sum(1).tolist() == [5, 8]  # SOT, the words, EOT
+    torch.testing.assert_close(states[0, 4], eot[0])  # the EOT token's state is the vector
+    pooled = text_token_states(model, ["a red square"])
+    assert pooled.states.shape == (1, 16, eot.shape[1]) and pooled.valid.sum() == 5
+    # Max over the valid tokens: the padded states never count, one valid token is the vector.
+    single = TokenStates(torch.stack([eot[:1], torch.full_like(eot[:1], 50.0)], 1),
+                         torch.tensor([[True, False]]))
+    torch.testing.assert_close(vdr.text_weights(single), vdr.text_weights(eot[:1]))

@@ -39,8 +39,23 @@ from .base import Head
 from .features import HeadData, SplitFeatures
 from .vocabulary import Vocabulary, build_vocabulary, word_vectors
 
-__all__ = ["D2SConfig", "D2SHead", "LexicalHead", "VDRConfig", "VDRHead", "bernoulli_schedule",
-           "cts_mask", "elu1p", "exact_at_k", "flops", "semantic_at_k", "to_csr", "top_k_gate"]
+__all__ = [
+    "D2SConfig",
+    "D2SHead",
+    "LexicalHead",
+    "TokenStates",
+    "VDRConfig",
+    "VDRHead",
+    "bernoulli_schedule",
+    "cts_mask",
+    "elu1p",
+    "exact_at_k",
+    "flops",
+    "semantic_at_k",
+    "text_token_states",
+    "to_csr",
+    "top_k_gate",
+]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +106,30 @@ def bernoulli_schedule(epoch: int, epochs: int, df: Tensor) -> tuple[float, Tens
 def to_csr(vectors: Tensor) -> sp.csr_matrix:
     """Dense ``[N, |V|]`` with zeros -> scipy CSR float32 (what the inverted index takes)."""
     return sp.csr_matrix(vectors.detach().cpu().float().numpy())
+
+
+@dataclass
+class TokenStates:
+    """Every token's state from the text tower (one forward with the EOT vector:
+    :func:`dicosa.clip.encode_text_token_states`): ``states [B, L, D]``, ``valid [B, L]``."""
+
+    states: Tensor
+    valid: Tensor
+
+    def __getitem__(self, index) -> TokenStates:
+        return TokenStates(self.states[index], self.valid[index])
+
+
+@torch.no_grad()
+def text_token_states(model: nn.Module, captions: list[str], batch: int = 256) -> TokenStates:
+    """The captions' token states from the frozen ``model`` (float32, CPU)."""
+    from ..clip import encode_text_token_states, get_tokenizer
+
+    tokenize = get_tokenizer(model.config.arch, model.config.max_words)
+    parts = [encode_text_token_states(model.clip, tokenize(captions[i:i + batch]))[1:]
+             for i in range(0, len(captions), batch)]
+    return TokenStates(torch.cat([p[0] for p in parts]).float().cpu(),
+                       torch.cat([p[1] for p in parts]).cpu())
 
 
 # -- the paper's metrics (D2S Eqs. 1-3) -----------------------------------------------------
@@ -173,11 +212,14 @@ class LexicalHead(Head):
         if mode == "bow":
             vectors = self.bow(texts)
         elif mode == "lexical":
-            vectors = self.encode_texts(queries.text.text.float(), texts)
+            vectors = self.encode_texts(self._query_text(queries), texts)
         else:
             raise ValueError(f"unknown lexical query mode '{mode}'; use lexical or bow")
         queries.extra["lexical"] = to_csr(vectors)
         queries.extra["lexical_mode"] = mode
+
+    def _query_text(self, queries: Any) -> Tensor | TokenStates:
+        return queries.text.text.float()
 
     def top_words(self, vector: Tensor, n: int = 10) -> list[tuple[str, float]]:
         """The ``n`` heaviest words of one sparse vector ``[|V|]`` (non-zero ones only)."""
@@ -200,13 +242,15 @@ class LexicalHead(Head):
         words over time. Uses the head's per-frame weights where it has them."""
         raise NotImplementedError
 
-    def evaluate(self, data: SplitFeatures, mode: str = "lexical") -> dict[str, float]:
-        """t2v R@1/5/10 of ``data``'s captions against its videos by the sparse score."""
+    def evaluate(self, data: SplitFeatures, mode: str = "lexical",
+                 text: Tensor | TokenStates | None = None) -> dict[str, float]:
+        """t2v R@1/5/10 of ``data``'s captions against its videos by the sparse score
+        (``text``: the captions' token states, for a head that reads them)."""
         videos = self.encode_videos(data.video)
         if mode == "bow":
             texts = self.bow(data.captions)
         else:
-            texts = self.encode_texts(data.text.text, data.captions)
+            texts = self.encode_texts(data.text.text if text is None else text, data.captions)
         return recall_at(texts @ videos.T, data.caption_video)
 
 
@@ -228,7 +272,7 @@ def _batches(data: SplitFeatures, batch_size: int, generator: torch.Generator):
 
 
 def _fit_loop(head: LexicalHead, data: HeadData, loss_fn, epochs: int, batch_size: int,
-              lr: float, seed: int, progress: bool, on_epoch=None) -> dict:
+              lr: float, seed: int, progress: bool, on_epoch=None, select_text=None) -> dict:
     """AdamW over ``epochs``; keeps the state with the best validation R@5 (training R@5 if
     there is no validation split). Returns plain facts for ``fit_report``."""
     generator = torch.Generator().manual_seed(seed)
@@ -248,7 +292,7 @@ def _fit_loop(head: LexicalHead, data: HeadData, loss_fn, epochs: int, batch_siz
             total += float(loss.detach())
         losses.append(total)
         head.eval()
-        score = head.evaluate(select)["R@5"]
+        score = head.evaluate(select, text=select_text)["R@5"]
         if progress:
             log.info("epoch %d loss %.4f %s R@5 %.1f", epoch, total, select.name, score)
         if score >= best:
@@ -272,6 +316,7 @@ def _init_projection(linear: nn.Linear, vectors: Tensor) -> None:
 class VDRConfig:
     distractors: int = 1000  # vocabulary = caption words + this many other whole words
     init: str = "embedding"  # projection init: embedding | encoded | random (appendix C)
+    text_states: str = "eot"  # text side reads: eot (the text vector) | tokens (max over all)
     text_k: int = 8  # top-k expansion of the parametric query (Eq. 4, plus its own words)
     video_k: int = 16  # non-zeros stored per video
     bow_entry: bool = True  # the non-parametric entry in the loss
@@ -295,9 +340,23 @@ class VDRHead(LexicalHead):
         self.video_norm = nn.LayerNorm(dim)
         self.video_proj = nn.Linear(dim, len(words))
 
-    def text_weights(self, text: Tensor) -> Tensor:
-        """V_q: ``[B, D]`` -> ``[B, |V|]`` (one state per text: the cached text vector)."""
+    def text_weights(self, text: Tensor | TokenStates) -> Tensor:
+        """V_q -> ``[B, |V|]``: of the text vector ``[B, D]`` (config ``text_states=eot``), or
+        max-pooled over the valid token states (``tokens``, the paper's text side)."""
+        if isinstance(text, TokenStates):
+            weights = elu1p(self.text_proj(self.text_norm(text.states.float())))  # [B, L, |V|]
+            return weights.masked_fill(~text.valid[..., None], 0.0).amax(1)
         return elu1p(self.text_proj(self.text_norm(text.float())))
+
+    def _query_text(self, queries: Any) -> Tensor | TokenStates:
+        if self.config.text_states != "tokens":
+            return queries.text.text.float()
+        states = queries.extra.get("token_states")
+        if not isinstance(states, TokenStates):
+            raise ValueError("this lexical head reads token states: encode the queries with "
+                             "dicosa.clip.encode_text_token_states and put TokenStates in "
+                             "queries.extra['token_states']")
+        return states
 
     def frame_weights(self, frames: Tensor) -> Tensor:
         """Per-frame V_p: ``[B_v, N, D]`` -> ``[B_v, N, |V|]``."""
@@ -313,7 +372,7 @@ class VDRHead(LexicalHead):
         return torch.maximum(top_k_gate(weights, self.config.text_k), (bow > 0).float())
 
     @torch.no_grad()
-    def encode_texts(self, text: Tensor, captions: list[str]) -> Tensor:
+    def encode_texts(self, text: Tensor | TokenStates, captions: list[str]) -> Tensor:
         weights = self.text_weights(text)
         return F.normalize(weights * self.text_gate(weights, self.vocab.bow(captions)), dim=-1)
 
@@ -330,7 +389,7 @@ class VDRHead(LexicalHead):
         valid = video.frame_mask[0]
         return [self.top_words(w, n) for w, ok in zip(weights, valid, strict=True) if ok]
 
-    def loss(self, text: Tensor, bow: Tensor, video: VideoFeatures,
+    def loss(self, text: Tensor | TokenStates, bow: Tensor, video: VideoFeatures,
              generator: torch.Generator | None = None) -> Tensor:
         """Eq. 5 on a batch of matched pairs ``text [B, D]``, ``bow [B, |V|]``, ``video``:
         the gated query against the fully activated video, plus (``bow_entry``) the bag of
@@ -363,13 +422,19 @@ class VDRHead(LexicalHead):
         _init_projection(head.video_proj, vectors)
         train = data.train
         bow = vocab.bow(train.captions)  # [C, |V|]
+        text, select_text = train.text.text, None
+        if config.text_states == "tokens":
+            text = text_token_states(model, train.captions)
+            select = data.val if data.val is not None else train
+            select_text = text_token_states(model, select.captions)
+        elif config.text_states != "eot":
+            raise ValueError(f"unknown text_states '{config.text_states}'; use eot or tokens")
 
         def loss_fn(captions, videos, generator):
-            return head.loss(train.text.text[captions], bow[captions], train.video[videos],
-                             generator)
+            return head.loss(text[captions], bow[captions], train.video[videos], generator)
 
         head.fit_report = _fit_loop(head, data, loss_fn, config.epochs, config.batch_size,
-                                    config.lr, seed, progress)
+                                    config.lr, seed, progress, select_text=select_text)
         head.fit_report["vocabulary"] = len(vocab)
         return head.eval()
 
