@@ -215,7 +215,7 @@ def test_vdr_round_trips_through_a_file(vdr, model, toy, tmp_path):
 
 def test_d2s_distils_and_expansion_control_keeps_caption_words(model, tmp_path):
     data = _toy(model, rotate=False)[0]  # texts and videos share a space: a good teacher
-    config = D2SConfig(distractors=300, epochs=15, eta=0.01)
+    config = D2SConfig(distractors=300, epochs=15, eta=0.01, teacher="proxy")
     head = D2SHead.fit(model, data, config, progress=False)
     free = D2SHead.fit(model, data, dataclasses.replace(config, caption_control=False,
                                                         word_control=False), progress=False)

@@ -317,12 +317,12 @@ class VDRConfig:
     distractors: int = 1000  # vocabulary = caption words + this many other whole words
     init: str = "embedding"  # projection init: embedding | encoded | random (appendix C)
     text_states: str = "eot"  # text side reads: eot (the text vector) | tokens (max over all)
-    text_k: int = 8  # top-k expansion of the parametric query (Eq. 4, plus its own words)
+    text_k: int = 4  # top-k expansion of the parametric query (Eq. 4, plus its own words)
     video_k: int = 16  # non-zeros stored per video
     bow_entry: bool = True  # the non-parametric entry in the loss
     cts: bool = True  # the contrastive mask
     temperature: float = 0.07
-    epochs: int = 40
+    epochs: int = 100
     batch_size: int = 64
     lr: float = 3e-3
 
@@ -444,12 +444,12 @@ class VDRHead(LexicalHead):
 class D2SConfig:
     distractors: int = 1000
     init: str = "embedding"  # W2 init: embedding | encoded | random
-    teacher: str = "proxy"  # proxy (cosine of text vector and video proxy) | dicosa (Eq. 9)
+    teacher: str = "dicosa"  # dicosa (Eq. 9 score) | proxy (cosine of text vector and proxy)
     caption_control: bool = True  # caption-level Bernoulli expansion control
     word_control: bool = True  # word-level control, p_i = 1 - df_i at the start
     eta: float = 1e-3  # L1 weight (λη of Eq. 7, with the distillation term weighted 1)
     tau: float = 0.001  # teacher temperature
-    epochs: int = 40
+    epochs: int = 100
     batch_size: int = 64
     lr: float = 3e-3
 
