@@ -194,6 +194,24 @@ def encode_text_tokens(clip: CLIP, tokens: torch.Tensor) -> torch.Tensor:
     (not an interpolation), so the forward is rewritten here with the sliced embedding and
     causal mask.
     """
+    x, eot_at = _text_tower(clip, tokens)
+    return _project_text(clip, x[torch.arange(x.shape[0], device=x.device), eot_at])
+
+
+def encode_text_token_states(clip: CLIP, tokens: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One text-tower forward giving the EOT vector ``[B, D]`` (what
+    :func:`encode_text_tokens` returns) and every token's state through the same final
+    LayerNorm and projection ``[B, L, D]``, with ``[B, L]`` bool marking the tokens up to and
+    including EOT (what VDR's text side max-pools over)."""
+    x, eot_at = _text_tower(clip, tokens)
+    eot = _project_text(clip, x[torch.arange(x.shape[0], device=x.device), eot_at])  # [B, D]
+    valid = torch.arange(x.shape[1], device=x.device)[None, :] <= eot_at[:, None]  # [B, L]
+    return eot, _project_text(clip, x), valid
+
+
+def _text_tower(clip: CLIP, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token states after ``ln_final`` ``[B, L, W]`` and the EOT position ``[B]``."""
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [B, L], got shape {tuple(tokens.shape)}")
     length = tokens.shape[1]
@@ -205,12 +223,14 @@ def encode_text_tokens(clip: CLIP, tokens: torch.Tensor) -> torch.Tensor:
     x = clip.token_embedding(tokens).to(cast_dtype)  # [B, L, W]
     x = x + clip.positional_embedding[:length].to(cast_dtype)
     x = clip.transformer(x, attn_mask=clip.attn_mask[:length, :length])
-    x = clip.ln_final(x)
     # The EOT token has the largest id in CLIP's vocabulary, so argmax finds it.
-    eot = x[torch.arange(x.shape[0], device=x.device), tokens.argmax(dim=-1)]  # [B, W]
+    return clip.ln_final(x), tokens.argmax(dim=-1)
+
+
+def _project_text(clip: CLIP, x: torch.Tensor) -> torch.Tensor:
     if isinstance(clip.text_projection, torch.nn.Linear):
-        return clip.text_projection(eot)
-    return eot @ clip.text_projection
+        return clip.text_projection(x)
+    return x @ clip.text_projection
 
 
 def get_tokenizer(arch: str, context_length: int) -> Callable[[list[str]], torch.Tensor]:

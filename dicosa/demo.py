@@ -5,7 +5,9 @@
 3. evaluate the best checkpoint on the test split (raw metrics table);
 4. draw the factor visualisation of the first test video and its caption;
 5. index the test videos and search them with that caption, in two stages (dense proxy
-   candidates, then the DiCoSA rerank), printing each stage's time.
+   candidates, then the DiCoSA rerank), printing each stage's time;
+6. train the lexical (VDR) head on the frozen model and print that query's words with their
+   contributions to the sparse score.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     num_train, num_test, train_overrides = _QUICK if quick else _FULL
     started = time.perf_counter()
 
-    _stage("1/5 synthetic benchmark")
+    _stage("1/6 synthetic benchmark")
     cfg = resolve_config(config, None, overrides)
     if cfg.model.pretrained is None:
         print(f"model: {cfg.model.arch} from random weights (model.pretrained is null: "
@@ -62,15 +64,15 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     cfg = replace(cfg, data={"root": str(data)},
                   train={"output_dir": str(out / "run"), **train_overrides})
 
-    _stage("2/5 training")
+    _stage("2/6 training")
     run = Path(train(cfg))
     checkpoint = run / "best.pt" if (run / "best.pt").is_file() else run / "last.pt"
 
-    _stage("3/5 evaluation")
+    _stage("3/6 evaluation")
     results = evaluate(cfg, checkpoint, out=out / "metrics.json")
     print(format_table(results))
 
-    _stage("4/5 factor visualisation")
+    _stage("4/6 factor visualisation")
     model, cfg = load(checkpoint)
     test = load_split(cfg.data.dataset, data, cfg.data.test_split)
     vocabulary = load_split(cfg.data.dataset, data, cfg.data.train_split).captions
@@ -85,7 +87,7 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
         print(f"  factor {k}: g·s = {pair.contributions[k]:+.3f}  "
               f"({', '.join(pair.factor_names[k])})")
 
-    _stage("5/5 index and search")
+    _stage("5/6 index and search")
     index = VideoIndex.build(model, test.video_paths, out / "index",
                              num_workers=cfg.data.num_workers, meta={
                                  "model": {"checkpoint": str(checkpoint.resolve())}})
@@ -106,13 +108,43 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
         mark = "  <- match" if Path(hit.path) == Path(video).resolve() else ""
         print(f"  {rank}. {hit.score:.4f}  {Path(hit.path).name}  ({hit.stage}){mark}")
 
+    _stage("6/6 words: the lexical (VDR) head")
+    row = [Path(p) for p in index.paths].index(Path(video).resolve())
+    head_path = _lexical_words(model, checkpoint, out / "lexical.pt", caption,
+                               index.store.gather(index.ids[row:row + 1]))
+
     outputs = {"data": data, "run": run, "checkpoint": checkpoint,
                "metrics": Path(results.get("json_path", out / "metrics.json")),
-               "figure": figure_path, "index": out / "index", "search": search_path}
+               "figure": figure_path, "index": out / "index", "search": search_path,
+               "lexical": head_path}
     _stage(f"done in {time.perf_counter() - started:.0f} s; outputs")
     for name, path in outputs.items():
         print(f"  {name:<11}{path}")
     return outputs
+
+
+def _lexical_words(model, checkpoint: Path, out: Path, caption: str, video) -> Path:
+    """Train the VDR head on the frozen ``model`` and print ``caption``'s words against
+    ``video`` (VideoFeatures of one video): the video's top words and each shared word's
+    contribution to the sparse score."""
+    import torch
+
+    from .clip import get_tokenizer
+    from .heads import load_head
+    from .heads.train import train_head
+
+    path = train_head("lexical", checkpoint, out, progress=False)
+    head = load_head(path, model, kind="lexical")
+    tokens = get_tokenizer(model.config.arch, model.config.max_words)([caption])
+    with torch.no_grad():
+        query = head.encode_texts(model.encode_text(tokens).text, [caption])[0]
+    stored = head.encode_videos(video)[0]
+    print(f"video's top words: {', '.join(f'{w} {v:.2f}' for w, v in head.top_words(stored, 8))}")
+    explained = head.explain(query, stored)
+    print(f'"{caption}": sparse score {float(query @ stored):.3f} =')
+    for word, value in explained.items():
+        print(f"  {word:<12} {value:+.3f}")
+    return path
 
 
 def _image_size(arch: str) -> int:

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 SCRIPTS = ["train_step.py", "score.py", "data.py", "train_epoch.py", "ablation.py",
-           "first_stage.py", "exclusion.py", "mul2vec.py", "search.py"]
+           "first_stage.py", "exclusion.py", "mul2vec.py", "search.py", "lexical.py"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

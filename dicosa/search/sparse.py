@@ -1,0 +1,154 @@
+"""An exact inverted index over word-named sparse video vectors: the lexical first stage.
+
+The videos' vectors (from a lexical head, :meth:`dicosa.heads.lexical.LexicalHead.encode_videos`)
+are held term-major: a scipy CSR matrix ``[|V|, n]`` whose row ``t`` is the posting list of
+word ``t`` (the videos that carry it, with their weights). A query's sparse vector
+``[Q, |V|]`` times that matrix walks exactly the posting lists of the query's words
+(scipy's sparse product touches no other entry), so the scores are exact dot products and a
+video that shares no word with the query is never a candidate.
+
+The query vectors come from ``queries.extra["lexical"]`` (scipy CSR ``[Q, |V|]``), filled by
+:meth:`~dicosa.heads.lexical.LexicalHead.prepare` in ``"lexical"`` (the head's parametric
+query) or ``"bow"`` (the query's own words, no network) mode.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from ..checkpoint import write_bytes_atomic
+from .types import Candidates, EncodedQueries
+
+__all__ = ["SparseIndexError", "SparseStage"]
+
+_FORMAT_VERSION = 1
+
+
+class SparseIndexError(ValueError):
+    """Rows or files that do not fit the sparse index (one sentence)."""
+
+
+def _as_csr(videos: object, width: int) -> sp.csr_matrix:
+    """A ``[n, |V|]`` float32 CSR from a scipy matrix, a numpy array or a torch tensor."""
+    if isinstance(videos, torch.Tensor):
+        videos = videos.detach().cpu().float().numpy()
+    matrix = sp.csr_matrix(videos, dtype=np.float32)
+    if matrix.shape[1] != width:
+        raise SparseIndexError(f"video vectors have {matrix.shape[1]} dimensions but this "
+                               f"index's vocabulary has {width} words")
+    if matrix.nnz and (matrix.data < 0).any():
+        raise SparseIndexError("sparse video vectors must be non-negative word weights")
+    matrix.eliminate_zeros()
+    return matrix
+
+
+class SparseStage:
+    """The lexical first stage (see the module docstring); implements ``FirstStage``."""
+
+    def __init__(self, words: list[str], name: str = "lexical"):
+        self.name = name
+        self.words = list(words)
+        self._ids = np.empty(0, dtype=np.int64)  # [n] store row ids
+        self._rows = sp.csr_matrix((0, len(self.words)), dtype=np.float32)  # [n, |V|]
+        self._postings: sp.csr_matrix | None = None  # [|V|, n], built on first search
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self._ids.copy()
+
+    def add(self, ids: np.ndarray, videos: object) -> None:
+        """Index rows ``ids [n]`` with their sparse vectors ``videos [n, |V|]``."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        rows = _as_csr(videos, len(self.words))
+        if rows.shape[0] != len(ids):
+            raise SparseIndexError(f"{len(ids)} ids for {rows.shape[0]} video vectors")
+        if len(np.unique(ids)) != len(ids) or np.isin(ids, self._ids).any():
+            raise SparseIndexError("row ids must be new and distinct (a row is indexed once)")
+        self._ids = np.concatenate([self._ids, ids])
+        self._rows = sp.vstack([self._rows, rows], format="csr")
+        self._postings = None
+
+    def remove(self, ids: np.ndarray) -> None:
+        """Stop returning rows ``ids`` (unknown ids are ignored)."""
+        keep = ~np.isin(self._ids, np.asarray(ids, dtype=np.int64))
+        self._ids = self._ids[keep]
+        self._rows = self._rows[keep]
+        self._postings = None
+
+    def scores(self, queries: sp.csr_matrix) -> sp.csr_matrix:
+        """Exact dot products ``[Q, n]`` of ``queries [Q, |V|]`` with every indexed video,
+        as a sparse matrix holding only the videos that share a word with the query."""
+        if queries.shape[1] != len(self.words):
+            raise SparseIndexError(f"query vectors have {queries.shape[1]} dimensions but this "
+                                   f"index's vocabulary has {len(self.words)} words")
+        if self._postings is None:
+            self._postings = self._rows.T.tocsr()  # term-major: row t = posting list of t
+        return (sp.csr_matrix(queries, dtype=np.float32) @ self._postings).tocsr()
+
+    def search(self, queries: EncodedQueries, k: int) -> Candidates:
+        """The ``k`` best rows per query by sparse dot product; ties go to the smaller id;
+        rows sharing no word with the query are not returned (``-1`` pads)."""
+        if k < 1:
+            raise SparseIndexError(f"k must be at least 1, got {k}")
+        vectors = queries.extra.get("lexical")
+        if vectors is None:
+            raise SparseIndexError("the queries carry no lexical vectors; call the lexical "
+                                   "head's prepare(queries) first")
+        matched = self.scores(vectors)
+        out_ids = np.full((matched.shape[0], k), -1, dtype=np.int64)
+        out_scores = np.full((matched.shape[0], k), -np.inf, dtype=np.float32)
+        for q in range(matched.shape[0]):
+            start, end = matched.indptr[q], matched.indptr[q + 1]
+            cols, values = matched.indices[start:end], matched.data[start:end]
+            keep = values > 0
+            cols, values = cols[keep], values[keep]
+            rows = self._ids[cols]
+            order = np.lexsort((rows, -values))[:k]  # by score, then by id
+            out_ids[q, :len(order)] = rows[order]
+            out_scores[q, :len(order)] = values[order]
+        return Candidates(out_ids, out_scores, str(queries.extra.get("lexical_mode", self.name)))
+
+    # -- files ------------------------------------------------------------------------------
+    def _path(self, directory: str | os.PathLike) -> Path:
+        return Path(directory) / f"sparse-{self.name}.npz"
+
+    def save(self, directory: str | os.PathLike) -> None:
+        """Write ``sparse-<name>.npz`` into ``directory`` atomically, with the umask."""
+        rows = self._rows
+        buffer = io.BytesIO()
+        np.savez(buffer, version=np.int64(_FORMAT_VERSION), ids=self._ids,
+                 words=np.array(self.words, dtype=str), data=rows.data, indices=rows.indices,
+                 indptr=rows.indptr)
+        write_bytes_atomic(self._path(directory), buffer.getvalue())
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, name: str = "lexical") -> SparseStage:
+        """The stage saved in ``directory`` (one-sentence SparseIndexError if damaged)."""
+        stage = cls([], name)
+        path = stage._path(directory)
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                if int(f["version"]) != _FORMAT_VERSION:
+                    raise SparseIndexError(f"{path} is a sparse index of format version "
+                                           f"{int(f['version'])}; this dicosa reads "
+                                           f"{_FORMAT_VERSION}")
+                words = [str(w) for w in f["words"]]
+                rows = sp.csr_matrix((f["data"], f["indices"], f["indptr"]),
+                                     shape=(len(f["ids"]), len(words)), dtype=np.float32)
+                ids = f["ids"].astype(np.int64)
+        except (FileNotFoundError, SparseIndexError):
+            raise
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            raise SparseIndexError(f"{path} is not a readable sparse index ({exc})") from None
+        stage.words, stage._ids, stage._rows = words, ids, rows
+        return stage
