@@ -127,10 +127,11 @@ def _exclusion(index, args: argparse.Namespace):
         if parse_query(args.query).exclude:
             log.warning("the query's exclusion is ignored without --concepts HEAD.pt")
         return None
+    from .config import dataclass_from_dict
     from .search.exclusion import ExclusionConfig
     from .search.exclusion_index import attach_exclusion
 
-    config = ExclusionConfig(presence_threshold=args.presence_threshold)
+    config = dataclass_from_dict(ExclusionConfig, _options(args.exclusion_set), "exclusion.")
     return attach_exclusion(index, args.concepts, config)
 
 
@@ -247,9 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out videos showing B (repeatable; needs --concepts)")
     p.add_argument("--concepts", metavar="HEAD.pt",
                    help="a concepts head: answers 'A without B' and --exclude")
-    p.add_argument("--presence-threshold", type=float, default=float("inf"),
-                   help="per-frame check: B is present where DiCoSA's score of B on a "
-                        "window reaches this (choose on validation; default off)")
+    p.add_argument("--exclusion-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an ExclusionConfig field: top_k_results, mass_fraction, candidates, "
+                        "window, presence_threshold (the per-frame check; off by default; "
+                        "choose it on validation with benchmarks/exclusion.py)")
     p.add_argument("--explain", action="store_true",
                    help="for exclusion queries, the concept dimensions each result matched")
     p.add_argument("--no-strict", action="store_true",
