@@ -5,7 +5,8 @@
 3. evaluate the best checkpoint on the test split (raw metrics table);
 4. draw the factor visualisation of the first test video and its caption;
 5. index the test videos and search them with that caption, in two stages (dense proxy
-   candidates, then the DiCoSA rerank), printing each stage's time.
+   candidates, then the DiCoSA rerank), printing each stage's time;
+6. train a concepts head, answer one "A without B" query and show which results show B.
 """
 
 from __future__ import annotations
@@ -106,9 +107,16 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
         mark = "  <- match" if Path(hit.path) == Path(video).resolve() else ""
         print(f"  {rank}. {hit.score:.4f}  {Path(hit.path).name}  ({hit.stage}){mark}")
 
+    _stage("and: an exclusion query (\"A without B\")")
+    from .search.exclusion_demo import run_exclusion_demo
+
+    exclusion_path = run_exclusion_demo(index, checkpoint, data, out, quick=quick)
+
     outputs = {"data": data, "run": run, "checkpoint": checkpoint,
                "metrics": Path(results.get("json_path", out / "metrics.json")),
                "figure": figure_path, "index": out / "index", "search": search_path}
+    if exclusion_path is not None:
+        outputs["exclusion"] = exclusion_path
     _stage(f"done in {time.perf_counter() - started:.0f} s; outputs")
     for name, path in outputs.items():
         print(f"  {name:<11}{path}")
