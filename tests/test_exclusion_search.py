@@ -135,3 +135,13 @@ def test_exclusion_on_the_command_line(collection, capsys, monkeypatch):
     assert capsys.readouterr().err.strip() == (
         "error: --exclude needs a concepts head: add --concepts HEAD.pt (train one with "
         "'python -m dicosa heads train concepts')")
+
+
+def test_demo_pair_has_a_with_and_without_b():
+    from dicosa.search.exclusion_demo import exclusion_pair
+
+    objects = {"v0": {"red circle", "blue square"}, "v1": {"red circle"}, "v2": {"red circle"},
+               "v3": {"blue square"}, "v4": {"green cross"}}
+    # Together in v0; red circle without blue square in v1, v2 (the reverse only in v3).
+    assert exclusion_pair(objects, list(objects)) == ("red circle", "blue square")
+    assert exclusion_pair({"v": {"a b"}}, ["v"]) is None
