@@ -92,7 +92,7 @@ class ConceptCodes:
         todo = todo[todo >= start]
         for i in range(0, len(todo), _CHUNK):
             ids = todo[i:i + _CHUNK]
-            video = store.gather(ids).to(dtype=torch.float32)
+            video = store.gather(ids).to(dtype=torch.float32)  # the head works on the CPU
             new[ids - start] = self.head.encode_videos(video).cpu().numpy()
         self.codes = np.concatenate([self.codes, new])
         self._save()
@@ -135,7 +135,10 @@ def attach_exclusion(index: VideoIndex, head: str | os.PathLike | ConceptCodesHe
     Returns:
         The registered hook (its :attr:`~IndexExclusion.last` call feeds :func:`explain_hits`).
     """
-    model = index._require_model()
+    model = index.model
+    if model is None:
+        raise RuntimeError("attach_exclusion needs an index with a model: "
+                           "VideoIndex.load(directory, model)")
     if isinstance(head, (str, os.PathLike)):
         head = load_head(Path(head), model, kind="concepts")
     head = head.to("cpu").eval()
