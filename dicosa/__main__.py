@@ -117,15 +117,13 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 def _exclusion(index, args: argparse.Namespace):
     """The exclusion hook of ``--concepts`` (None without); exclusions need one."""
-    from .search.query import QueryError, parse_query
+    from .search.query import QueryError
 
-    if args.concepts is None:
+    if args.concepts is None:  # "A without B" in the text: the index warns it is ignored
         if args.exclude or args.explain:
             option = "--exclude" if args.exclude else "--explain"
             raise QueryError(f"{option} needs a concepts head: add --concepts HEAD.pt (train "
                              "one with 'python -m dicosa heads train concepts')")
-        if parse_query(args.query).exclude:
-            log.warning("the query's exclusion is ignored without --concepts HEAD.pt")
         return None
     from .config import dataclass_from_dict
     from .search.exclusion import ExclusionConfig
