@@ -4,6 +4,8 @@
                            [--backend local|exact|milvus --uri URI] [--stage-option K=V]
     python -m dicosa search INDEX "a man is skiing" -k 10 [--candidates 1000 | --exhaustive]
                            [--checkpoint CKPT] [--json]
+                           [--concepts HEAD.pt [--exclude B ...] [--exclusion-set K=V]
+                            [--explain]]      ("A without B" queries)
     python -m dicosa heads train KIND --checkpoint CKPT --out HEAD.pt [--set key=value]
     python -m dicosa heads info HEAD.pt
     python -m dicosa convert RELEASED.pth --out dicosa.pt [--config CFG] [--set key=value]
