@@ -83,7 +83,8 @@ def test_exclusion_search_through_the_index(collection):
     assert [h.id for h in after] == [h.id for h in plain]  # no exclusion: nothing changes
     np.testing.assert_allclose([h.score for h in after], [h.score for h in plain], rtol=1e-6)
     for hits in (index.search(f"{article(A)} without {article(B)}", k=4),
-                 index.search(article(A), k=4, exclude=[article(B)])):
+                 index.search(article(A), k=4, exclude=[article(B)]),
+                 index.search(article(A), k=4, candidates=20, exclude=[article(B)])):
         assert not any(has_b(collection, hits))
         assert sorted(h.id for h in hits) == [0, 1, 2, 3]
     explained = explain_hits(rerank, hits)
@@ -130,7 +131,12 @@ def test_exclusion_on_the_command_line(collection, capsys, monkeypatch):
     assert cli.main([*base, *options]) == 0
     table = capsys.readouterr().out
     assert table.count("matched A on") == 4 and "B empty on" in table
-    # Exclusions without a head: one sentence, not a search that ignores them.
+    # Another model's head, or exclusions without a head: one sentence each.
+    torch.manual_seed(1)
+    other = DiCoSA.from_config(tiny_config(use_factors=False))
+    alien = save_head(trained_head()[1], collection["folder"] / "alien.pt", other)
+    assert cli.main([*base, "--exclude", article(B), "--concepts", str(alien)]) == 2
+    assert "was trained on a model with" in capsys.readouterr().err
     assert cli.main([*base, "--exclude", article(B)]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: --exclude needs a concepts head: add --concepts HEAD.pt (train one with "
