@@ -147,7 +147,11 @@ def test_demo_pair_has_a_with_and_without_b():
     from dicosa.search.exclusion_demo import exclusion_pair
 
     objects = {"v0": {"red circle", "blue square"}, "v1": {"red circle"}, "v2": {"red circle"},
-               "v3": {"blue square"}, "v4": {"green cross"}}
-    # Together in v0; red circle without blue square in v1, v2 (the reverse only in v3).
+               "v3": {"blue square"}, "v4": {"green cross", "white cross"},
+               "v5": {"green cross", "white cross"}}
+    # The crosses come together most often, but never apart. The circle and the square come
+    # together once; the circle without the square twice, the reverse once.
     assert exclusion_pair(objects, list(objects)) == ("red circle", "blue square")
+    objects["v6"] = objects["v7"] = {"green cross"}  # as many answers: together more often
+    assert exclusion_pair(objects, list(objects)) == ("green cross", "white cross")
     assert exclusion_pair({"v": {"a b"}}, ["v"]) is None

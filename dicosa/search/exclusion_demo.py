@@ -23,13 +23,15 @@ def clip_objects(data: Path) -> dict[str, set[str]]:
 
 
 def exclusion_pair(objects: dict[str, set[str]], clips: list[str]) -> tuple[str, str] | None:
-    """The (A, B) of ``clips`` where A and B appear together in some clip and A without B in
-    the most others (ties: alphabetical); None if no clip has two objects."""
+    """The (A, B) of ``clips`` that appear together in some clip, with A without B in the
+    most clips (the most right answers to find); ties: together in more clips, then
+    alphabetical. None if there is no such pair. Chosen from the labels only, never from
+    search results."""
     together = Counter((a, b) for c in clips for a in objects[c] for b in objects[c] if a != b)
     alone = {(a, b): sum(a in objects[c] and b not in objects[c] for c in clips)
              for a, b in together}
-    candidates = sorted((-n, pair) for pair, n in alone.items() if n)
-    return candidates[0][1] if candidates else None
+    candidates = sorted((-n, -together[pair], pair) for pair, n in alone.items() if n)
+    return candidates[0][2] if candidates else None
 
 
 def run_exclusion_demo(index, checkpoint: Path, data: Path, out: Path, *,
@@ -59,11 +61,15 @@ def run_exclusion_demo(index, checkpoint: Path, data: Path, out: Path, *,
         print(f"  {rank}. {hit.score:.4f}  {name}  objects: {', '.join(sorted(objects[name]))}"
               f"{'  <- shows ' + b if has_b else ''}")
         print(f"       {format_explanation(explained[rank - 1])}")
-    print(f"{sum(shows_b)} of {len(hits)} results show {b}"
+    plain = index.search(_article(a), k=k, candidates=len(index))
+    plain_b = sum(b in objects[Path(h.path).stem] for h in plain)
+    print(f"{sum(shows_b)} of {len(hits)} results show {b} ({plain_b} of {len(plain)} for "
+          f'the plain query "{_article(a)}")'
           + (" (the quick model is a smoke test, not a result)" if quick else ""))
     path = out / "exclusion.json"
     path.write_text(json.dumps({"query": query, "a": a, "b": b, "head": str(head_path),
-                                "results_showing_b": sum(shows_b), "results": [
+                                "results_showing_b": sum(shows_b),
+                                "plain_results_showing_b": plain_b, "results": [
                                     {**h.as_dict(), "shows_b": s, "explain": e}
                                     for h, s, e in zip(hits, shows_b, explained, strict=True)]},
                                indent=1))
