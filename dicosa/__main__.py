@@ -4,6 +4,8 @@
                            [--backend local|exact|milvus --uri URI] [--stage-option K=V]
     python -m dicosa search INDEX "a man is skiing" -k 10 [--candidates 1000 | --exhaustive]
                            [--checkpoint CKPT] [--json]
+                           [--concepts HEAD.pt [--exclude B ...] [--exclusion-set K=V]
+                            [--explain]]      ("A without B" queries)
     python -m dicosa heads train KIND --checkpoint CKPT --out HEAD.pt [--set key=value]
     python -m dicosa heads info HEAD.pt
     python -m dicosa convert RELEASED.pth --out dicosa.pt [--config CFG] [--set key=value]
@@ -89,12 +91,17 @@ def _cmd_search(args: argparse.Namespace) -> int:
     else:
         model, _ = load_model(args.checkpoint, args.config, args.set)
     index.attach(model, strict=not args.no_strict)
+    rerank = _exclusion(index, args)
     candidates = None if args.exhaustive else args.candidates
-    results, stats = index.search_with_stats(args.query, k=args.k, candidates=candidates)
+    results, stats = index.search_with_stats(args.query, k=args.k, candidates=candidates,
+                                             exclude=args.exclude)
+    explained = _explained(rerank, results, args)
     if args.json:
         print(json.dumps({"query": args.query, "index": str(args.index),
-                          "candidates": candidates, "stats": stats, "results": [
-                              {"rank": r, **hit.as_dict()} for r, hit in enumerate(results, 1)]}))
+                          "exclude": args.exclude, "candidates": candidates, "stats": stats,
+                          "results": [{"rank": r, **hit.as_dict(),
+                                       **({"explain": explained[r - 1]} if explained else {})}
+                                      for r, hit in enumerate(results, 1)]}))
         return 0
     how = ("every video scored by DiCoSA" if candidates is None else
            f"{stats['candidates'][0]} candidates from the {stats['stage']} stage reranked by "
@@ -103,7 +110,37 @@ def _cmd_search(args: argparse.Namespace) -> int:
     print(f"{'rank':>4}  {'score':>8}  {'stage':<10}  path")
     for rank, hit in enumerate(results, 1):
         print(f"{rank:>4}  {hit.score:>8.4f}  {hit.stage:<10}  {hit.path}")
+        if explained:
+            from .search.exclusion_index import format_explanation
+
+            print(f"{'':>16}{format_explanation(explained[rank - 1])}")
     return 0
+
+
+def _exclusion(index, args: argparse.Namespace):
+    """The exclusion hook of ``--concepts`` (None without); exclusions need one."""
+    from .search.query import QueryError
+
+    if args.concepts is None:  # "A without B" in the text: the index warns it is ignored
+        if args.exclude or args.explain:
+            option = "--exclude" if args.exclude else "--explain"
+            raise QueryError(f"{option} needs a concepts head: add --concepts HEAD.pt (train "
+                             "one with 'python -m dicosa heads train concepts')")
+        return None
+    from .config import dataclass_from_dict
+    from .search.exclusion import ExclusionConfig
+    from .search.exclusion_index import attach_exclusion
+
+    config = dataclass_from_dict(ExclusionConfig, _options(args.exclusion_set), "exclusion.")
+    return attach_exclusion(index, args.concepts, config)
+
+
+def _explained(rerank, results, args: argparse.Namespace) -> list[dict]:
+    if rerank is None or not args.explain:
+        return []
+    from .search.exclusion_index import explain_hits
+
+    return explain_hits(rerank, results)
 
 
 def _cmd_heads_train(args: argparse.Namespace) -> int:
@@ -207,6 +244,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exhaustive", action="store_true",
                    help="score every video with DiCoSA (the reference; slow on large indexes)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--exclude", action="append", default=[], metavar="B",
+                   help="leave out videos showing B (repeatable; needs --concepts)")
+    p.add_argument("--concepts", metavar="HEAD.pt",
+                   help="a concepts head: answers 'A without B' and --exclude")
+    p.add_argument("--exclusion-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an ExclusionConfig field: top_k_results, mass_fraction, candidates, "
+                        "window, presence_threshold (the per-frame check; off by default; "
+                        "choose it on validation with benchmarks/exclusion.py)")
+    p.add_argument("--explain", action="store_true",
+                   help="for exclusion queries, the concept dimensions each result matched")
     p.add_argument("--no-strict", action="store_true",
                    help="warn instead of failing when the model differs from the index's")
     _model_options(p, None)

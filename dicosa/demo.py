@@ -7,7 +7,8 @@
 5. index the test videos and search them with that caption, in two stages (dense proxy
    candidates, then the DiCoSA rerank), printing each stage's time;
 6. train the lexical (VDR) head on the frozen model and print that query's words with their
-   contributions to the sparse score.
+   contributions to the sparse score;
+7. train a concepts head, answer one "A without B" query and show which results show B.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     num_train, num_test, train_overrides = _QUICK if quick else _FULL
     started = time.perf_counter()
 
-    _stage("1/6 synthetic benchmark")
+    _stage("1/7 synthetic benchmark")
     cfg = resolve_config(config, None, overrides)
     if cfg.model.pretrained is None:
         print(f"model: {cfg.model.arch} from random weights (model.pretrained is null: "
@@ -64,15 +65,15 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     cfg = replace(cfg, data={"root": str(data)},
                   train={"output_dir": str(out / "run"), **train_overrides})
 
-    _stage("2/6 training")
+    _stage("2/7 training")
     run = Path(train(cfg))
     checkpoint = run / "best.pt" if (run / "best.pt").is_file() else run / "last.pt"
 
-    _stage("3/6 evaluation")
+    _stage("3/7 evaluation")
     results = evaluate(cfg, checkpoint, out=out / "metrics.json")
     print(format_table(results))
 
-    _stage("4/6 factor visualisation")
+    _stage("4/7 factor visualisation")
     model, cfg = load(checkpoint)
     test = load_split(cfg.data.dataset, data, cfg.data.test_split)
     vocabulary = load_split(cfg.data.dataset, data, cfg.data.train_split).captions
@@ -87,7 +88,7 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
         print(f"  factor {k}: g·s = {pair.contributions[k]:+.3f}  "
               f"({', '.join(pair.factor_names[k])})")
 
-    _stage("5/6 index and search")
+    _stage("5/7 index and search")
     index = VideoIndex.build(model, test.video_paths, out / "index",
                              num_workers=cfg.data.num_workers, meta={
                                  "model": {"checkpoint": str(checkpoint.resolve())}})
@@ -108,15 +109,22 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
         mark = "  <- match" if Path(hit.path) == Path(video).resolve() else ""
         print(f"  {rank}. {hit.score:.4f}  {Path(hit.path).name}  ({hit.stage}){mark}")
 
-    _stage("6/6 words: the lexical (VDR) head")
+    _stage("6/7 words: the lexical (VDR) head")
     row = [Path(p) for p in index.paths].index(Path(video).resolve())
     head_path = _lexical_words(model, checkpoint, out / "lexical.pt", caption,
                                index.store.gather(index.ids[row:row + 1]))
+
+    _stage("7/7 an exclusion query (\"A without B\")")
+    from .search.exclusion_demo import run_exclusion_demo
+
+    exclusion_path = run_exclusion_demo(index, checkpoint, data, out, quick=quick)
 
     outputs = {"data": data, "run": run, "checkpoint": checkpoint,
                "metrics": Path(results.get("json_path", out / "metrics.json")),
                "figure": figure_path, "index": out / "index", "search": search_path,
                "lexical": head_path}
+    if exclusion_path is not None:
+        outputs["exclusion"] = exclusion_path
     _stage(f"done in {time.perf_counter() - started:.0f} s; outputs")
     for name, path in outputs.items():
         print(f"  {name:<11}{path}")

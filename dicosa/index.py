@@ -579,11 +579,12 @@ class VideoIndex:
         return self.store.gather(self.store.live())
 
     # -- search ---------------------------------------------------------------------------
-    def encode_queries(self, texts: Sequence[str]) -> EncodedQueries:
-        """Parse the queries ("A without B"), encode their positive text, run the
-        :attr:`query_encoders`."""
+    def encode_queries(self, texts: Sequence[str], exclude: Sequence[str] = ()
+                       ) -> EncodedQueries:
+        """Parse the queries ("A without B"; ``exclude`` adds exclusions to every query),
+        encode their positive text, run the :attr:`query_encoders`."""
         model = self._require_model()
-        queries = [parse_query(t) for t in texts]
+        queries = [parse_query(t, exclude) for t in texts]
         with torch.inference_mode():
             text = model.encode_text(self.tokenizer([q.text for q in queries]).to(self.device))
         encoded = EncodedQueries(queries, text)
@@ -613,7 +614,7 @@ class VideoIndex:
     def search(self, text: str | Sequence[str], k: int = 10,
                candidates: int | None = DEFAULT_CANDIDATES, *,
                hooks: Sequence[RerankHook] | None = None,
-               chunk: int = 1024) -> list[Hit] | list[list[Hit]]:
+               chunk: int = 1024, exclude: Sequence[str] = ()) -> list[Hit] | list[list[Hit]]:
         """The ``k`` best videos for ``text``, best first; a list of texts gives one list per
         text.
 
@@ -623,19 +624,23 @@ class VideoIndex:
                 exhaustive reference); C at least the index's size reranks every row.
             hooks: rerank hooks to apply instead of :attr:`hooks`.
             chunk: videos per forward of the exhaustive path.
+            exclude: things every result should not show, as ``"A without B"`` in the text
+                does (needs an exclusion hook: :func:`dicosa.search.exclusion_index.
+                attach_exclusion`).
         """
-        return self.search_with_stats(text, k, candidates, hooks=hooks, chunk=chunk)[0]
+        return self.search_with_stats(text, k, candidates, hooks=hooks, chunk=chunk,
+                                      exclude=exclude)[0]
 
     @torch.inference_mode()
     def search_with_stats(self, text: str | Sequence[str], k: int = 10,
                           candidates: int | None = DEFAULT_CANDIDATES, *,
-                          hooks: Sequence[RerankHook] | None = None, chunk: int = 1024
-                          ) -> tuple[list[Hit] | list[list[Hit]], dict]:
+                          hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
+                          exclude: Sequence[str] = ()) -> tuple[list[Hit] | list[list[Hit]], dict]:
         """:meth:`search` and what it did: seconds per stage and candidates kept per query."""
         _check_search(text, k, candidates)
         texts = [text] if isinstance(text, str) else list(text)
         clock = _Clock()
-        encoded = self.encode_queries(texts)
+        encoded = self.encode_queries(texts, exclude)
         _warn_unhandled_exclusions(encoded.queries, hooks if hooks is not None else self.hooks)
         clock.lap("encode_s")
         if candidates is not None:

@@ -122,6 +122,8 @@ def test_demo_quick(tmp_path):
     assert (tmp_path / "demo" / "factors.png").read_bytes()[:4] == b"\x89PNG"
     search = json.loads((tmp_path / "demo" / "search.json").read_text())
     assert len(search["results"]) == 5
+    exclusion = json.loads((tmp_path / "demo" / "exclusion.json").read_text())
+    assert exclusion["results"] and all("shows_b" in r for r in exclusion["results"])
     assert "R@1" in done.stdout and str(tmp_path / "demo" / "factors.png") in done.stdout
 
 

@@ -279,8 +279,10 @@ class ExclusionRerank:
             text = TextFeatures(queries.text.text.new_zeros(0, queries.text.text.shape[1]))
         codes = positive = None
         if self.head is not None:
-            codes = self.head.text_codes(text.text, strings)
-            positive = self.head.text_codes(queries.text.text, [q.text for q in queries.queries])
+            # The head and the stored codes live on the CPU; DiCoSA may not.
+            codes = self.head.text_codes(text.text.cpu(), strings)
+            positive = self.head.text_codes(queries.text.text.cpu(),
+                                            [q.text for q in queries.queries])
         queries.extra["exclude"] = ExcludedTexts(text, owner, codes, positive)
 
     @torch.no_grad()
@@ -350,4 +352,4 @@ class ExclusionRerank:
         """B's best window score in each row, the largest over the query's exclusions: [n]."""
         video = self.video_frames(rows)
         return window_presence(self.model, excluded.text[mine], video,
-                               self.config.window).amax(dim=0)
+                               self.config.window).amax(dim=0).cpu()

@@ -1,0 +1,80 @@
+"""The demo's exclusion stage: one "A without B" query on the demo's index, checked against
+what the synthetic generator put in each clip (``synthetic_meta.json``)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from .exclusion_index import attach_exclusion, explain_hits, format_explanation
+
+__all__ = ["clip_objects", "exclusion_pair", "run_exclusion_demo"]
+
+# The concepts head's training on the quick path: a smoke test, like the quick DiCoSA.
+QUICK_HEAD = ("spine_steps=60", "steps=60")
+
+
+def clip_objects(data: Path) -> dict[str, set[str]]:
+    """``{clip name: {"red circle", ...}}`` from the generator's ``synthetic_meta.json``."""
+    meta = json.loads((Path(data) / "synthetic_meta.json").read_text())
+    return {name: {f"{o['colour']} {o['shape']}" for o in clip["objects"]}
+            for name, clip in meta.items()}
+
+
+def exclusion_pair(objects: dict[str, set[str]], clips: list[str]) -> tuple[str, str] | None:
+    """The (A, B) of ``clips`` that appear together in some clip, with A without B in the
+    most clips (the most right answers to find); ties: together in more clips, then
+    alphabetical. None if there is no such pair. Chosen from the labels only, never from
+    search results."""
+    together = Counter((a, b) for c in clips for a in objects[c] for b in objects[c] if a != b)
+    alone = {(a, b): sum(a in objects[c] and b not in objects[c] for c in clips)
+             for a, b in together}
+    candidates = sorted((-n, -together[pair], pair) for pair, n in alone.items() if n)
+    return candidates[0][2] if candidates else None
+
+
+def run_exclusion_demo(index, checkpoint: Path, data: Path, out: Path, *,
+                       quick: bool, k: int = 5) -> Path | None:
+    """Train the concepts head, attach it to ``index``, answer "a A without a B" and print
+    whether each result shows B; write ``out/exclusion.json``. None if no pair exists."""
+    from ..heads.train import train_head
+
+    objects = clip_objects(data)
+    names = [Path(p).stem for p in index.paths]
+    pair = exclusion_pair(objects, names)
+    if pair is None:
+        print("no test clip shows two objects: nothing to exclude")
+        return None
+    a, b = pair
+    head_path = train_head("concepts", checkpoint, out / "concepts.pt",
+                           QUICK_HEAD if quick else (), progress=False)
+    rerank = attach_exclusion(index, head_path)
+    query = f"{_article(a)} without {_article(b)}"
+    hits = index.search(query, k=k, candidates=len(index))
+    explained = explain_hits(rerank, hits)
+    shows_b = [b in objects[Path(h.path).stem] for h in hits]
+    relevant = sum(a in objects[n] and b not in objects[n] for n in names)
+    print(f'"{query}": {relevant} of {len(names)} clips show {a} without {b}')
+    for rank, (hit, has_b) in enumerate(zip(hits, shows_b, strict=True), 1):
+        name = Path(hit.path).stem
+        print(f"  {rank}. {hit.score:.4f}  {name}  objects: {', '.join(sorted(objects[name]))}"
+              f"{'  <- shows ' + b if has_b else ''}")
+        print(f"       {format_explanation(explained[rank - 1])}")
+    plain = index.search(_article(a), k=k, candidates=len(index))
+    plain_b = sum(b in objects[Path(h.path).stem] for h in plain)
+    print(f"{sum(shows_b)} of {len(hits)} results show {b} ({plain_b} of {len(plain)} for "
+          f'the plain query "{_article(a)}")'
+          + (" (the quick model is a smoke test, not a result)" if quick else ""))
+    path = out / "exclusion.json"
+    path.write_text(json.dumps({"query": query, "a": a, "b": b, "head": str(head_path),
+                                "results_showing_b": sum(shows_b),
+                                "plain_results_showing_b": plain_b, "results": [
+                                    {**h.as_dict(), "shows_b": s, "explain": e}
+                                    for h, s, e in zip(hits, shows_b, explained, strict=True)]},
+                               indent=1))
+    return path
+
+
+def _article(noun: str) -> str:
+    return ("an " if noun[0] in "aeiou" else "a ") + noun

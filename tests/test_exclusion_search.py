@@ -1,0 +1,157 @@
+"""Exclusion queries end to end through a VideoIndex and ``python -m dicosa search``.
+
+The index holds the tiny scenes of ``_scenes.py`` (frames = the objects' vectors) and the
+model reads its queries through a lookup table ("a red circle" -> the red circle's vector), so
+DiCoSA's scores and the concepts head's codes mean what the scenes say.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import dicosa.__main__ as cli
+from dicosa.heads.base import save_head
+from dicosa.index import VideoIndex
+from dicosa.model import DiCoSA, TextFeatures
+from dicosa.search.exclusion import ExclusionConfig
+from dicosa.search.exclusion_index import CODES_FILE, attach_exclusion, explain_hits
+
+from ._scenes import OBJECTS, article, random_scenes, split, text_vectors, trained_head
+from ._scenes import video as scene_video
+from .conftest import tiny_config
+
+A, B = "red circle", "blue square"
+PHRASES = [article(o) for o in OBJECTS]
+CONFIG = ExclusionConfig(top_k_results=5, mass_fraction=0.5, candidates=12, window=1,
+                         presence_threshold=0.5)
+
+
+def tokenize(texts: list[str]) -> torch.Tensor:
+    return torch.tensor([PHRASES.index(t) for t in texts])
+
+
+def lookup_model() -> DiCoSA:
+    """The scenes' scorer model (same weights, so the head's fingerprint fits) reading
+    queries from the table of object vectors."""
+    torch.manual_seed(0)
+    model = DiCoSA.from_config(tiny_config(use_factors=False)).eval()
+    table = text_vectors([[o] for o in OBJECTS], noise=0.0)
+    model.encode_text = lambda tokens: TextFeatures(table[tokens.cpu()])
+    return model
+
+
+@pytest.fixture(scope="module")
+def collection(tmp_path_factory):
+    """A with something else (0-3), A with B throughout (4-5) or in frame 0 only (6-7), then
+    videos without A; an index of them in a folder, and the head saved as a file."""
+    others = ["green cross", "white cross", "green circle", "white circle"]
+    scenes = ([[A, o] for o in others] + [[A, B]] * 4
+              + [s for s in random_scenes(40, seed=5) if A not in s])
+    visible = {6: {B: [0]}, 7: {B: [0]}}
+    videos = [scene_video(s, visible=visible.get(i), seed=100 + i) for i, s in enumerate(scenes)]
+    features = split(scenes, videos, seed=3).video
+    folder = tmp_path_factory.mktemp("exclusion")
+    model = lookup_model()
+    index = VideoIndex(model, tokenizer=tokenize)
+    index.add_features(type(features)(features.frames.half(), features.frame_mask),
+                       [{"path": str(folder / f"v{i}.mp4")} for i in range(len(scenes))])
+    index.save(folder / "index")
+    head = trained_head()[1]
+    head_path = save_head(head, folder / "concepts.pt", model)
+    return {"index": folder / "index", "head": head_path, "model": model, "scenes": scenes,
+            "features": features, "folder": folder}
+
+
+def has_b(collection, hits) -> list[bool]:
+    return [B in collection["scenes"][h.id] for h in hits]
+
+
+def test_exclusion_search_through_the_index(collection):
+    model = collection["model"]
+    index = VideoIndex.load(collection["index"], model, tokenizer=tokenize)
+    plain = index.search(article(A), k=4)
+    assert any(has_b(collection, plain))  # the squares rank high for the plain query
+    rerank = attach_exclusion(index, collection["head"], CONFIG)
+    assert (collection["index"] / CODES_FILE).is_file()
+    after = index.search(article(A), k=4)
+    assert [h.id for h in after] == [h.id for h in plain]  # no exclusion: nothing changes
+    np.testing.assert_allclose([h.score for h in after], [h.score for h in plain], rtol=1e-6)
+    for hits in (index.search(f"{article(A)} without {article(B)}", k=4),
+                 index.search(article(A), k=4, exclude=[article(B)]),
+                 index.search(article(A), k=4, candidates=20, exclude=[article(B)])):
+        assert not any(has_b(collection, hits))
+        assert sorted(h.id for h in hits) == [0, 1, 2, 3]
+    explained = explain_hits(rerank, hits)
+    assert len(explained) == 4 and all(e["matched"] and e["matched_words"] for e in explained)
+    assert not any(e["demoted"] for e in explained)
+
+
+def test_codes_are_reused_on_reopening_and_extended_for_new_rows(collection, monkeypatch,
+                                                                 tmp_path):
+    folder = shutil.copytree(collection["index"], tmp_path / "index")
+    head = trained_head()[1]
+    attach_exclusion(VideoIndex.load(folder, collection["model"], tokenizer=tokenize), head)
+    index = VideoIndex.load(folder, collection["model"], tokenizer=tokenize)
+    stored = np.load(folder / CODES_FILE)
+    before = len(stored)
+    # Reopened: the stored codes are read, not recomputed.
+    with monkeypatch.context() as patch:
+        patch.setattr(type(head), "encode_videos", lambda *a: pytest.fail("recomputed"))
+        attach_exclusion(index, head, CONFIG)
+    features = collection["features"]
+    index.add_features(type(features)(features.frames[:2].half(), features.frame_mask[:2]),
+                       [{"path": str(collection["folder"] / f"new{i}.mp4")} for i in range(2)])
+    hits = index.search(f"{article(A)} without {article(B)}", k=len(index))
+    assert {before, before + 1} <= {h.id for h in hits}  # the new rows are ranked, with codes
+    codes = np.load(folder / CODES_FILE)
+    assert len(codes) == before + 2
+    np.testing.assert_allclose(codes[before:], codes[:2], atol=1e-3)  # same frames, same code
+
+
+def test_exclusion_on_the_command_line(collection, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "load_model", lambda *a, **k: (collection["model"], None))
+    monkeypatch.setattr("dicosa.clip.get_tokenizer", lambda *a: tokenize)
+    base = ["search", str(collection["index"]), article(A), "-k", "4", "--config", "x"]
+    assert cli.main([*base, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)["results"]
+    assert any(B in collection["scenes"][r["id"]] for r in plain)
+    options = ["--exclude", article(B), "--concepts", str(collection["head"]),
+               "--explain", *[f"--exclusion-set={key}={value}" for key, value in
+                              dataclasses.asdict(CONFIG).items()]]
+    assert cli.main([*base, *options, "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert not any(B in collection["scenes"][r["id"]] for r in results)
+    assert all(r["explain"]["matched"] for r in results)
+    assert cli.main([*base, *options]) == 0
+    table = capsys.readouterr().out
+    assert table.count("matched A on") == 4 and "B empty on" in table
+    # Another model's head, or exclusions without a head: one sentence each.
+    torch.manual_seed(1)
+    other = DiCoSA.from_config(tiny_config(use_factors=False))
+    alien = save_head(trained_head()[1], collection["folder"] / "alien.pt", other)
+    assert cli.main([*base, "--exclude", article(B), "--concepts", str(alien)]) == 2
+    assert "was trained on a model with" in capsys.readouterr().err
+    assert cli.main([*base, "--exclude", article(B)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --exclude needs a concepts head: add --concepts HEAD.pt (train one with "
+        "'python -m dicosa heads train concepts')")
+
+
+def test_demo_pair_has_a_with_and_without_b():
+    from dicosa.search.exclusion_demo import exclusion_pair
+
+    objects = {"v0": {"red circle", "blue square"}, "v1": {"red circle"}, "v2": {"red circle"},
+               "v3": {"blue square"}, "v4": {"green cross", "white cross"},
+               "v5": {"green cross", "white cross"}}
+    # The crosses come together most often, but never apart. The circle and the square come
+    # together once; the circle without the square twice, the reverse once.
+    assert exclusion_pair(objects, list(objects)) == ("red circle", "blue square")
+    objects["v6"] = objects["v7"] = {"green cross"}  # as many answers: together more often
+    assert exclusion_pair(objects, list(objects)) == ("green cross", "white cross")
+    assert exclusion_pair({"v": {"a b"}}, ["v"]) is None
