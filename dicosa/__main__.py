@@ -67,7 +67,9 @@ def _cmd_index(args: argparse.Namespace) -> int:
     index = VideoIndex.build(model, args.videos, args.out, batch_size=args.batch_size,
                              num_workers=args.num_workers, shard_size=args.shard_size,
                              meta={"model": source}, backend=args.backend, uri=args.uri,
-                             stage_options=_options(args.stage_option))
+                             stage_options=_options(args.stage_option), titles=args.titles)
+    for path, reason in index.text_only:
+        print(f"  indexed from its title alone (undecodable): {path}: {reason}")
     print(f"indexed {len(index)} videos into {args.out}"
           + (f"; skipped {len(index.skipped)} unreadable file(s):" if index.skipped else ""))
     for path, reason in index.skipped:
@@ -89,12 +91,15 @@ def _cmd_search(args: argparse.Namespace) -> int:
     else:
         model, _ = load_model(args.checkpoint, args.config, args.set)
     index.attach(model, strict=not args.no_strict)
+    fusion = _attach_fusion(index, args)
     candidates = None if args.exhaustive else args.candidates
     results, stats = index.search_with_stats(args.query, k=args.k, candidates=candidates)
+    parts = _fusion_parts(index, fusion, args, results)
     if args.json:
         print(json.dumps({"query": args.query, "index": str(args.index),
                           "candidates": candidates, "stats": stats, "results": [
-                              {"rank": r, **hit.as_dict()} for r, hit in enumerate(results, 1)]}))
+                              {"rank": r, **hit.as_dict()} for r, hit in enumerate(results, 1)],
+                          **({"fusion": parts} if parts is not None else {})}))
         return 0
     how = ("every video scored by DiCoSA" if candidates is None else
            f"{stats['candidates'][0]} candidates from the {stats['stage']} stage reranked by "
@@ -103,7 +108,29 @@ def _cmd_search(args: argparse.Namespace) -> int:
     print(f"{'rank':>4}  {'score':>8}  {'stage':<10}  path")
     for rank, hit in enumerate(results, 1):
         print(f"{rank:>4}  {hit.score:>8.4f}  {hit.stage:<10}  {hit.path}")
+    if parts is not None:
+        from .search.fusion import format_parts
+
+        print(format_parts(parts))
     return 0
+
+
+def _attach_fusion(index, args: argparse.Namespace):
+    """The fusion hook the search options ask for (--mul2vec HEAD or --fusion), or None."""
+    if args.mul2vec is None and not args.fusion:
+        return None
+    from .search.fusion import attach_fusion
+
+    return attach_fusion(index, args.mul2vec, beta_semantic=args.beta_semantic,
+                         beta_title=args.beta_title, trust=args.trust)
+
+
+def _fusion_parts(index, fusion, args: argparse.Namespace, results) -> list[dict] | None:
+    if fusion is None or not args.explain:
+        return None
+    from .search.fusion import explain_hits
+
+    return explain_hits(index, fusion, args.query, results)
 
 
 def _cmd_heads_train(args: argparse.Namespace) -> int:
@@ -183,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("index", help="encode a folder of videos into a searchable index")
     p.add_argument("videos", help="folder of videos (searched recursively) or one video file")
+    p.add_argument("--titles", help="titles sidecar: CSV with columns path,title or JSON "
+                   "{path: title}; an undecodable video with a title is indexed text-only")
     p.add_argument("--out", required=True, help="index folder (resumed if it holds one)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--num-workers", type=int, default=None, help="decoding processes")
@@ -201,6 +230,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("search", help="rank the videos of an index for a text query")
     p.add_argument("index", help="index folder written by 'index'")
     p.add_argument("query", help="the text to search for")
+    p.add_argument("--mul2vec", metavar="HEAD.pt",
+                   help="fuse DiCoSA with a trained Mul2vec head (finds text-only entries)")
+    p.add_argument("--fusion", action="store_true",
+                   help="late fusion with the titles (no head): DiCoSA + beta * title match")
+    p.add_argument("--beta-semantic", type=float, default=None,
+                   help="weight of the Mul2vec part (default 0.2)")
+    p.add_argument("--beta-title", type=float, default=None,
+                   help="weight of the title part (default 0.2 without a head, 0 with one)")
+    p.add_argument("--trust", type=float, default=0.5,
+                   help="how far a missing part follows the part a row has")
+    p.add_argument("--explain", action="store_true",
+                   help="show each result's score parts (dicosa / semantic / title / fused)")
     p.add_argument("-k", type=_positive_int, default=10, help="number of results")
     p.add_argument("--candidates", type=_positive_int, default=1000,
                    help="videos the first stage proposes for DiCoSA to rerank (default 1000)")

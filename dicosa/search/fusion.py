@@ -48,8 +48,8 @@ from torch import Tensor
 from .types import Candidates, EncodedQueries
 
 __all__ = ["FusionRerank", "FusionRows", "SemanticStage", "TitleStage", "TitlesError",
-           "attach_fusion", "explain_hits", "fill_missing", "fused_scores", "fusion_rows",
-           "read_titles"]
+           "attach_fusion", "explain_hits", "fill_missing", "format_parts", "fused_scores",
+           "fusion_rows", "read_titles"]
 
 
 @dataclass(frozen=True)
@@ -438,7 +438,8 @@ def attach_fusion(index, head=None, *, beta_semantic: float | None = None,
 @torch.no_grad()
 def explain_hits(index, hook: FusionRerank, query: str, hits) -> list[dict]:
     """The fused score's parts for each hit of ``query``: one dict per hit
-    ``{"id", "path", "dicosa", "semantic"?, "title"?, "fused", "text_only", "frames_lost"}``
+    ``{"id", "path", "dicosa", "semantic"?, "title"?, "fused", "text_only", "frames_lost",
+    "has_title"}``
     (parts unweighted, missing ones imputed as in :func:`fused_scores`; computed over the
     hits, so the imputation's moments are those of the listed rows)."""
     if not hits:
@@ -453,5 +454,22 @@ def explain_hits(index, hook: FusionRerank, query: str, hits) -> list[dict]:
         entry.update({name: float(value[0, c]) for name, value in parts.items()})
         entry["text_only"] = bool(hook.rows.text_only[hit.id])
         entry["frames_lost"] = float(hook.rows.frames_lost[hit.id])
+        entry["has_title"] = bool(hook.rows.has_title[hit.id])
         out.append(entry)
     return out
+
+
+def format_parts(parts: list[dict]) -> str:
+    """:func:`explain_hits`'s dicts as a small table (unweighted parts; fused = ranking)."""
+    names = [n for n in ("dicosa", "semantic", "title", "fused") if parts and n in parts[0]]
+    lines = ["fusion parts (unweighted; missing parts imputed, marked *):",
+             f"{'rank':>4}  " + "  ".join(f"{n:>8}" for n in names) + "  frames_lost  path"]
+    for rank, entry in enumerate(parts, 1):
+        cells = []
+        for n in names:
+            imputed = ((n == "dicosa" and entry["text_only"])
+                       or (n == "title" and not entry["has_title"]))
+            cells.append(f"{entry[n]:>7.4f}{'*' if imputed else ' '}")
+        lines.append(f"{rank:>4}  " + "  ".join(cells)
+                     + f"  {entry['frames_lost']:>11.2f}  {entry['path']}")
+    return "\n".join(lines)
