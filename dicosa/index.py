@@ -351,9 +351,12 @@ class VideoIndex:
         model = self._require_model()
         frames = batch["frames"].to(self.device, non_blocking=True)
         mask = batch["frame_mask"].to(self.device)
-        video = model.encode_video(frames, mask)
-        # A text-only row has no frame: store zeros, never what the encoder made of padding.
-        video = VideoFeatures(torch.where(mask[..., None], video.frames, 0), video.frame_mask)
+        # A text-only row has no frame to encode: it stores zeros and an empty mask.
+        seen = mask.any(dim=1)
+        out = torch.zeros(*mask.shape, model.embed_dim, device=self.device)
+        if seen.any():
+            out[seen] = model.encode_video(frames[seen], mask[seen]).frames.float()
+        video = VideoFeatures(out, mask)
         return _Pending(VideoFeatures(video.frames.to("cpu", torch.float16),
                                       video.frame_mask.cpu()), batch["rows"])
 
