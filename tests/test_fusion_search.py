@@ -105,9 +105,13 @@ def test_cli_titles_round_trip(folder, tmp_path, capsys, monkeypatch):
     from pathlib import Path
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
-    sidecar = tmp_path / "titles.csv"
-    sidecar.write_text(f"path,title\n{folder / 'broken.mp4'},{TITLE}\n")
-    assert read_titles(sidecar) == {str((folder / "broken.mp4").resolve()): TITLE}
+    sidecar = folder / "titles.csv"  # not a video extension: not indexed
+    sidecar.write_text(f"path,title\n{folder / 'broken.mp4'},{TITLE}\n"
+                       "video0.mp4,a red square\nvideo1.mp4,a green circle\n"
+                       f"video2.mp4,a blue cross\n{folder / 'video3.mp4'},\n")
+    titles = read_titles(sidecar)  # relative paths: from the sidecar's folder
+    assert titles[str((folder / "broken.mp4").resolve())] == TITLE
+    assert titles[str((folder / "video0.mp4").resolve())] == "a red square"
     out = tmp_path / "index"
     assert main(["index", str(folder), "--out", str(out), "--titles", str(sidecar),
                  "--num-workers", "0", *TINY]) == 0
