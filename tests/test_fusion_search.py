@@ -127,3 +127,23 @@ def test_cli_titles_round_trip(folder, tmp_path, capsys, monkeypatch):
     assert np.isfinite([p["fused"] for p in result["fusion"]]).all()
     assert main(["search", str(out), TITLE, "-k", "2", "--fusion", "--explain", *TINY]) == 0
     assert "fusion parts" in capsys.readouterr().out
+
+
+def test_mul2vec_fusion_finds_the_text_only_row_and_decomposes(index, model):
+    from dicosa.heads.mul2vec import Mul2vecConfig, Mul2vecHead
+
+    torch.manual_seed(0)  # untrained: θ_q = f(e_q) equals the text-only row's g = f(e_title)
+    head = Mul2vecHead(Mul2vecConfig(), dim=model.embed_dim, vocab=["a"], num_docs=1,
+                       num_entities=1).eval()
+    hook = attach_fusion(index, head, beta_semantic=0.3)
+    try:
+        hits = index.search(TITLE, k=2, candidates=2)  # the semantic stage must propose it
+        assert hits[0].path.endswith("broken.mp4") and "semantic" in hits[0].stage
+        hits = index.search(TITLE, k=len(index), candidates=len(index))
+        parts = explain_hits(index, hook, TITLE, hits)
+    finally:
+        index.hooks.remove(hook)
+    assert "title" not in parts[0]  # Mul2vec fusion: β_title = 0 by default
+    for hit, part in zip(hits, parts, strict=True):
+        assert part["fused"] == pytest.approx(part["dicosa"] + 0.3 * part["semantic"], abs=1e-5)
+        assert part["fused"] == pytest.approx(hit.score, abs=1e-5)
