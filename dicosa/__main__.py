@@ -4,8 +4,11 @@
                            [--backend local|exact|milvus --uri URI] [--stage-option K=V]
     python -m dicosa search INDEX "a man is skiing" -k 10 [--candidates 1000 | --exhaustive]
                            [--checkpoint CKPT] [--json]
-                           [--concepts HEAD.pt [--exclude B ...] [--exclusion-set K=V]
-                            [--explain]]      ("A without B" queries)
+                           [--concepts HEAD.pt [--exclude B ...] [--exclusion-set K=V]]
+                                              ("A without B" queries)
+                           [--mul2vec HEAD.pt | --fusion] [--beta-semantic B] [--trust T]
+                                              (titles, text-only entries)
+                           [--explain]        (with --concepts, --mul2vec or --fusion)
     python -m dicosa heads train KIND --checkpoint CKPT --out HEAD.pt [--set key=value]
     python -m dicosa heads info HEAD.pt
     python -m dicosa convert RELEASED.pth --out dicosa.pt [--config CFG] [--set key=value]
@@ -69,7 +72,9 @@ def _cmd_index(args: argparse.Namespace) -> int:
     index = VideoIndex.build(model, args.videos, args.out, batch_size=args.batch_size,
                              num_workers=args.num_workers, shard_size=args.shard_size,
                              meta={"model": source}, backend=args.backend, uri=args.uri,
-                             stage_options=_options(args.stage_option))
+                             stage_options=_options(args.stage_option), titles=args.titles)
+    for path, reason in index.text_only:
+        print(f"  indexed from its title alone (undecodable): {path}: {reason}")
     print(f"indexed {len(index)} videos into {args.out}"
           + (f"; skipped {len(index.skipped)} unreadable file(s):" if index.skipped else ""))
     for path, reason in index.skipped:
@@ -92,16 +97,22 @@ def _cmd_search(args: argparse.Namespace) -> int:
         model, _ = load_model(args.checkpoint, args.config, args.set)
     index.attach(model, strict=not args.no_strict)
     rerank = _exclusion(index, args)
+    fusion = _attach_fusion(index, args)
+    if args.explain and rerank is None and fusion is None:
+        raise QueryError("--explain needs a head to explain: --concepts HEAD.pt (exclusion) "
+                         "or --mul2vec HEAD.pt / --fusion (score parts)")
     candidates = None if args.exhaustive else args.candidates
     results, stats = index.search_with_stats(args.query, k=args.k, candidates=candidates,
                                              exclude=args.exclude)
     explained = _explained(rerank, results, args)
+    parts = _fusion_parts(index, fusion, args, results)
     if args.json:
         print(json.dumps({"query": args.query, "index": str(args.index),
                           "exclude": args.exclude, "candidates": candidates, "stats": stats,
                           "results": [{"rank": r, **hit.as_dict(),
                                        **({"explain": explained[r - 1]} if explained else {})}
-                                      for r, hit in enumerate(results, 1)]}))
+                                      for r, hit in enumerate(results, 1)],
+                          **({"fusion": parts} if parts is not None else {})}))
         return 0
     how = ("every video scored by DiCoSA" if candidates is None else
            f"{stats['candidates'][0]} candidates from the {stats['stage']} stage reranked by "
@@ -114,6 +125,10 @@ def _cmd_search(args: argparse.Namespace) -> int:
             from .search.exclusion_index import format_explanation
 
             print(f"{'':>16}{format_explanation(explained[rank - 1])}")
+    if parts is not None:
+        from .search.fusion import format_parts
+
+        print(format_parts(parts))
     return 0
 
 
@@ -122,9 +137,8 @@ def _exclusion(index, args: argparse.Namespace):
     from .search.query import QueryError
 
     if args.concepts is None:  # "A without B" in the text: the index warns it is ignored
-        if args.exclude or args.explain:
-            option = "--exclude" if args.exclude else "--explain"
-            raise QueryError(f"{option} needs a concepts head: add --concepts HEAD.pt (train "
+        if args.exclude:
+            raise QueryError("--exclude needs a concepts head: add --concepts HEAD.pt (train "
                              "one with 'python -m dicosa heads train concepts')")
         return None
     from .config import dataclass_from_dict
@@ -141,6 +155,24 @@ def _explained(rerank, results, args: argparse.Namespace) -> list[dict]:
     from .search.exclusion_index import explain_hits
 
     return explain_hits(rerank, results)
+
+
+def _attach_fusion(index, args: argparse.Namespace):
+    """The fusion hook the search options ask for (--mul2vec HEAD or --fusion), or None."""
+    if args.mul2vec is None and not args.fusion:
+        return None
+    from .search.fusion import attach_fusion
+
+    return attach_fusion(index, args.mul2vec, beta_semantic=args.beta_semantic,
+                         beta_title=args.beta_title, trust=args.trust)
+
+
+def _fusion_parts(index, fusion, args: argparse.Namespace, results) -> list[dict] | None:
+    if fusion is None or not args.explain:
+        return None
+    from .search.fusion import explain_hits
+
+    return explain_hits(index, fusion, args.query, results)
 
 
 def _cmd_heads_train(args: argparse.Namespace) -> int:
@@ -220,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("index", help="encode a folder of videos into a searchable index")
     p.add_argument("videos", help="folder of videos (searched recursively) or one video file")
+    p.add_argument("--titles", help="titles sidecar: CSV with columns path,title or JSON "
+                   "{path: title}; an undecodable video with a title is indexed text-only")
     p.add_argument("--out", required=True, help="index folder (resumed if it holds one)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--num-workers", type=int, default=None, help="decoding processes")
@@ -238,6 +272,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("search", help="rank the videos of an index for a text query")
     p.add_argument("index", help="index folder written by 'index'")
     p.add_argument("query", help="the text to search for")
+    p.add_argument("--mul2vec", metavar="HEAD.pt",
+                   help="fuse DiCoSA with a trained Mul2vec head (finds text-only entries)")
+    p.add_argument("--fusion", action="store_true",
+                   help="late fusion with the titles (no head): DiCoSA + beta * title match")
+    p.add_argument("--beta-semantic", type=float, default=None,
+                   help="weight of the Mul2vec part (default 0.2)")
+    p.add_argument("--beta-title", type=float, default=None,
+                   help="weight of the title part (default 0.2 without a head, 0 with one)")
+    p.add_argument("--trust", type=float, default=0.5,
+                   help="how far a missing part follows the part a row has")
+    p.add_argument("--explain", action="store_true",
+                   help="why each result ranks where it does: the concept dimensions it "
+                        "matched (with --concepts) and its score parts, dicosa / semantic / "
+                        "title / fused (with --mul2vec or --fusion)")
     p.add_argument("-k", type=_positive_int, default=10, help="number of results")
     p.add_argument("--candidates", type=_positive_int, default=1000,
                    help="videos the first stage proposes for DiCoSA to rerank (default 1000)")
@@ -252,8 +300,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an ExclusionConfig field: top_k_results, mass_fraction, candidates, "
                         "window, presence_threshold (the per-frame check; off by default; "
                         "choose it on validation with benchmarks/exclusion.py)")
-    p.add_argument("--explain", action="store_true",
-                   help="for exclusion queries, the concept dimensions each result matched")
     p.add_argument("--no-strict", action="store_true",
                    help="warn instead of failing when the model differs from the index's")
     _model_options(p, None)

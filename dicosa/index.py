@@ -98,8 +98,10 @@ def list_videos(videos: str | os.PathLike | Iterable[str | os.PathLike]) -> list
 class _VideoFiles(Dataset):
     """Decodes one file per item; a failure becomes an item with an ``error`` instead."""
 
-    def __init__(self, paths: Sequence[str], num_frames: int, image_size: int):
+    def __init__(self, paths: Sequence[str], num_frames: int, image_size: int,
+                 titles: dict[str, str] | None = None):
         self.paths = list(paths)
+        self.titles = titles or {}
         self.num_frames = num_frames
         self.image_size = image_size
 
@@ -114,15 +116,28 @@ class _VideoFiles(Dataset):
             frames, mask = load_video(path, self.num_frames, self.image_size)
             info = video_info(path)
         except Exception as exc:  # any unreadable file is skipped, never fatal
-            return {"path": path, "error": getattr(exc, "reason", None) or str(exc)}
+            reason = getattr(exc, "reason", None) or str(exc)
+            title = self.titles.get(path, "")
+            if not title:
+                return {"path": path, "error": reason}
+            # Undecodable but titled: indexed from its title alone (no frame in the mask).
+            size = (self.num_frames, 3, self.image_size, self.image_size)
+            return {"path": path, "frames": torch.zeros(size, dtype=torch.uint8),
+                    "frame_mask": torch.zeros(self.num_frames, dtype=torch.bool),
+                    "text_only": reason,
+                    "row": {"path": path, "valid_frames": 0, "title": title,
+                            "text_only": True, "frames_lost": 1.0}}
         return {"path": path, "frames": frames, "frame_mask": mask,
                 "row": {"path": path, "duration": info["duration"], "fps": info["fps"],
-                        "num_frames": info["num_frames"], "valid_frames": int(mask.sum())}}
+                        "num_frames": info["num_frames"], "valid_frames": int(mask.sum()),
+                        "title": self.titles.get(path, ""), "text_only": False,
+                        "frames_lost": 0.0}}
 
 
 def _collate(items: list[dict]) -> dict:
     good = [it for it in items if "error" not in it]
     out = {"bad": [(it["path"], it["error"]) for it in items if "error" in it],
+           "text_only": [(it["path"], it["text_only"]) for it in good if "text_only" in it],
            "rows": [it["row"] for it in good]}
     if good:
         out["frames"] = torch.stack([it["frames"] for it in good])
@@ -183,6 +198,7 @@ class VideoIndex:
         self.device = torch.device(device) if device is not None else None
         self.directory: Path | None = None
         self.skipped: list[tuple[str, str]] = []
+        self.text_only: list[tuple[str, str]] = []  # undecodable, indexed from the title
         self.meta: dict = {}
         self.store = FrameStore()
         self.hooks: list[RerankHook] = []
@@ -216,6 +232,7 @@ class VideoIndex:
         uri: str | None = None,
         stage_options: dict | None = None,
         summary: str = "confidence",
+        titles: dict[str, str] | str | os.PathLike | None = None,
     ) -> VideoIndex:
         """Decode and encode ``videos`` (a folder, a file or a list of files).
 
@@ -239,6 +256,9 @@ class VideoIndex:
                 ``dicosa/search/backends.py``. A resumed index keeps the one it was built with.
             summary: what the dense stage compares per video (``dicosa/search/proxy.py``):
                 ``"confidence"`` (default) or ``"mean"``.
+            titles: a title per video (dict path→title, or a CSV ``path,title`` / JSON
+                sidecar, see :func:`dicosa.search.fusion.read_titles`); a titled video that
+                cannot be decoded is indexed text-only (see :meth:`add`).
         """
         out = Path(out_dir) if out_dir is not None else None
         if out is not None and (out / MANIFEST).is_file():
@@ -253,7 +273,7 @@ class VideoIndex:
                 index._write_manifest()
         index.meta.update(meta or {})
         index.add(videos, batch_size=batch_size, num_workers=num_workers,
-                  shard_size=shard_size, progress=progress)
+                  shard_size=shard_size, progress=progress, titles=titles)
         if index.directory is not None:
             index._write_manifest()  # meta, even when there was nothing left to add
         return index
@@ -266,13 +286,19 @@ class VideoIndex:
         num_workers: int | None = None,
         shard_size: int = 256,
         progress: bool = True,
+        titles: dict[str, str] | str | os.PathLike | None = None,
     ) -> int:
         """Encode and append the videos not yet indexed; returns how many were added.
 
-        Files that cannot be decoded are logged, counted in :attr:`skipped` and left out.
+        Files that cannot be decoded are logged, counted in :attr:`skipped` and left out,
+        unless ``titles`` gives them a title: then they are indexed text-only (metadata
+        ``text_only`` True, no frame in the mask; logged and counted in :attr:`text_only`),
+        for fused search (:func:`dicosa.search.fusion.attach_fusion`) to find.
         Each full shard goes into the store and every first stage at once; with a
         :attr:`directory` it is written (and the manifest updated) as soon as it is encoded.
         """
+        from .search.fusion import normalise_titles
+
         model = self._require_model()
         indexed = set(self.paths)
         todo = list(dict.fromkeys(p for p in list_videos(videos) if p not in indexed))
@@ -281,7 +307,8 @@ class VideoIndex:
         if num_workers is None:
             num_workers = min(4, os.cpu_count() or 1)
         loader = DataLoader(
-            _VideoFiles(todo, model.config.num_frames, model.image_size),
+            _VideoFiles(todo, model.config.num_frames, model.image_size,
+                        normalise_titles(titles)),
             batch_size=batch_size, num_workers=num_workers, collate_fn=_collate,
         )
         retried = set(todo)
@@ -296,6 +323,9 @@ class VideoIndex:
                         log.warning("skipping %s: %s", path, reason)
                         self.skipped.append((path, reason))
                     bad += len(batch["bad"])
+                    for path, reason in batch["text_only"]:
+                        log.warning("indexing %s from its title alone: %s", path, reason)
+                        self.text_only.append((path, reason))
                     if batch["rows"]:
                         pending.append(self._encode(batch))
                         added += len(batch["rows"])
@@ -321,7 +351,12 @@ class VideoIndex:
         model = self._require_model()
         frames = batch["frames"].to(self.device, non_blocking=True)
         mask = batch["frame_mask"].to(self.device)
-        video = model.encode_video(frames, mask)
+        # A text-only row has no frame to encode: it stores zeros and an empty mask.
+        seen = mask.any(dim=1)
+        out = torch.zeros(*mask.shape, model.embed_dim, device=self.device)
+        if seen.any():
+            out[seen] = model.encode_video(frames[seen], mask[seen]).frames.float()
+        video = VideoFeatures(out, mask)
         return _Pending(VideoFeatures(video.frames.to("cpu", torch.float16),
                                       video.frame_mask.cpu()), batch["rows"])
 
@@ -652,6 +687,7 @@ class VideoIndex:
         else:
             scores = self._rerank(encoded, ids)
         clock.lap("rerank_s")
+        scores = self._without_text_only(ids, scores)
         dicosa = scores.clone()
         for hook in hooks if hooks is not None else self.hooks:
             scores = hook(encoded, ids, scores)
@@ -677,6 +713,17 @@ class VideoIndex:
             ids[~self.store.is_live(ids)] = -1  # a stage that lags never returns a removed row
             return ids, found[0].stage, found[0].scores
         return _union(found, self.store)
+
+    def _without_text_only(self, ids: np.ndarray, scores: Tensor) -> Tensor:
+        """DiCoSA cannot score a row without frames: -inf there (a fusion hook imputes it)."""
+        flat = np.unique(ids[ids >= 0])
+        if not len(flat):
+            return scores
+        flags = self.store.rows(flat)["text_only"].map(_truthy).to_numpy(bool)
+        if not flags.any():
+            return scores
+        blank = np.isin(ids, flat[flags])
+        return scores.masked_fill(torch.from_numpy(blank), float("-inf"))
 
     @torch.inference_mode()
     def _rerank(self, encoded: EncodedQueries, ids: np.ndarray) -> Tensor:
@@ -712,6 +759,13 @@ class VideoIndex:
                 stage_score=None if stage_scores is None else float(stage_scores[q, c]))
                 for c, v in row])
         return results
+
+
+def _truthy(value) -> bool:
+    """A ``text_only`` metadata cell (bool, "True", or empty for rows indexed before it)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1")
+    return bool(value) if value == value else False
 
 
 def _union(found: list[Candidates], store: FrameStore):

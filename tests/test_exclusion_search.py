@@ -141,6 +141,10 @@ def test_exclusion_on_the_command_line(collection, capsys, monkeypatch):
     assert capsys.readouterr().err.strip() == (
         "error: --exclude needs a concepts head: add --concepts HEAD.pt (train one with "
         "'python -m dicosa heads train concepts')")
+    assert cli.main([*base, "--explain"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --explain needs a head to explain: --concepts HEAD.pt (exclusion) or "
+        "--mul2vec HEAD.pt / --fusion (score parts)")
 
 
 def test_demo_pair_has_a_with_and_without_b():

@@ -35,6 +35,7 @@ fusion is β_title = 0; late fusion is β_sem = 0; each β is chosen on the vali
 from __future__ import annotations
 
 import io
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,8 +47,9 @@ from torch import Tensor
 
 from .types import Candidates, EncodedQueries
 
-__all__ = ["FusionRerank", "FusionRows", "SemanticStage", "fill_missing", "fused_scores",
-           "fusion_rows"]
+__all__ = ["FusionRerank", "FusionRows", "SemanticStage", "TitleStage", "TitlesError",
+           "attach_fusion", "explain_hits", "fill_missing", "format_parts", "fused_scores",
+           "fusion_rows", "read_titles"]
 
 
 @dataclass(frozen=True)
@@ -279,3 +281,195 @@ class SemanticStage:
             stage = cls(head, stored["vectors"].shape[1])
             stage.ids, stage.vectors = stored["ids"], stored["vectors"]
         return stage
+
+
+# -- wiring into a VideoIndex ---------------------------------------------------------------
+DEFAULT_BETA_SEMANTIC = 0.2  # the README's validation choice on the synthetic benchmark
+DEFAULT_BETA_TITLE = 0.2  # late fusion: not tuned per collection; pass your own
+DEFAULT_TRUST = 0.5
+
+
+class TitleStage(SemanticStage):
+    """A first stage over the rows' title vectors e_title: cos(e_q, e_title), exhaustive.
+
+    Late fusion's way to propose text-only rows (no proxy for the dense stage to match).
+    Untitled rows hold zero vectors and score 0.
+    """
+
+    name = "title"
+    FILE = "title.npz"
+
+    def __init__(self, topics: int):
+        super().__init__(None, topics)
+
+    @torch.no_grad()
+    def search(self, queries: EncodedQueries, k: int) -> Candidates:
+        if "title" not in queries.extra:
+            queries.extra["title"] = F.normalize(queries.text.text.float().cpu(), dim=-1)
+        scores = queries.extra["title"].numpy() @ self.vectors.T  # [Q, n]
+        return _top_candidates(self.ids, scores, len(queries), k, self.name)
+
+
+def _top_candidates(ids: np.ndarray, scores: np.ndarray, num_queries: int, k: int,
+                    name: str) -> Candidates:
+    count = min(k, len(ids))
+    out = np.full((num_queries, k), -1, dtype=np.int64)
+    best = np.full((num_queries, k), -np.inf, dtype=np.float32)
+    if count:
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :count]
+        out[:, :count] = ids[top]
+        best[:, :count] = np.take_along_axis(scores, top, axis=1)
+    return Candidates(out, best, name)
+
+
+def read_titles(path: str | os.PathLike) -> dict[str, str]:
+    """A titles sidecar: CSV with columns ``path,title`` or JSON ``{path: title}``.
+
+    Relative paths are taken relative to the sidecar's folder. Raises :class:`TitlesError`.
+    """
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise TitlesError(f"titles file {path} does not exist")
+    try:
+        if path.suffix.lower() == ".json":
+            table = json.loads(path.read_text())
+            if not isinstance(table, dict):
+                raise TitlesError(f"{path} must hold one JSON object {{path: title}}")
+        else:
+            frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+            if not {"path", "title"} <= set(frame.columns):
+                raise TitlesError(f"{path} must have the columns 'path' and 'title'")
+            table = dict(zip(frame["path"], frame["title"], strict=True))
+    except (ValueError, UnicodeDecodeError) as exc:
+        if isinstance(exc, TitlesError):
+            raise
+        raise TitlesError(f"{path} is not a readable titles file: {exc}") from None
+    return {str((path.parent / p).resolve()): str(t).strip() for p, t in table.items()}
+
+
+class TitlesError(ValueError):
+    """A titles sidecar that cannot be read (one sentence for the CLI)."""
+
+
+def normalise_titles(titles: dict | str | os.PathLike | None) -> dict[str, str]:
+    """``titles`` (a dict path→title or a sidecar file) keyed by absolute path."""
+    if titles is None:
+        return {}
+    if isinstance(titles, (str, os.PathLike)):
+        return read_titles(titles)
+    return {str(Path(p).resolve()): str(t).strip() for p, t in titles.items()}
+
+
+@torch.no_grad()
+def index_fusion_rows(index, head=None) -> FusionRows:
+    """:class:`FusionRows` of every row id of ``index`` (removed rows: untitled, text-only),
+    the titles encoded with the index's model."""
+    model = index._require_model()
+    size = index.store.next_id
+    live = index.store.live()
+    table = index.store.rows(live)
+    title = [""] * size
+    text_only = np.ones(size, dtype=bool)
+    frames_lost = np.ones(size, dtype=np.float32)
+    for i, t, only, lost in zip(live.tolist(), table["title"].tolist(),
+                                table["text_only"].tolist(), table["frames_lost"].tolist(),
+                                strict=True):
+        title[i] = t if isinstance(t, str) else ""
+        text_only[i] = _flag(only)
+        frames_lost[i] = float(lost) if lost == lost and lost != "" else 0.0
+    dim = index.store.dim or model.embed_dim
+    title_text = torch.zeros(size, dim)
+    titled = [i for i in live.tolist() if title[i]]
+    if titled:
+        tokens = index.tokenizer([title[i] for i in titled]).to(index.device)
+        title_text[titled] = model.encode_text(tokens).text.float().cpu()
+    proxy = torch.zeros(size, dim)
+    proxy[live] = torch.as_tensor(index.store.proxies(live))
+    return fusion_rows(title, title_text, proxy, text_only, frames_lost, head)
+
+
+def _flag(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1")
+    return bool(value) if value == value else False  # NaN (an empty cell): False
+
+
+def attach_fusion(index, head=None, *, beta_semantic: float | None = None,
+                  beta_title: float | None = None, trust: float = DEFAULT_TRUST
+                  ) -> FusionRerank:
+    """Wire fused scoring into ``index``: a first stage that finds text-only rows and the
+    :class:`FusionRerank` hook (appended to ``index.hooks``); returns the hook.
+
+    Args:
+        head: a Mul2vec head, or the path of one (``heads train mul2vec``): Mul2vec fusion
+            through a :class:`SemanticStage`. None: late fusion (title similarity) through a
+            :class:`TitleStage`, the default where no head is trained.
+        beta_semantic, beta_title: default :data:`DEFAULT_BETA_SEMANTIC` with a head (and no
+            title term), :data:`DEFAULT_BETA_TITLE` without one.
+
+    Call it after the index holds its videos: rows added later are not in the fusion arrays
+    (call it again on a freshly loaded index).
+    """
+    if isinstance(head, (str, os.PathLike)):
+        from ..heads.base import load_head
+
+        head = load_head(head, index._require_model(), kind="mul2vec")
+    if head is not None:
+        beta_semantic = DEFAULT_BETA_SEMANTIC if beta_semantic is None else beta_semantic
+        beta_title = 0.0 if beta_title is None else beta_title
+    else:
+        beta_semantic = 0.0
+        beta_title = DEFAULT_BETA_TITLE if beta_title is None else beta_title
+    rows = index_fusion_rows(index, head)
+    if head is not None:
+        stage = SemanticStage(head, rows.semantic.shape[1])
+        index.add_first_stage(stage, videos=lambda ids, _: rows.semantic[ids])
+    else:
+        stage = TitleStage(rows.title_text.shape[1])
+        index.add_first_stage(stage, videos=lambda ids, _: rows.title_text[ids])
+    hook = FusionRerank(rows, head, beta_semantic=beta_semantic, beta_title=beta_title,
+                        trust=trust)
+    index.hooks.append(hook)
+    return hook
+
+
+@torch.no_grad()
+def explain_hits(index, hook: FusionRerank, query: str, hits) -> list[dict]:
+    """The fused score's parts for each hit of ``query``: one dict per hit
+    ``{"id", "path", "dicosa", "semantic"?, "title"?, "fused", "text_only", "frames_lost",
+    "has_title"}``
+    (parts unweighted, missing ones imputed as in :func:`fused_scores`; computed over the
+    hits, so the imputation's moments are those of the listed rows)."""
+    if not hits:
+        return []
+    encoded = index.encode_queries([query])
+    ids = np.array([[h.id for h in hits]], dtype=np.int64)
+    dicosa = torch.tensor([[h.dicosa for h in hits]], dtype=torch.float32)
+    parts = hook.explain(encoded, ids, dicosa)
+    out = []
+    for c, hit in enumerate(hits):
+        entry = {"id": hit.id, "path": hit.path}
+        entry.update({name: float(value[0, c]) for name, value in parts.items()})
+        entry["text_only"] = bool(hook.rows.text_only[hit.id])
+        entry["frames_lost"] = float(hook.rows.frames_lost[hit.id])
+        entry["has_title"] = bool(hook.rows.has_title[hit.id])
+        out.append(entry)
+    return out
+
+
+def format_parts(parts: list[dict]) -> str:
+    """:func:`explain_hits`'s dicts as a small table (unweighted parts; fused = ranking)."""
+    names = [n for n in ("dicosa", "semantic", "title", "fused") if parts and n in parts[0]]
+    lines = ["fusion parts (unweighted; missing parts imputed, marked *):",
+             f"{'rank':>4}  " + "  ".join(f"{n:>8}" for n in names) + "  frames_lost  path"]
+    for rank, entry in enumerate(parts, 1):
+        cells = []
+        for n in names:
+            imputed = ((n == "dicosa" and entry["text_only"])
+                       or (n == "title" and not entry["has_title"]))
+            cells.append(f"{entry[n]:>7.4f}{'*' if imputed else ' '}")
+        lines.append(f"{rank:>4}  " + "  ".join(cells)
+                     + f"  {entry['frames_lost']:>11.2f}  {entry['path']}")
+    return "\n".join(lines)

@@ -1,0 +1,149 @@
+"""Incomplete entries in a real index: titles, text-only rows, lost frames, fused scores."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dicosa.__main__ import main
+from dicosa.data.synthetic import make_synthetic
+from dicosa.index import VideoIndex
+from dicosa.model import DiCoSA, VideoFeatures
+from dicosa.search.fusion import attach_fusion, explain_hits, read_titles
+
+from .conftest import tiny_config
+
+TITLE = "a purple triangle spins slowly"  # the undecodable video's title
+TINY = ["--config", "configs/synthetic.yaml", "--set", "model.num_frames=4"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = make_synthetic(tmp_path_factory.mktemp("synthetic"), num_train=0, num_test=4,
+                          size=32, seconds=1.0, num_workers=1)
+    videos = root / "videos"
+    (videos / "broken.mp4").write_bytes(b"\x00" * 64)  # undecodable, titled
+    (videos / "nameless.mp4").write_bytes(b"\x00" * 64)  # undecodable, no title
+    return videos
+
+
+@pytest.fixture(scope="module")
+def model() -> DiCoSA:
+    torch.manual_seed(0)
+    return DiCoSA.from_config(tiny_config()).eval()
+
+
+@pytest.fixture(scope="module")
+def index(folder, model, tmp_path_factory):
+    titles = {folder / "broken.mp4": TITLE, folder / "video0.mp4": "a red square",
+              folder / "video1.mp4": "a green circle", folder / "video2.mp4": "a blue cross",
+              folder / "video3.mp4": "a yellow star falls"}
+    index = VideoIndex.build(model, folder, tmp_path_factory.mktemp("idx") / "index",
+                             titles=titles, batch_size=2, num_workers=0, progress=False)
+    # A partially corrupted video: half its frames did not decode (mask) and it says so.
+    first = index.metadata.index[index.metadata["path"].str.endswith("video0.mp4")]
+    video = index.store.gather(first.to_numpy())
+    mask = video.frame_mask.clone()
+    mask[:, mask.shape[1] // 2:] = False
+    index.add_features(VideoFeatures(video.frames, mask),
+                       [{"path": "/corrupted.mp4", "title": "", "text_only": False,
+                         "frames_lost": 0.5, "valid_frames": int(mask.sum())}])
+    return index
+
+
+def test_titled_undecodable_video_is_indexed_text_only(index, folder):
+    table = index.metadata.set_index("path")
+    broken = str((folder / "broken.mp4").resolve())
+    assert bool(table.loc[broken, "text_only"]) and table.loc[broken, "title"] == TITLE
+    assert not index.store.gather(index.ids[table.index == broken]).frame_mask.any()
+    assert [p for p, _ in index.text_only] == [broken]
+    assert [p.split("/")[-1] for p, _ in index.skipped] == ["nameless.mp4"]
+    assert len(index) == 4 + 1 + 1
+    assert table.loc["/corrupted.mp4", "frames_lost"] == pytest.approx(0.5)
+
+
+def test_plain_search_never_ranks_a_text_only_row_by_nan(index):
+    for candidates in (2, None):
+        hits = index.search("a red circle moves left", k=len(index), candidates=candidates)
+        assert all(not math.isnan(h.score) for h in hits)
+        text_only = [h for h in hits if h.path.endswith("broken.mp4")]
+        assert all(h.score == float("-inf") for h in text_only) or not text_only
+
+
+def test_text_only_row_is_found_by_its_title_through_fusion(index):
+    hook = attach_fusion(index, beta_title=5.0, trust=1.0)
+    try:
+        hits = index.search(TITLE, k=2, candidates=3)  # the title stage must propose it
+        assert hits[0].path.endswith("broken.mp4")
+        assert "title" in hits[0].stage
+        assert all(math.isfinite(h.score) for h in hits)
+        corrupted = index.search("a red circle", k=len(index), candidates=len(index))
+        assert any(h.path == "/corrupted.mp4" and math.isfinite(h.score) for h in corrupted)
+        assert hook.rows.frames_lost[corrupted[0].id] >= 0
+    finally:
+        index.hooks.remove(hook)
+
+
+def test_fused_scores_decompose_into_their_parts(index):
+    hook = attach_fusion(index, beta_title=0.7, trust=0.5)
+    try:
+        hits = index.search("a red square", k=len(index), candidates=len(index))
+        parts = explain_hits(index, hook, "a red square", hits)
+    finally:
+        index.hooks.remove(hook)
+    assert len(parts) == len(hits)
+    for hit, part in zip(hits, parts, strict=True):
+        assert part["fused"] == pytest.approx(part["dicosa"] + 0.7 * part["title"], abs=1e-5)
+        assert part["fused"] == pytest.approx(hit.score, abs=1e-5)
+        if not part["text_only"]:
+            assert part["dicosa"] == pytest.approx(hit.dicosa, abs=1e-5)
+
+
+def test_cli_titles_round_trip(folder, tmp_path, capsys, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    sidecar = folder / "titles.csv"  # not a video extension: not indexed
+    sidecar.write_text(f"path,title\n{folder / 'broken.mp4'},{TITLE}\n"
+                       "video0.mp4,a red square\nvideo1.mp4,a green circle\n"
+                       f"video2.mp4,a blue cross\n{folder / 'video3.mp4'},\n")
+    titles = read_titles(sidecar)  # relative paths: from the sidecar's folder
+    assert titles[str((folder / "broken.mp4").resolve())] == TITLE
+    assert titles[str((folder / "video0.mp4").resolve())] == "a red square"
+    out = tmp_path / "index"
+    assert main(["index", str(folder), "--out", str(out), "--titles", str(sidecar),
+                 "--num-workers", "0", *TINY]) == 0
+    assert "from its title alone" in capsys.readouterr().out
+    table = VideoIndex.load(out).metadata.set_index("path")
+    assert table.loc[str((folder / "broken.mp4").resolve()), "title"] == TITLE
+    assert main(["search", str(out), TITLE, "-k", "3", "--candidates", "2", "--fusion",
+                 "--beta-title", "5", "--trust", "1", "--explain", "--json", *TINY]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["results"][0]["path"].endswith("broken.mp4")
+    assert set(result["fusion"][0]) >= {"dicosa", "title", "fused", "text_only"}
+    assert result["fusion"][0]["text_only"] is True
+    assert np.isfinite([p["fused"] for p in result["fusion"]]).all()
+    assert main(["search", str(out), TITLE, "-k", "2", "--fusion", "--explain", *TINY]) == 0
+    assert "fusion parts" in capsys.readouterr().out
+
+
+def test_mul2vec_fusion_finds_the_text_only_row_and_decomposes(index, model):
+    from dicosa.heads.mul2vec import Mul2vecConfig, Mul2vecHead
+
+    torch.manual_seed(0)  # untrained: θ_q = f(e_q) equals the text-only row's g = f(e_title)
+    head = Mul2vecHead(Mul2vecConfig(), dim=model.embed_dim, vocab=["a"], num_docs=1,
+                       num_entities=1).eval()
+    hook = attach_fusion(index, head, beta_semantic=0.3)
+    try:
+        hits = index.search(TITLE, k=2, candidates=2)  # the semantic stage must propose it
+        assert hits[0].path.endswith("broken.mp4") and "semantic" in hits[0].stage
+        hits = index.search(TITLE, k=len(index), candidates=len(index))
+        parts = explain_hits(index, hook, TITLE, hits)
+    finally:
+        index.hooks.remove(hook)
+    assert "title" not in parts[0]  # Mul2vec fusion: β_title = 0 by default
+    for hit, part in zip(hits, parts, strict=True):
+        assert part["fused"] == pytest.approx(part["dicosa"] + 0.3 * part["semantic"], abs=1e-5)
+        assert part["fused"] == pytest.approx(hit.score, abs=1e-5)
