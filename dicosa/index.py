@@ -109,11 +109,13 @@ class _VideoFiles(Dataset):
         return len(self.paths)
 
     def __getitem__(self, i: int) -> dict:
-        from .data.video import load_video, video_info
+        from .data.video import load_video_partial, video_info
 
         path = self.paths[i]
         try:
-            frames, mask = load_video(path, self.num_frames, self.image_size)
+            # A damaged stretch costs its frames, not the video: the rest is indexed and the
+            # row flagged with the fraction lost (fused search weighs its video view by it).
+            frames, mask, lost = load_video_partial(path, self.num_frames, self.image_size)
             info = video_info(path)
         except Exception as exc:  # any unreadable file is skipped, never fatal
             reason = getattr(exc, "reason", None) or str(exc)
@@ -131,7 +133,7 @@ class _VideoFiles(Dataset):
                 "row": {"path": path, "duration": info["duration"], "fps": info["fps"],
                         "num_frames": info["num_frames"], "valid_frames": int(mask.sum()),
                         "title": self.titles.get(path, ""), "text_only": False,
-                        "frames_lost": 0.0}}
+                        "frames_lost": lost}}
 
 
 def _collate(items: list[dict]) -> dict:
@@ -326,6 +328,11 @@ class VideoIndex:
                     for path, reason in batch["text_only"]:
                         log.warning("indexing %s from its title alone: %s", path, reason)
                         self.text_only.append((path, reason))
+                    for row in batch["rows"]:
+                        if 0 < row["frames_lost"] < 1:
+                            log.warning("%s: %.0f%% of the sampled frames did not decode; "
+                                        "indexed from the rest (metadata frames_lost)",
+                                        row["path"], 100 * row["frames_lost"])
                     if batch["rows"]:
                         pending.append(self._encode(batch))
                         added += len(batch["rows"])

@@ -74,3 +74,17 @@ def truncate(path: str | Path, keep_fraction: float = 0.5) -> Path:
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep_fraction)])
     return path
+
+
+def damage(path: str | Path, first: int, last: int) -> Path:
+    """Zero the coded bytes of packets ``first..last-1`` in place (a damaged stretch: the
+    container still opens, those frames no longer decode)."""
+    path = Path(path)
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        spans = [(p.pos, p.size) for p in container.demux(stream) if p.size]
+    data = bytearray(path.read_bytes())
+    for pos, size in spans[first:last]:
+        data[pos:pos + size] = bytes(size)
+    path.write_bytes(bytes(data))
+    return path

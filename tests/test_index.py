@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from dicosa.data.synthetic import make_synthetic
-from dicosa.data.video import load_video
+from dicosa.data.video import load_video, load_video_partial
 from dicosa.fingerprint import model_fingerprint
 from dicosa.index import VideoIndex, list_videos
 from dicosa.model import DiCoSA, VideoFeatures
 
+from ._videos import damage, write_video
 from .conftest import tiny_config
 
 NUM_VIDEOS = 6
@@ -97,6 +98,30 @@ def test_corrupt_file_is_counted_and_skipped(videos, model, tmp_path):
     manifest = json.loads((tmp_path / "index" / "manifest.json").read_text())
     assert len(manifest["skipped"]) == 2 and manifest["num_videos"] == NUM_VIDEOS
     assert len(VideoIndex.load(tmp_path / "index").skipped) == 2
+
+
+def test_damaged_video_keeps_its_decodable_frames_and_says_how_many_were_lost(
+        model, tmp_path, caplog):
+    folder = tmp_path / "videos"
+    write_video(folder / "sound.mp4", 30)
+    damaged = damage(write_video(folder / "damaged.mp4", 30), 10, 15)
+    frames, mask, lost = load_video_partial(damaged, model.config.num_frames, model.image_size)
+    assert 0 < lost < 1 and 0 < mask.sum() < model.config.num_frames  # the case under test
+    with caplog.at_level("WARNING", logger="dicosa.index"):
+        index = _build(model, folder, tmp_path / "index")
+    assert len(index) == 2 and not index.skipped
+    table = VideoIndex.load(tmp_path / "index").metadata.set_index("path")
+    row = table.loc[str(damaged.resolve())]
+    assert row["frames_lost"] == pytest.approx(lost) and row["valid_frames"] == int(mask.sum())
+    assert table.loc[str((folder / "sound.mp4").resolve()), "frames_lost"] == 0
+    assert any("damaged.mp4" in r.message and "did not decode" in r.message
+               for r in caplog.records)
+    stored = index.store.gather(index.ids[[list(table.index).index(str(damaged.resolve()))]])
+    assert torch.equal(stored.frame_mask[0], mask)
+    with torch.no_grad():  # the kept frames are encoded as they decode (float16 store)
+        expected = model.encode_video(frames[None], mask[None]).frames[0]
+    torch.testing.assert_close(stored.frames[0][mask].float(), expected[mask],
+                               atol=2e-3, rtol=2e-3)
 
 
 def test_save_load_round_trip(videos, model, tmp_path):

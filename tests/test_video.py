@@ -17,11 +17,12 @@ from dicosa.data.video import (
     check_video,
     check_videos,
     load_video,
+    load_video_partial,
     sample_indices,
     sample_indices_released,
     video_info,
 )
-from tests._videos import level_to_index, truncate, write_frames, write_video
+from tests._videos import damage, level_to_index, truncate, write_frames, write_video
 
 
 def decoded_indices(frames: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
@@ -324,3 +325,47 @@ def test_released_sampling_in_training_and_mean_colour_padding(tmp_path):
         assert padded.eq(torch.tensor(mean, dtype=torch.uint8)[:, None]).all()
     with pytest.raises(ValueError, match="sampling"):
         load_video(path, 8, 32, sampling="uniform")
+
+
+@pytest.mark.parametrize("codec", ["mpeg4", "mjpeg"])
+def test_partial_decoding_keeps_the_frames_around_a_damaged_stretch(tmp_path, codec):
+    path = damage(write_video(tmp_path / f"{codec}.mp4", 30, codec=codec), 10, 15)
+    with pytest.raises(VideoDecodeError):  # the strict loader refuses the file
+        load_video(path, 10, 32)
+    frames, mask, lost = load_video_partial(path, 10, 32)
+    picked = sample_indices(30, 10, train=False)  # 1, 4, ..., 28: 10 and 13 are damaged
+    kept = decoded_indices(frames, mask)
+    assert mask[: len(kept)].all() and not mask[len(kept):].any()  # kept frames in front
+    assert set(kept) <= set(picked) - {10, 13} and list(kept) == sorted(kept)
+    assert len(kept) >= 6  # a decoder may lose a neighbour of the stretch, not the video
+    assert lost == pytest.approx(1 - len(kept) / 10)
+    assert (frames[~mask] == 0).all()
+
+
+def test_partial_decoding_of_a_sound_file_is_the_strict_decoding(tmp_path):
+    path = write_video(tmp_path / "sound.mp4", 30)
+    frames, mask, lost = load_video_partial(path, 8, 32)
+    strict_frames, strict_mask = load_video(path, 8, 32)
+    assert lost == 0.0 and torch.equal(mask, strict_mask) and torch.equal(frames, strict_frames)
+
+
+def test_partial_decoding_of_a_cut_mjpeg_file_keeps_its_head(tmp_path):
+    # AVI keeps its frame count in the header, so a cut file says how much is missing (a cut
+    # MP4 loses its index at the end and does not open at all).
+    path = truncate(write_video(tmp_path / "cut.avi", 30, codec="mjpeg"), 0.5)
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        promised, packets = stream.frames, sum(1 for p in container.demux(stream) if p.size)
+    assert (promised, packets) == (30, 11)  # the 11th packet is cut mid-image
+    with pytest.raises(VideoDecodeError, match="truncated"):
+        load_video(path, 10, 32)
+    frames, mask, lost = load_video_partial(path, 10, 32)
+    assert list(decoded_indices(frames, mask)) == [1, 4, 7]  # picks 10 (cut) .. 28 lost
+    assert lost == pytest.approx(0.7)
+
+
+def test_partial_decoding_of_garbage_still_raises(tmp_path):
+    path = tmp_path / "garbage.mp4"
+    path.write_bytes(b"not a video" * 200)
+    with pytest.raises(VideoDecodeError):
+        load_video_partial(path, 4, 32)
