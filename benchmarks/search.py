@@ -77,6 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work", default="/work/artifacts/search-bench",
                    help="where indexes and the trained model go (not the repository)")
     p.add_argument("--keep", action="store_true", help="keep the indexes after the run")
+    p.add_argument("--reuse", action="store_true",
+                   help="latency part: time the index a --keep run left under --work instead "
+                        "of building it again (build_s is then null)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on random weights")
     p.add_argument("--out", default="benchmarks/results/search.json")
     args = p.parse_args(argv)
@@ -152,6 +155,21 @@ def timed_searches(index: VideoIndex, texts: list[str], candidates: int | None) 
                 ms - np.array([s["encode_s"] for s in stages]) * 1000, 50)), 2)}
 
 
+def build_latency_index(index: VideoIndex, centres: torch.Tensor, args,
+                        directory: Path) -> float:
+    """Fill ``index`` with ``args.videos`` synthetic videos shard by shard into
+    ``directory``; returns the seconds it took."""
+    index.save(fresh(directory))
+    rng = torch.Generator().manual_seed(1)
+    start = time.perf_counter()
+    for first in range(0, args.videos, args.shard_size):
+        count = min(args.shard_size, args.videos - first)
+        index.add_features(synthetic_shard(centres, count, args.frames, rng),
+                           [{"path": f"synthetic/{first + i}"} for i in range(count)])
+    index.save(index.directory)
+    return time.perf_counter() - start
+
+
 def latency(args, work: Path) -> dict:
     torch.manual_seed(0)
     model = random_model(args.arch, "released", args.frames).eval()
@@ -162,18 +180,11 @@ def latency(args, work: Path) -> dict:
         centres = torch.cat([model.encode_text(tokenize(captions(min(256, args.clusters - s),
                                                                   seed=s))).text
                              for s in range(0, args.clusters, 256)])
-    index.save(fresh(work / f"latency-{args.videos}"))
-    rng = torch.Generator().manual_seed(1)
-    start = time.perf_counter()
-    for first in range(0, args.videos, args.shard_size):
-        count = min(args.shard_size, args.videos - first)
-        index.add_features(synthetic_shard(centres, count, args.frames, rng),
-                           [{"path": f"synthetic/{first + i}"} for i in range(count)])
-    index.save(index.directory)
-    build_s = time.perf_counter() - start
-    memory_after_build = resident()
-
-    directory = index.directory
+    directory = work / f"latency-{args.videos}"
+    build_s, memory_after_build = None, None
+    if not (args.reuse and (directory / "manifest.json").is_file()):
+        build_s = build_latency_index(index, centres, args, directory)
+        memory_after_build = resident()
     del index
     index = VideoIndex.load(directory, model, device="cpu")  # a fresh process's view
     memory_loaded = resident()
@@ -195,7 +206,8 @@ def latency(args, work: Path) -> dict:
     result = {
         "videos": len(index), "dim": model.embed_dim, "frames": args.frames,
         "backend": args.backend, "summary": args.summary,
-        "stage_options": stage_options(args.stage_option), "build_s": round(build_s, 1),
+        "stage_options": stage_options(args.stage_option),
+        "build_s": None if build_s is None else round(build_s, 1), "reused": build_s is None,
         "store_gib": round(sum(p.stat().st_size for p in directory.glob("shard-*"))
                            / 2**30, 2),
         "two_stage": runs,
