@@ -195,7 +195,7 @@ def test_words_over_time_figure(trained, features, tmp_path):
     top = [head.words.index(w) for w in report.words]
     np.testing.assert_allclose(report.weights.max(1), peaks[top].numpy(), rtol=1e-5)
     assert peaks[top[0]] == peaks.max()
-    assert [ax.get_label() for ax in figure.axes][0] == "words"
+    assert figure.axes[0].get_label() == "words"
     with pytest.raises(ValueError, match="one video"):
         visualize_words(head, features[:2])
 
