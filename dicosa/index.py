@@ -154,8 +154,9 @@ class Hit:
     path: str
     score: float  # the ranking score: DiCoSA's S after the rerank hooks (= dicosa without hooks)
     dicosa: float  # DiCoSA's S (Eq. 9) of the query and this video
-    stage: str  # what proposed it: a first stage ("dense", "dense+lexical"), "all" (every row
-    #             reranked, candidates >= len(index)) or "exhaustive" (candidates=None)
+    stage: str  # what proposed it: a first stage ("dense", "lexical", "bow", "dense+lexical"),
+    #             "all" (every row reranked, candidates >= len(index)) or "exhaustive"
+    #             (candidates=None)
     stage_score: float | None  # the first stage's own score; None for "all"/"exhaustive"
     id: int  # the store row id
 

@@ -20,7 +20,7 @@ import torch
 import dicosa.__main__ as cli
 from dicosa import visualize_words
 from dicosa.heads import save_head
-from dicosa.heads.lexical import VDRConfig, VDRHead
+from dicosa.heads.lexical import D2SConfig, D2SHead, VDRConfig, VDRHead
 from dicosa.index import VideoIndex
 from dicosa.model import DiCoSA, VideoFeatures
 from dicosa.search.lexical_index import INFO_FILE, attach_lexical, explain_words
@@ -198,6 +198,13 @@ def test_words_over_time_figure(trained, features, tmp_path):
     assert figure.axes[0].get_label() == "words"
     with pytest.raises(ValueError, match="one video"):
         visualize_words(head, features[:2])
+    # Dense2Sparse has no per-frame stage of its own: the shared projection of each frame.
+    d2s = D2SHead(D2SConfig(), head.words, head.vocab.token_ids, head.dim).eval()
+    report = visualize_words(d2s, video, num_words=4)[1]
+    frames = video.frames[0, :3].float()
+    top = [head.words.index(w) for w in report.words]
+    np.testing.assert_allclose(report.weights, d2s.weights(frames)[:, top].T.detach().numpy(),
+                               rtol=1e-5)
 
 
 # -- the command line -------------------------------------------------------------------------
@@ -258,3 +265,15 @@ def test_command_line_errors_are_one_sentence(model, trained, videos, tmp_path, 
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: the lexical head") and "was trained on a model with" in err
     assert "\n" not in err and not (tmp_path / "x").exists()  # refused before encoding
+
+
+def test_searching_a_lexical_index_writes_nothing(model, trained, features, tmp_path):
+    index, _ = new_index(model, features, trained[1])
+    folder = index.save(tmp_path / "index")
+    head = save_head(trained[1], tmp_path / "vdr.pt", model)
+    attach_lexical(VideoIndex.load(folder, model), head)  # records the head: writes
+    before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    reopened = VideoIndex.load(folder, model)
+    attach_lexical(reopened, head)
+    assert reopened.search(QUERY, k=3, candidates=3, mode="bow")
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before

@@ -111,12 +111,15 @@ def attach_lexical(index: VideoIndex, head: str | os.PathLike | LexicalHead) -> 
         lexical=_mode((STAGE,), "the lexical head's query against the sparse stage only"),
         bow=_mode((STAGE,), "the query's own words (no network) against the sparse stage"),
         hybrid=_mode(("dense", STAGE), "dense and lexical candidates united"))
-    if path is not None:
-        index.meta["lexical"] = {"head": path, "kind": head.kind}
-    if index.directory is not None:
-        if held is None or not np.array_equal(np.sort(held), np.sort(stage.ids)):
-            stage.save(index.directory)
-        index._write_manifest()
+    recorded = {"head": path, "kind": head.kind} if path is not None else None
+    # Only what changed is written: a search that reattaches the recorded head writes nothing.
+    if index.directory is not None and (held is None
+                                        or not np.array_equal(np.sort(held), np.sort(stage.ids))):
+        stage.save(index.directory)
+    if recorded is not None and index.meta.get("lexical") != recorded:
+        index.meta["lexical"] = recorded
+        if index.directory is not None:
+            index._write_manifest()
     return IndexLexical(head, stage, path)
 
 
