@@ -13,7 +13,7 @@ from .config import (
 )
 from .index import VideoIndex
 from .model import DiCoSA, TextFeatures, VideoFeatures
-from .visualize import FactorReport, visualize_factors
+from .visualize import FactorReport, visualize_factors, visualize_words
 
 __all__ = [
     "TINY_ARCH",
@@ -33,5 +33,6 @@ __all__ = [
     "load_clip",
     "load_config",
     "visualize_factors",
+    "visualize_words",
 ]
 __version__ = "0.1.0"

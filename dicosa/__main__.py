@@ -2,13 +2,17 @@
 
     python -m dicosa index FOLDER --out INDEX [--checkpoint CKPT | --config CFG]
                            [--backend local|exact|milvus --uri URI] [--stage-option K=V]
+                           [--head LEXICAL.pt]   (a sparse word stage beside the dense one)
     python -m dicosa search INDEX "a man is skiing" -k 10 [--candidates 1000 | --exhaustive]
                            [--checkpoint CKPT] [--json]
+                           [--mode dense|lexical|bow|hybrid]   (which first stage proposes:
+                                              default hybrid with a --head index, else dense)
                            [--concepts HEAD.pt [--exclude B ...] [--exclusion-set K=V]]
                                               ("A without B" queries)
                            [--mul2vec HEAD.pt | --fusion] [--beta-semantic B] [--trust T]
                                               (titles, text-only entries)
-                           [--explain]        (with --concepts, --mul2vec or --fusion)
+                           [--explain]        (with --concepts, --mul2vec, --fusion or an
+                                              index built with --head: the words shared)
     python -m dicosa heads train KIND --checkpoint CKPT --out HEAD.pt [--set key=value]
     python -m dicosa heads info HEAD.pt
     python -m dicosa convert RELEASED.pth --out dicosa.pt [--config CFG] [--set key=value]
@@ -67,12 +71,19 @@ def load_model(checkpoint: str | None, config: str | None,
 
 def _cmd_index(args: argparse.Namespace) -> int:
     from .index import VideoIndex
+    from .search.lexical_index import attach_lexical, load_lexical_head
 
     model, source = load_model(args.checkpoint, args.config, args.set)
+    if args.head is not None:
+        load_lexical_head(args.head, model)  # a head of another model fails before encoding
     index = VideoIndex.build(model, args.videos, args.out, batch_size=args.batch_size,
                              num_workers=args.num_workers, shard_size=args.shard_size,
                              meta={"model": source}, backend=args.backend, uri=args.uri,
                              stage_options=_options(args.stage_option), titles=args.titles)
+    if args.head is not None:
+        lexical = attach_lexical(index, args.head)
+        print(f"sparse {lexical.head.kind} stage: {len(lexical.stage)} videos, "
+              f"{len(lexical.head.words)} words")
     for path, reason in index.text_only:
         print(f"  indexed from its title alone (undecodable): {path}: {reason}")
     print(f"indexed {len(index)} videos into {args.out}"
@@ -96,18 +107,25 @@ def _cmd_search(args: argparse.Namespace) -> int:
     else:
         model, _ = load_model(args.checkpoint, args.config, args.set)
     index.attach(model, strict=not args.no_strict)
+    lexical = _attach_lexical(index)
+    mode = _search_mode(lexical, args)
     rerank = _exclusion(index, args)
     fusion = _attach_fusion(index, args)
-    if args.explain and rerank is None and fusion is None:
-        raise QueryError("--explain needs a head to explain: --concepts HEAD.pt (exclusion) "
-                         "or --mul2vec HEAD.pt / --fusion (score parts)")
+    if args.explain and rerank is None and fusion is None and lexical is None:
+        raise QueryError("--explain needs a head to explain: --concepts HEAD.pt (exclusion), "
+                         "--mul2vec HEAD.pt / --fusion (score parts) or an index built with "
+                         "--head HEAD.pt (words)")
     candidates = None if args.exhaustive else args.candidates
     results, stats = index.search_with_stats(args.query, k=args.k, candidates=candidates,
-                                             exclude=args.exclude)
-    explained = _explained(rerank, results, args)
+                                             exclude=args.exclude, mode=mode)
+    excluded = _explained(rerank, results, args)
+    words = _words(index, lexical, args, mode, results)
+    # One "explain" object per result: the exclusion's keys and the words' keys side by side.
+    explained = [{**(excluded[i] if excluded else {}), **(words[i] if words else {})}
+                 for i in range(len(results))] if excluded or words else []
     parts = _fusion_parts(index, fusion, args, results)
     if args.json:
-        print(json.dumps({"query": args.query, "index": str(args.index),
+        print(json.dumps({"query": args.query, "index": str(args.index), "mode": mode,
                           "exclude": args.exclude, "candidates": candidates, "stats": stats,
                           "results": [{"rank": r, **hit.as_dict(),
                                        **({"explain": explained[r - 1]} if explained else {})}
@@ -115,16 +133,20 @@ def _cmd_search(args: argparse.Namespace) -> int:
                           **({"fusion": parts} if parts is not None else {})}))
         return 0
     how = ("every video scored by DiCoSA" if candidates is None else
-           f"{stats['candidates'][0]} candidates from the {stats['stage']} stage reranked by "
-           "DiCoSA")
+           f"{stats['candidates'][0]} candidates from the {stats['stage']} stage ({mode} mode) "
+           "reranked by DiCoSA")
     print(f'top {len(results)} of {len(index)} videos for "{args.query}" ({how})')
     print(f"{'rank':>4}  {'score':>8}  {'stage':<10}  path")
     for rank, hit in enumerate(results, 1):
         print(f"{rank:>4}  {hit.score:>8.4f}  {hit.stage:<10}  {hit.path}")
-        if explained:
+        if excluded:
             from .search.exclusion_index import format_explanation
 
-            print(f"{'':>16}{format_explanation(explained[rank - 1])}")
+            print(f"{'':>16}{format_explanation(excluded[rank - 1])}")
+        if words:
+            from .search.lexical_index import format_words
+
+            print(f"{'':>16}{format_words(words[rank - 1])}")
     if parts is not None:
         from .search.fusion import format_parts
 
@@ -147,6 +169,37 @@ def _exclusion(index, args: argparse.Namespace):
 
     config = dataclass_from_dict(ExclusionConfig, _options(args.exclusion_set), "exclusion.")
     return attach_exclusion(index, args.concepts, config)
+
+
+def _attach_lexical(index):
+    """The lexical stage recorded in the index's manifest by ``index --head`` (None without)."""
+    recorded = index.meta.get("lexical") or {}
+    if not recorded.get("head"):
+        return None
+    from .search.lexical_index import attach_lexical
+
+    return attach_lexical(index, recorded["head"])
+
+
+def _search_mode(lexical, args: argparse.Namespace) -> str:
+    """``--mode``, by default hybrid where the index has a lexical stage, else dense."""
+    from .search.query import QueryError
+
+    if args.mode is None:
+        return "dense" if lexical is None else "hybrid"
+    if args.mode != "dense" and lexical is None:
+        raise QueryError(f"--mode {args.mode} needs an index with a lexical head: build it with "
+                         "'python -m dicosa index FOLDER --out INDEX --head HEAD.pt'")
+    return args.mode
+
+
+def _words(index, lexical, args: argparse.Namespace, mode: str, results) -> list[dict]:
+    """Each result's words shared with the query (``--explain`` on a lexical index)."""
+    if lexical is None or not args.explain:
+        return []
+    from .search.lexical_index import explain_words
+
+    return explain_words(index, lexical, args.query, results, mode)
 
 
 def _explained(rerank, results, args: argparse.Namespace) -> list[dict]:
@@ -266,6 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a first-stage setting, repeatable (e.g. index=ivfpq, storage=fp16)")
     p.add_argument("--uri", help="Milvus: a file ending in .db (milvus-lite) or "
                                  "http://host:19530 (a Milvus server)")
+    p.add_argument("--head", metavar="HEAD.pt",
+                   help="a lexical head (heads train lexical / d2s): store each video's word "
+                        "vector in a sparse stage beside the dense one, for search --mode")
     _model_options(p, None)
     p.set_defaults(func=_cmd_index)
 
@@ -284,8 +340,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how far a missing part follows the part a row has")
     p.add_argument("--explain", action="store_true",
                    help="why each result ranks where it does: the concept dimensions it "
-                        "matched (with --concepts) and its score parts, dicosa / semantic / "
-                        "title / fused (with --mul2vec or --fusion)")
+                        "matched (with --concepts), its score parts, dicosa / semantic / "
+                        "title / fused (with --mul2vec or --fusion), and the words it shares "
+                        "with the query (on an index built with --head)")
+    p.add_argument("--mode", choices=("dense", "lexical", "bow", "hybrid"), default=None,
+                   help="which first stage proposes candidates: dense (the dense stage), "
+                        "lexical (the head's query on the sparse stage), bow (the query's own "
+                        "words on the sparse stage, no network) or hybrid (dense and lexical "
+                        "united; the default on an index built with --head, else dense)")
     p.add_argument("-k", type=_positive_int, default=10, help="number of results")
     p.add_argument("--candidates", type=_positive_int, default=1000,
                    help="videos the first stage proposes for DiCoSA to rerank (default 1000)")

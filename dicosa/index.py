@@ -8,7 +8,9 @@ in two stages:
 1. **first stage** — a query-independent :class:`~dicosa.search.types.FirstStage` proposes
    ``candidates`` rows: by default the dense proxy (masked frame mean, Eq. 1 at τ → ∞) in an
    exact, faiss or Milvus index; more stages (a sparse lexical one) may be registered, and
-   their candidate lists are united;
+   their candidate lists are united. A search ``mode`` (:attr:`VideoIndex.modes`:
+   ``"dense"``, and ``"lexical"``/``"bow"``/``"hybrid"`` once a lexical head is attached,
+   :func:`dicosa.search.lexical_index.attach_lexical`) picks which of them to unite;
 2. **rerank** — DiCoSA scores those candidates from their stored frames
    (:func:`~dicosa.search.rerank.pair_scores`, equal to :meth:`DiCoSA.score`), then the
    :attr:`VideoIndex.hooks` (exclusion, fusion, ...) adjust the scores in order, and the top
@@ -63,7 +65,7 @@ from .search.rerank import pair_scores
 from .search.store import FrameStore
 from .search.types import Candidates, EncodedQueries, FirstStage, RerankHook
 
-__all__ = ["FORMAT", "Hit", "VideoIndex", "fingerprint_mismatch", "list_videos",
+__all__ = ["FORMAT", "Hit", "SearchMode", "VideoIndex", "fingerprint_mismatch", "list_videos",
            "model_fingerprint"]
 
 log = logging.getLogger(__name__)
@@ -154,13 +156,28 @@ class Hit:
     path: str
     score: float  # the ranking score: DiCoSA's S after the rerank hooks (= dicosa without hooks)
     dicosa: float  # DiCoSA's S (Eq. 9) of the query and this video
-    stage: str  # what proposed it: a first stage ("dense", "dense+lexical"), "all" (every row
-    #             reranked, candidates >= len(index)) or "exhaustive" (candidates=None)
+    stage: str  # what proposed it: a first stage ("dense", "lexical", "bow", "dense+lexical"),
+    #             "all" (every row reranked, candidates >= len(index)) or "exhaustive"
+    #             (candidates=None)
     stage_score: float | None  # the first stage's own score; None for "all"/"exhaustive"
     id: int  # the store row id
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class SearchMode:
+    """A named choice of first stages for :meth:`VideoIndex.search` (``mode=``).
+
+    A search in this mode unites the candidates of the registered stages named in ``stages``
+    and of every stage that no mode names (a fusion stage that finds text-only rows stays on
+    in every mode). The query encoders read the mode's name in ``EncodedQueries.extra["mode"]``
+    (a lexical head encodes its query as bag of words in ``"bow"``, with the network otherwise).
+    """
+
+    stages: tuple[str, ...]  # FirstStage.name of the stages this mode searches
+    help: str = ""
 
 
 @dataclass
@@ -188,7 +205,9 @@ class VideoIndex:
     - :attr:`query_encoders`: callables ``(EncodedQueries) -> None`` that fill
       ``EncodedQueries.extra`` once per batch of queries, before any stage runs;
     - :meth:`add_first_stage`: another first stage (e.g. sparse lexical); candidate lists
-      of all stages are united, and :meth:`add`/:meth:`remove` keep every stage in step.
+      of all stages are united, and :meth:`add`/:meth:`remove` keep every stage in step;
+    - :attr:`modes`: named choices of first stages for ``search(mode=...)`` (``"dense"``
+      by default; a head that adds a stage adds its modes).
     """
 
     def __init__(self, model: DiCoSA | None, *, tokenizer: Callable | None = None,
@@ -205,6 +224,8 @@ class VideoIndex:
         self.store = FrameStore()
         self.hooks: list[RerankHook] = []
         self.query_encoders: list[Callable[[EncodedQueries], None]] = []
+        self.modes: dict[str, SearchMode] = {
+            "dense": SearchMode(("dense",), "the dense first stage only")}
         self.stage_spec = {"backend": backend, "uri": uri, "options": dict(stage_options or {}),
                            "summary": summary, "calibration": None, "dim": None}
         self._dense: FirstStage | None = None
@@ -413,9 +434,12 @@ class VideoIndex:
         return [r.stage for r in self._stages()]
 
     def add_first_stage(self, stage: FirstStage,
-                        videos: Callable[[np.ndarray, VideoFeatures], object] | None = None
-                        ) -> None:
+                        videos: Callable[[np.ndarray, VideoFeatures], object] | None = None,
+                        *, indexed: np.ndarray | None = None) -> None:
         """Register another first stage; every live row is added to it now.
+
+        ``indexed``: the row ids ``stage`` already holds (a stage reopened from its files);
+        only the other live rows are added, and held rows removed since are removed from it.
 
         ``videos(ids, features)`` computes what ``stage.add`` takes for rows ``ids`` from their
         stored features (float16 ``[n, N, D]``); None gives it the dense proxies ``[n, D]``.
@@ -424,8 +448,14 @@ class VideoIndex:
         step with the store.
         """
         registered = _Registered(stage, videos)
+        held = np.asarray([] if indexed is None else indexed, dtype=np.int64)
+        gone = held[~self.store.is_live(held)]
+        if len(gone):
+            stage.remove(gone)
         for ids in self._live_by_shard():
-            stage.add(ids, self._stage_input(registered, ids))
+            ids = ids[~np.isin(ids, held)]
+            if len(ids):
+                stage.add(ids, self._stage_input(registered, ids))
         self._extra.append(registered)
 
     def _stages(self) -> list[_Registered]:
@@ -621,15 +651,17 @@ class VideoIndex:
         return self.store.gather(self.store.live())
 
     # -- search ---------------------------------------------------------------------------
-    def encode_queries(self, texts: Sequence[str], exclude: Sequence[str] = ()
-                       ) -> EncodedQueries:
+    def encode_queries(self, texts: Sequence[str], exclude: Sequence[str] = (),
+                       mode: str | None = None) -> EncodedQueries:
         """Parse the queries ("A without B"; ``exclude`` adds exclusions to every query),
-        encode their positive text, run the :attr:`query_encoders`."""
+        encode their positive text, run the :attr:`query_encoders` (which read ``mode``, the
+        search mode, in ``extra["mode"]``; None: every stage is searched)."""
         model = self._require_model()
+        self._check_mode(mode)
         queries = [parse_query(t, exclude) for t in texts]
         with torch.inference_mode():
             text = model.encode_text(self.tokenizer([q.text for q in queries]).to(self.device))
-        encoded = EncodedQueries(queries, text)
+        encoded = EncodedQueries(queries, text, {"mode": mode})
         for encoder in self.query_encoders:
             encoder(encoded)
         return encoded
@@ -655,8 +687,9 @@ class VideoIndex:
 
     def search(self, text: str | Sequence[str], k: int = 10,
                candidates: int | None = DEFAULT_CANDIDATES, *,
-               hooks: Sequence[RerankHook] | None = None,
-               chunk: int = 1024, exclude: Sequence[str] = ()) -> list[Hit] | list[list[Hit]]:
+               hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
+               exclude: Sequence[str] = (), mode: str | None = None
+               ) -> list[Hit] | list[list[Hit]]:
         """The ``k`` best videos for ``text``, best first; a list of texts gives one list per
         text.
 
@@ -669,25 +702,32 @@ class VideoIndex:
             exclude: things every result should not show, as ``"A without B"`` in the text
                 does (needs an exclusion hook: :func:`dicosa.search.exclusion_index.
                 attach_exclusion`).
+            mode: a key of :attr:`modes`: which first stages propose candidates (``"dense"``;
+                with a lexical head ``"lexical"`` (the head's query), ``"bow"`` (the query's
+                own words, no network) or ``"hybrid"`` (dense and lexical united)). None: every
+                registered stage. A lexical or bow search reranks only the rows that share a
+                word with the query, even when ``candidates`` covers the whole index.
         """
         return self.search_with_stats(text, k, candidates, hooks=hooks, chunk=chunk,
-                                      exclude=exclude)[0]
+                                      exclude=exclude, mode=mode)[0]
 
     @torch.inference_mode()
     def search_with_stats(self, text: str | Sequence[str], k: int = 10,
                           candidates: int | None = DEFAULT_CANDIDATES, *,
                           hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
-                          exclude: Sequence[str] = ()) -> tuple[list[Hit] | list[list[Hit]], dict]:
+                          exclude: Sequence[str] = (), mode: str | None = None
+                          ) -> tuple[list[Hit] | list[list[Hit]], dict]:
         """:meth:`search` and what it did: seconds per stage and candidates kept per query."""
         _check_search(text, k, candidates)
+        self._check_mode(mode)
         texts = [text] if isinstance(text, str) else list(text)
         clock = _Clock()
-        encoded = self.encode_queries(texts, exclude)
+        encoded = self.encode_queries(texts, exclude, mode)
         _warn_unhandled_exclusions(encoded.queries, hooks if hooks is not None else self.hooks)
         clock.lap("encode_s")
         if candidates is not None:
             candidates = max(candidates, k)  # fewer than k could not fill the answer
-        ids, stage, stage_scores = self._candidates(encoded, candidates, chunk)
+        ids, stage, stage_scores = self._candidates(encoded, candidates, mode)
         clock.lap("first_stage_s")
         if isinstance(stage, str) and stage == "exhaustive":
             scores = self._exhaustive(encoded.text, ids[0], chunk).expand(len(texts), -1)
@@ -702,16 +742,36 @@ class VideoIndex:
         results = self._top(scores, dicosa, ids, stage, stage_scores, k)
         clock.lap("top_s")
         stats = {**clock.times, "stage": stage if isinstance(stage, str) else "first stage",
-                 "candidates": [int((row >= 0).sum()) for row in ids]}
+                 "mode": mode, "candidates": [int((row >= 0).sum()) for row in ids]}
         return (results[0] if isinstance(text, str) else results), stats
 
-    def _candidates(self, encoded: EncodedQueries, candidates: int | None, chunk: int):
+    def _check_mode(self, mode: str | None) -> None:
+        if mode is not None and mode not in self.modes:
+            raise QueryError(f"this index has no '{mode}' search mode (it has "
+                             f"{', '.join(self.modes)}); lexical, bow and hybrid need a lexical "
+                             "head: attach_lexical(index, HEAD), or 'python -m dicosa index' "
+                             "with --head HEAD.pt")
+
+    def _searched(self, mode: str | None) -> list[_Registered]:
+        """The stages a search in ``mode`` unites (see :class:`SearchMode`)."""
+        stages = self._stages()
+        if mode is None:
+            return stages
+        named = {name for m in self.modes.values() for name in m.stages}
+        wanted = set(self.modes[mode].stages)
+        return [r for r in stages if r.stage.name in wanted or r.stage.name not in named]
+
+    def _candidates(self, encoded: EncodedQueries, candidates: int | None, mode: str | None):
         """``(ids [Q, C] int64 with -1 pads, stage: str or [Q, C] labels, stage scores)``."""
         live = self.store.live()
-        if candidates is None or candidates >= len(live) or not self._stages():
+        stages = self._searched(mode)
+        # Reranking every row is what the dense stage would propose anyway once C covers the
+        # index; a sparse stage alone proposes only rows sharing a word, so it still runs.
+        covered = candidates is not None and candidates >= len(live) and (
+            any(r.dense for r in stages))
+        if candidates is None or covered or not stages:
             label = "exhaustive" if candidates is None else "all"
             return np.broadcast_to(live, (len(encoded), len(live))), label, None
-        stages = self._stages()
         dense = (EncodedQueries(encoded.queries, TextFeatures(self._dense_summary().queries(
             encoded.text.text)), encoded.extra) if any(r.dense for r in stages) else None)
         found = [r.stage.search(dense if r.dense else encoded, candidates) for r in stages]

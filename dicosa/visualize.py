@@ -34,8 +34,8 @@ from torch import Tensor, nn
 
 from .model import DiCoSA, TextFeatures, VideoFeatures
 
-__all__ = ["DEFAULT_VOCABULARY", "FactorReport", "PairReport", "plot_factor_report",
-           "visualize_factors"]
+__all__ = ["DEFAULT_VOCABULARY", "FactorReport", "PairReport", "WordsReport",
+           "plot_factor_report", "visualize_factors", "visualize_words"]
 
 # Common words of video captions (objects, people, actions, scenes, colours): the default pool
 # of factor names when no captions are given.
@@ -482,3 +482,70 @@ def _plot_factor_row(sub, grid, t: int, k: int, images: np.ndarray, mask: np.nda
     ax.axhline(0, color="black", linewidth=0.5)
     ax.set_xticks(np.arange(len(words)), words, rotation=60, fontsize=6, ha="right")
     ax.tick_params(axis="y", labelsize=6)
+
+
+# -- a lexical head's words over time ----------------------------------------------------------
+@dataclass
+class WordsReport:
+    """The numbers behind :func:`visualize_words`.
+
+    Attributes:
+        words: ``[W]`` the video's top words, heaviest (largest peak over frames) first.
+        frames: ``[N']`` the valid frames' positions in the video.
+        weights: ``[W, N']`` each word's weight in each valid frame (the head's per-frame
+            activation; a VDR video vector is its max over frames, before normalisation).
+    """
+
+    words: list[str]
+    frames: np.ndarray
+    weights: np.ndarray
+
+
+def visualize_words(head, video: VideoFeatures, *, num_words: int = 10,
+                    save_path: str | os.PathLike | None = None,
+                    title: str | None = None) -> tuple[Figure, WordsReport]:
+    """A heat map of one video's top words × its frames, from a lexical head (VDR or D2S).
+
+    Args:
+        head: a :class:`~dicosa.heads.lexical.LexicalHead` (``heads train lexical`` / ``d2s``).
+        video: one video's per-frame DiCoSA features (``len(video) == 1``), e.g.
+            ``index.store.gather([row_id])`` or ``model.encode_video(frames, mask)``.
+        num_words: rows of the heat map: the words with the largest weight in any frame.
+        save_path: write the figure there as PNG.
+        title: the figure's title (e.g. the video's path).
+
+    Returns:
+        ``(figure, report)``; the heat map's axes is labelled ``"words"``.
+    """
+    if len(video) != 1:
+        raise ValueError(f"visualize_words draws one video, got {len(video)}: pass video[i:i+1]")
+    if not bool(video.frame_mask.any()):
+        raise ValueError("the video has no valid frame to draw")
+    with torch.no_grad():
+        weights = head.frame_activations(video.to("cpu", torch.float32))  # [N', |V|]
+    peaks = weights.amax(0)  # [|V|]
+    top = peaks.topk(min(num_words, len(peaks))).indices
+    report = WordsReport(words=[head.words[i] for i in top.tolist()],
+                         frames=np.flatnonzero(video.frame_mask[0].cpu().numpy()),
+                         weights=weights[:, top].T.numpy())
+    figure = plot_words_report(report, title)
+    if save_path is not None:
+        Path(save_path).parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(save_path, format="png", dpi=100)
+    return figure, report
+
+
+def plot_words_report(report: WordsReport, title: str | None = None) -> Figure:
+    """Draw a :class:`WordsReport`: words as rows, frames as columns."""
+    num_words, num_frames = report.weights.shape
+    figure = Figure(figsize=(1.2 + 0.45 * num_frames + 1.5, 0.9 + 0.3 * num_words),
+                    layout="constrained")
+    ax = figure.add_subplot(label="words")
+    image = ax.imshow(report.weights, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set_yticks(np.arange(num_words), report.words, fontsize=8)
+    ax.set_xticks(np.arange(num_frames), [str(f) for f in report.frames], fontsize=8)
+    ax.set_xlabel("frame", fontsize=8)
+    figure.colorbar(image, ax=ax, label="word weight")
+    if title:
+        ax.set_title(title, fontsize=9)
+    return figure

@@ -143,8 +143,9 @@ def test_exclusion_on_the_command_line(collection, capsys, monkeypatch):
         "'python -m dicosa heads train concepts')")
     assert cli.main([*base, "--explain"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: --explain needs a head to explain: --concepts HEAD.pt (exclusion) or "
-        "--mul2vec HEAD.pt / --fusion (score parts)")
+        "error: --explain needs a head to explain: --concepts HEAD.pt (exclusion), "
+        "--mul2vec HEAD.pt / --fusion (score parts) or an index built with --head HEAD.pt "
+        "(words)")
 
 
 def test_demo_pair_has_a_with_and_without_b():

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import importlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,6 +41,7 @@ __all__ = [
     "HeadMismatchError",
     "available_heads",
     "head_class",
+    "head_key",
     "load_head",
     "read_head_file",
     "register_head",
@@ -187,6 +189,15 @@ def load_head(path: str | Path, model: nn.Module | None = None, *,
     head.load_state_dict(state["state"])
     head.trained = state.get("trained", {})
     return head.eval()
+
+
+def head_key(head: nn.Module) -> str:
+    """sha256 of the head's weights: which head made an array stored beside an index."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(head.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def head_fingerprint(path: str | Path) -> dict:

@@ -240,6 +240,12 @@ class LexicalHead(Head):
     def frame_words(self, video: VideoFeatures, n: int = 5) -> list[list[tuple[str, float]]]:
         """Per-frame top words of one video (``len(video) == 1``): the figure of a video's
         words over time. Uses the head's per-frame weights where it has them."""
+        return [self.top_words(w, n) for w in self.frame_activations(video)]
+
+    @torch.no_grad()
+    def frame_activations(self, video: VideoFeatures) -> Tensor:
+        """The word weights of each valid frame of one video (``len(video) == 1``):
+        ``[N', |V|]`` (:func:`dicosa.visualize_words` draws them)."""
         raise NotImplementedError
 
     def evaluate(self, data: SplitFeatures, mode: str = "lexical",
@@ -384,10 +390,9 @@ class VDRHead(LexicalHead):
         return weights * top_k_gate(weights, self.config.video_k)
 
     @torch.no_grad()
-    def frame_words(self, video: VideoFeatures, n: int = 5) -> list[list[tuple[str, float]]]:
+    def frame_activations(self, video: VideoFeatures) -> Tensor:
         weights = self.frame_weights(video.frames[:1])[0]  # [N, |V|]
-        valid = video.frame_mask[0]
-        return [self.top_words(w, n) for w, ok in zip(weights, valid, strict=True) if ok]
+        return weights[video.frame_mask[0]]  # [N', |V|]
 
     def loss(self, text: Tensor | TokenStates, bow: Tensor, video: VideoFeatures,
              generator: torch.Generator | None = None) -> Tensor:
@@ -486,9 +491,8 @@ class D2SHead(LexicalHead):
         return self.video_weights(video)
 
     @torch.no_grad()
-    def frame_words(self, video: VideoFeatures, n: int = 5) -> list[list[tuple[str, float]]]:
-        frames = video.frames[0][video.frame_mask[0]]  # [N', D]
-        return [self.top_words(w, n) for w in self.weights(frames)]
+    def frame_activations(self, video: VideoFeatures) -> Tensor:
+        return self.weights(video.frames[0][video.frame_mask[0]])  # [N', |V|]
 
     @staticmethod
     def expansion_mask(bow: Tensor, p_caption: float, p_word: Tensor,

@@ -18,7 +18,6 @@ matched A and which of B's were empty (``python -m dicosa search ... --explain``
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -30,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..heads.base import load_head
+from ..heads.base import head_key, load_head
 from ..model import VideoFeatures
 from .exclusion import ExclusionConfig, ExclusionExplanation, ExclusionRerank, describe_dimensions
 from .types import EncodedQueries
@@ -47,15 +46,6 @@ log = logging.getLogger(__name__)
 CODES_FILE = "concepts.codes.npy"
 CODES_INFO = "concepts.json"
 _CHUNK = 256  # rows per head forward when computing codes
-
-
-def head_key(head: ConceptCodesHead) -> str:
-    """sha256 of the head's weights: which head a stored codes array came from."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(head.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
 
 
 class ConceptCodes:

@@ -85,6 +85,19 @@ class SparseStage:
         self._rows = self._rows[keep]
         self._postings = None
 
+    def vectors(self, ids: np.ndarray) -> sp.csr_matrix:
+        """The stored sparse vectors ``[n, |V|]`` of rows ``ids [n]`` (SparseIndexError for a
+        row this stage does not hold)."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        order = np.argsort(self._ids, kind="stable")
+        held = self._ids[order]  # [n] ascending
+        at = np.searchsorted(held, ids)
+        found = at < len(held)
+        found[found] = held[at[found]] == ids[found]
+        if not found.all():
+            raise SparseIndexError(f"row {int(ids[~found][0])} is not in the {self.name} stage")
+        return self._rows[order[at]]
+
     def scores(self, queries: sp.csr_matrix) -> sp.csr_matrix:
         """Exact dot products ``[Q, n]`` of ``queries [Q, |V|]`` with every indexed video,
         as a sparse matrix holding only the videos that share a word with the query."""

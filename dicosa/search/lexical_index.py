@@ -1,0 +1,208 @@
+"""Lexical search on a :class:`~dicosa.index.VideoIndex`: attach a VDR or Dense2Sparse head.
+
+:func:`attach_lexical` gives an index what word-level search needs and registers it:
+
+- a :class:`~dicosa.search.sparse.SparseStage` holding each row's sparse word vector
+  (``head.encode_videos`` of the stored frames), kept in the index folder as
+  ``sparse-lexical.npz`` (+ ``lexical.json``: which head made it) and saved by the index
+  with its other stages, so reopening the index reuses the vectors. Rows the stage lacks
+  (added while it was not attached) get their vectors when it is attached; rows added later
+  get theirs as they are added; removed rows leave it with the index's :meth:`remove`;
+- a query encoder: ``head.prepare(queries, "bow")`` in the ``"bow"`` search mode, the head's
+  parametric query (``"lexical"``) otherwise;
+- the search modes ``"lexical"`` (sparse stage only), ``"bow"`` (sparse stage, bag-of-words
+  query) and ``"hybrid"`` (dense and sparse candidates united) in ``index.modes``;
+- the head's path and kind in ``index.meta["lexical"]``, so ``python -m dicosa search``
+  reattaches it.
+
+:func:`explain_words` then splits each hit's sparse score into words.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from ..heads.base import HeadMismatchError, head_key, load_head
+from ..heads.lexical import LexicalHead, TokenStates, to_csr
+from ..model import TextFeatures, VideoFeatures
+from .sparse import SparseIndexError, SparseStage
+from .types import EncodedQueries
+
+if TYPE_CHECKING:
+    from ..index import Hit, VideoIndex
+
+__all__ = ["LEXICAL_MODES", "IndexLexical", "attach_lexical", "explain_words",
+           "format_words", "load_lexical_head"]
+
+STAGE = "lexical"  # the SparseStage's name: its file is sparse-lexical.npz
+INFO_FILE = "lexical.json"
+LEXICAL_MODES = ("lexical", "bow", "hybrid")
+_CHUNK = 256  # rows per head forward when computing video vectors
+
+log = logging.getLogger(__name__)
+
+
+class LexicalStage(SparseStage):
+    """The index's sparse stage: a :class:`SparseStage` that records, beside its file, which
+    head made its vectors (``lexical.json``), so that only that head reuses them."""
+
+    key = ""  # head_key of the head whose vectors the stage holds
+
+    def save(self, directory: str | os.PathLike) -> None:
+        info = Path(directory) / INFO_FILE
+        # The key goes last: a crash between the writes leaves no key, so the vectors are
+        # computed again rather than trusted as another head's.
+        info.unlink(missing_ok=True)
+        super().save(directory)
+        info.write_text(json.dumps({"head": self.key, "rows": len(self)}, indent=1))
+
+
+@dataclass
+class IndexLexical:
+    """What :func:`attach_lexical` registered: the head, its stage and the head's file."""
+
+    head: LexicalHead
+    stage: LexicalStage
+    path: str | None
+
+
+def load_lexical_head(path: str | os.PathLike, model: torch.nn.Module) -> LexicalHead:
+    """A VDR (``lexical``) or Dense2Sparse (``d2s``) head file, checked against ``model``."""
+    head = load_head(Path(path), model)
+    if not isinstance(head, LexicalHead):
+        raise HeadMismatchError(f"{path} holds a '{head.kind}' head, not a lexical one "
+                                "(train one with 'python -m dicosa heads train lexical' or d2s)")
+    return head
+
+
+def attach_lexical(index: VideoIndex, head: str | os.PathLike | LexicalHead) -> IndexLexical:
+    """Let ``index`` search by words: the sparse stage, its query encoder and search modes.
+
+    Args:
+        index: an index with a model attached.
+        head: a lexical head file (checked against the index's model) or a loaded head; a
+            path is recorded in ``index.meta["lexical"]`` (and the manifest, in a folder).
+
+    Returns:
+        What was registered (for :func:`explain_words`).
+    """
+    model = index._require_model()
+    if any(stage.name == STAGE for stage in index.stages):
+        raise ValueError("this index already has a lexical stage attached")
+    path = None
+    if isinstance(head, (str, os.PathLike)):
+        path = str(Path(head).resolve())
+        head = load_lexical_head(path, model)
+    head = head.to("cpu").eval()
+    stage, held = _open_stage(index, head)
+    index.add_first_stage(stage, videos=lambda ids, video: video_vectors(head, video),
+                          indexed=held)
+    index.query_encoders.append(lambda encoded: _encode_queries(index, head, encoded))
+    index.modes.update(
+        lexical=_mode((STAGE,), "the lexical head's query against the sparse stage only"),
+        bow=_mode((STAGE,), "the query's own words (no network) against the sparse stage"),
+        hybrid=_mode(("dense", STAGE), "dense and lexical candidates united"))
+    recorded = {"head": path, "kind": head.kind} if path is not None else None
+    # Only what changed is written: a search that reattaches the recorded head writes nothing.
+    if index.directory is not None and (held is None
+                                        or not np.array_equal(np.sort(held), np.sort(stage.ids))):
+        stage.save(index.directory)
+    if recorded is not None and index.meta.get("lexical") != recorded:
+        index.meta["lexical"] = recorded
+        if index.directory is not None:
+            index._write_manifest()
+    return IndexLexical(head, stage, path)
+
+
+def _mode(stages: tuple[str, ...], help: str):
+    from ..index import SearchMode
+
+    return SearchMode(stages, help)
+
+
+def _open_stage(index: VideoIndex, head: LexicalHead) -> tuple[LexicalStage, np.ndarray | None]:
+    """The stage this head stored in the index folder, with the rows it holds; else a new,
+    empty one (None: it holds nothing yet)."""
+    folder, key = index.directory, head_key(head)
+    stage, held = LexicalStage(head.words, STAGE), None
+    if folder is not None and _stored_key(folder) == key:
+        try:
+            stage = LexicalStage.load(folder, STAGE)
+            held = stage.ids
+        except (FileNotFoundError, SparseIndexError) as exc:
+            log.warning("computing the lexical vectors again: %s", exc)
+    stage.key = key
+    return stage, held
+
+
+def _stored_key(folder: Path) -> str | None:
+    info = folder / INFO_FILE
+    return json.loads(info.read_text()).get("head") if info.is_file() else None
+
+
+@torch.no_grad()
+def video_vectors(head: LexicalHead, video: VideoFeatures) -> sp.csr_matrix:
+    """The head's sparse vectors ``[n, |V|]`` of stored features (float16 ``[n, N, D]``),
+    ``_CHUNK`` rows per forward (the head runs on the CPU in float32)."""
+    parts = [to_csr(head.encode_videos(video[i:i + _CHUNK].to("cpu", torch.float32)))
+             for i in range(0, len(video), _CHUNK)]
+    return sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, len(head.words)))
+
+
+@torch.no_grad()
+def _encode_queries(index: VideoIndex, head: LexicalHead, encoded: EncodedQueries) -> None:
+    """Fill ``encoded.extra["lexical"]`` for the search mode in ``extra["mode"]``."""
+    mode = encoded.extra.get("mode")
+    if mode == "dense":
+        return  # the sparse stage is not searched
+    query = "bow" if mode == "bow" else "lexical"
+    # The head runs on the CPU: a CPU view of the queries shares the same extra dict.
+    view = EncodedQueries(encoded.queries, TextFeatures(encoded.text.text.float().cpu()),
+                          encoded.extra)
+    if query == "lexical" and getattr(head.config, "text_states", "eot") == "tokens":
+        view.extra["token_states"] = _token_states(index, [q.text for q in encoded.queries])
+    head.prepare(view, query)
+
+
+def _token_states(index: VideoIndex, texts: list[str]) -> TokenStates:
+    """Every token's state for a VDR head that reads them (``text_states=tokens``)."""
+    from ..clip import encode_text_token_states
+
+    tokens = index.tokenizer(texts).to(index.device)
+    _, states, valid = encode_text_token_states(index.model.clip, tokens)
+    return TokenStates(states.float().cpu(), valid.cpu())
+
+
+def explain_words(index: VideoIndex, lexical: IndexLexical, query: str, hits: list[Hit],
+                  mode: str | None = None, n: int | None = None) -> list[dict]:
+    """For each hit: ``{"sparse_score", "words": {word: contribution}}``, the words the query
+    and the video share, largest first; with ``n`` None the contributions sum to
+    ``sparse_score``, the sparse stage's score of the pair (in ``mode``'s query: ``"bow"``
+    the query's words, else the head's parametric query)."""
+    if not hits:
+        return []
+    encoded = index.encode_queries([query], mode="bow" if mode == "bow" else "lexical")
+    query_vector = torch.from_numpy(encoded.extra["lexical"].toarray()[0])  # [|V|]
+    videos = lexical.stage.vectors(np.array([h.id for h in hits])).toarray()  # [H, |V|]
+    out = []
+    for video in torch.from_numpy(videos):
+        out.append({"sparse_score": float(query_vector @ video),
+                    "words": lexical.head.explain(query_vector, video, n)})
+    return out
+
+
+def format_words(explained: dict, limit: int = 5) -> str:
+    """One readable line: ``words red 0.412, square 0.201 (+1) = sparse 0.650``."""
+    words = list(explained["words"].items())
+    more = f" (+{len(words) - limit})" if len(words) > limit else ""
+    shown = ", ".join(f"{w} {c:.3f}" for w, c in words[:limit]) or "none shared"
+    return f"words {shown}{more} = sparse {explained['sparse_score']:.3f}"
