@@ -2,6 +2,9 @@
 
     python -m dicosa index FOLDER --out INDEX [--checkpoint CKPT | --config CFG]
                            [--backend local|exact|milvus --uri URI] [--stage-option K=V]
+    accelerate launch [--multi_gpu --num_processes P] -m dicosa index FOLDER --out INDEX ...
+    torchrun --nproc_per_node P -m dicosa index FOLDER --out INDEX ...   (CPU processes)
+                                              (each process encodes its share; resumable)
     python -m dicosa search INDEX "a man is skiing" -k 10 [--candidates 1000 | --exhaustive]
                            [--checkpoint CKPT] [--json]
                            [--concepts HEAD.pt [--exclude B ...] [--exclusion-set K=V]]
@@ -66,16 +69,25 @@ def load_model(checkpoint: str | None, config: str | None,
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
-    from .index import VideoIndex
+    from .parallel_index import PeerFailed, build_index
 
     model, source = load_model(args.checkpoint, args.config, args.set)
-    index = VideoIndex.build(model, args.videos, args.out, batch_size=args.batch_size,
+    try:
+        report = build_index(model, args.videos, args.out, batch_size=args.batch_size,
                              num_workers=args.num_workers, shard_size=args.shard_size,
                              meta={"model": source}, backend=args.backend, uri=args.uri,
                              stage_options=_options(args.stage_option), titles=args.titles)
+    except PeerFailed:
+        return 2  # the main process prints why
+    index = report.index
+    if index is None:  # not the main process: it reports for all
+        return 0
     for path, reason in index.text_only:
         print(f"  indexed from its title alone (undecodable): {path}: {reason}")
-    print(f"indexed {len(index)} videos into {args.out}"
+    encoded = ("" if report.encoded is None else
+               f" (encoded {report.encoded} now, in {report.processes} process(es): "
+               f"{' + '.join(map(str, report.per_process))})")
+    print(f"indexed {len(index)} videos into {args.out}{encoded}"
           + (f"; skipped {len(index.skipped)} unreadable file(s):" if index.skipped else ""))
     for path, reason in index.skipped:
         print(f"  {path}: {reason}")
