@@ -78,7 +78,9 @@ def _cmd_index(args: argparse.Namespace) -> int:
                              meta={"model": source}, backend=args.backend, uri=args.uri,
                              stage_options=_options(args.stage_option), titles=args.titles)
     except PeerFailed:
-        return 2  # the main process prints why
+        # The main process prints why and exits non-zero, which fails the launch; a non-zero
+        # status here could let torchrun stop the main process before it has printed.
+        return 0
     index = report.index
     if index is None:  # not the main process: it reports for all
         return 0

@@ -56,17 +56,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(folder: Path, out: Path, processes: int = 2, script: str | None = None,
-            delay: float = 0.0, **popen) -> subprocess.Popen:
+def _launch(folder: Path, out: Path, *extra: str, processes: int = 2,
+            script: str | None = None, delay: float = 0.0) -> subprocess.Popen:
     """``torchrun -m dicosa index`` (or ``script``) with ``processes`` CPU processes."""
     target = [script] if script else ["-m", "dicosa"]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
                DICOSA_TEST_ENCODE_DELAY=str(delay))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
                str(processes), "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-               *target, "index", str(folder), "--out", str(out), *OPTIONS]
+               *target, "index", str(folder), "--out", str(out), *OPTIONS, *extra]
     return subprocess.Popen(command, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, **popen)
+                            stderr=subprocess.PIPE)
 
 
 def _kill_launch(pid: int) -> None:
@@ -128,6 +128,12 @@ def test_two_processes_build_the_single_process_index(folder, model, reference, 
     assert manifest["first_stage"]["synced"] == [NUM_VIDEOS, 0]  # built over every row
     hits = index.search("a red circle moves left", k=3, candidates=4)
     assert len(hits) == 3 and {h.stage for h in hits} == {"dense"}
+
+    # Another model: the main process says so in one sentence, the other one stays quiet.
+    other = _launch(folder, out, "--set", "train.seed=1")
+    stdout, stderr = other.communicate(timeout=300)
+    assert other.returncode != 0
+    assert stderr.count("error: the index at") == 1 and "different weights" in stderr
 
 
 @pytest.mark.paths
