@@ -3,6 +3,9 @@
     python -m dicosa index FOLDER --out INDEX [--checkpoint CKPT | --config CFG]
                            [--backend local|exact|milvus --uri URI] [--stage-option K=V]
                            [--head LEXICAL.pt]   (a sparse word stage beside the dense one)
+    accelerate launch [--multi_gpu --num_processes P] -m dicosa index FOLDER --out INDEX ...
+    torchrun --nproc_per_node P -m dicosa index FOLDER --out INDEX ...   (CPU processes)
+                                              (each process encodes its share; resumable)
     python -m dicosa search INDEX "a man is skiing" -k 10 [--candidates 1000 | --exhaustive]
                            [--checkpoint CKPT] [--json]
                            [--mode dense|lexical|bow|hybrid]   (which first stage proposes:
@@ -70,23 +73,34 @@ def load_model(checkpoint: str | None, config: str | None,
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
-    from .index import VideoIndex
+    from .parallel_index import PeerFailed, build_index
     from .search.lexical_index import attach_lexical, load_lexical_head
 
     model, source = load_model(args.checkpoint, args.config, args.set)
     if args.head is not None:
         load_lexical_head(args.head, model)  # a head of another model fails before encoding
-    index = VideoIndex.build(model, args.videos, args.out, batch_size=args.batch_size,
+    try:
+        report = build_index(model, args.videos, args.out, batch_size=args.batch_size,
                              num_workers=args.num_workers, shard_size=args.shard_size,
                              meta={"model": source}, backend=args.backend, uri=args.uri,
                              stage_options=_options(args.stage_option), titles=args.titles)
+    except PeerFailed:
+        # The main process prints why and exits non-zero, which fails the launch; a non-zero
+        # status here could let torchrun stop the main process before it has printed.
+        return 0
+    index = report.index
+    if index is None:  # not the main process: it reports for all
+        return 0
     if args.head is not None:
         lexical = attach_lexical(index, args.head)
         print(f"sparse {lexical.head.kind} stage: {len(lexical.stage)} videos, "
               f"{len(lexical.head.words)} words")
     for path, reason in index.text_only:
         print(f"  indexed from its title alone (undecodable): {path}: {reason}")
-    print(f"indexed {len(index)} videos into {args.out}"
+    encoded = ("" if report.encoded is None else
+               f" (encoded {report.encoded} now, in {report.processes} process(es): "
+               f"{' + '.join(map(str, report.per_process))})")
+    print(f"indexed {len(index)} videos into {args.out}{encoded}"
           + (f"; skipped {len(index.skipped)} unreadable file(s):" if index.skipped else ""))
     for path, reason in index.skipped:
         print(f"  {path}: {reason}")

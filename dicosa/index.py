@@ -36,6 +36,10 @@ stage was last saved; a stage that lags is rebuilt from the stored proxies when 
 manifest belong to the index, so an interrupted write leaves at most an orphan file that the
 next shard overwrites; a build into a folder that already holds an index resumes it. Version-1
 folders (no proxies, no first stage) open as they are and are upgraded on their next write.
+
+A multi-process build (:mod:`dicosa.parallel_index`) adds ``parts/rank-R/``: each process's
+own shards and manifest (an index without a first stage). The merged ``manifest.json`` lists
+those shards by their relative names (``parts/rank-1/shard-00000``); nothing else changes.
 """
 
 from __future__ import annotations
@@ -208,10 +212,14 @@ class VideoIndex:
       of all stages are united, and :meth:`add`/:meth:`remove` keep every stage in step;
     - :attr:`modes`: named choices of first stages for ``search(mode=...)`` (``"dense"``
       by default; a head that adds a stage adds its modes).
+
+    ``backend=None`` keeps no dense first stage: the per-process parts of a multi-process
+    build (:mod:`dicosa.parallel_index`), whose merge builds the stage once over every row.
     """
 
     def __init__(self, model: DiCoSA | None, *, tokenizer: Callable | None = None,
-                 device: torch.device | str | None = None, backend: str = DEFAULT_BACKEND,
+                 device: torch.device | str | None = None,
+                 backend: str | None = DEFAULT_BACKEND,
                  uri: str | None = None, stage_options: dict | None = None,
                  summary: str = "confidence"):
         self.model = model
@@ -283,22 +291,42 @@ class VideoIndex:
                 sidecar, see :func:`dicosa.search.fusion.read_titles`); a titled video that
                 cannot be decoded is indexed text-only (see :meth:`add`).
         """
-        out = Path(out_dir) if out_dir is not None else None
-        if out is not None and (out / MANIFEST).is_file():
-            index = cls.load(out, model, tokenizer=tokenizer, device=device)
-            log.info("resuming the index at %s (%d videos)", out, len(index))
-        else:
-            index = cls(model, tokenizer=tokenizer, device=device, backend=backend, uri=uri,
-                        stage_options=stage_options, summary=summary)
-            if out is not None:
-                out.mkdir(parents=True, exist_ok=True)
-                index.directory = index.store.directory = out
-                index._write_manifest()
+        index = cls.create_or_resume(model, out_dir, tokenizer=tokenizer, device=device,
+                                     backend=backend, uri=uri, stage_options=stage_options,
+                                     summary=summary)
         index.meta.update(meta or {})
         index.add(videos, batch_size=batch_size, num_workers=num_workers,
                   shard_size=shard_size, progress=progress, titles=titles)
         if index.directory is not None:
             index._write_manifest()  # meta, even when there was nothing left to add
+        return index
+
+    @classmethod
+    def create_or_resume(
+        cls,
+        model: DiCoSA,
+        out_dir: str | os.PathLike | None,
+        *,
+        tokenizer: Callable[[list[str]], Tensor] | None = None,
+        device: torch.device | str | None = None,
+        backend: str | None = DEFAULT_BACKEND,
+        uri: str | None = None,
+        stage_options: dict | None = None,
+        summary: str = "confidence",
+    ) -> VideoIndex:
+        """The index in ``out_dir`` (same model, else ValueError), or a new empty one whose
+        manifest is written there at once (None: in memory); how :meth:`build` starts."""
+        out = Path(out_dir) if out_dir is not None else None
+        if out is not None and (out / MANIFEST).is_file():
+            index = cls.load(out, model, tokenizer=tokenizer, device=device)
+            log.info("resuming the index at %s (%d videos)", out, len(index))
+            return index
+        index = cls(model, tokenizer=tokenizer, device=device, backend=backend, uri=uri,
+                    stage_options=stage_options, summary=summary)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            index.directory = index.store.directory = out
+            index._write_manifest()
         return index
 
     def add(
@@ -310,8 +338,13 @@ class VideoIndex:
         shard_size: int = 256,
         progress: bool = True,
         titles: dict[str, str] | str | os.PathLike | None = None,
+        only_new: bool = True,
     ) -> int:
         """Encode and append the videos not yet indexed; returns how many were added.
+
+        ``only_new=False`` encodes every listed video, indexed or not: for a caller that has
+        decided itself what is new (each process of a multi-process build,
+        :mod:`dicosa.parallel_index`).
 
         Files that cannot be decoded are logged, counted in :attr:`skipped` and left out,
         unless ``titles`` gives them a title: then they are indexed text-only (metadata
@@ -323,7 +356,7 @@ class VideoIndex:
         from .search.fusion import normalise_titles
 
         model = self._require_model()
-        indexed = set(self.paths)
+        indexed = set(self.paths) if only_new else set()
         todo = list(dict.fromkeys(p for p in list_videos(videos) if p not in indexed))
         if not todo:
             return 0
@@ -397,13 +430,25 @@ class VideoIndex:
         """Append already encoded videos (float16 ``[n, N, D]`` frames and their metadata rows,
         at least ``path``) as one shard, into the store and every first stage; returns their
         row ids. What :meth:`add` does per shard, and what benchmarks use to skip decoding."""
-        existing = self._stages()
-        ids = self.store.append(video, rows)
+        ids = self._extend(lambda: self.store.append(video, rows))
+        if self.directory is not None:
+            self._write_manifest()
+        return ids
+
+    def link_shard(self, name: str, count: int) -> np.ndarray:
+        """Append a shard file already in the index folder (``name`` relative to it, holding
+        ``count`` videos) as new rows of the store and every first stage, without copying
+        it; returns their ids. The manifest is written by the caller (:meth:`save`): the
+        merge of a multi-process build links many shards, then writes it once."""
+        return self._extend(lambda: self.store.link(name, count))
+
+    def _extend(self, append: Callable[[], np.ndarray]) -> np.ndarray:
+        """Run ``append`` (new store rows -> their ids), then give the rows to every stage."""
+        existing = self._stages()  # before: a stage made afterwards is filled from the store
+        ids = append()
         for registered in existing:
             registered.stage.add(ids, self._stage_input(registered, ids))
         self._dense_stage()  # made now, from the store, if the width was unknown until now
-        if self.directory is not None:
-            self._write_manifest()
         return ids
 
     def remove(self, videos: str | Iterable[str] | np.ndarray | Sequence[int]) -> int:
@@ -472,7 +517,7 @@ class VideoIndex:
         """The dense stage, made (and filled from the store) once the store holds videos to
         calibrate its summary on and a model is attached."""
         if self._dense is None:
-            if self.model is None or not len(self.store):
+            if self.model is None or not len(self.store) or self.stage_spec["backend"] is None:
                 return None
             summary = self._dense_summary()
             summary.calibrate(next(self.store.iter_proxies())[1])

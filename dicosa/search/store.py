@@ -13,6 +13,9 @@ Files, per shard (``shard-00000`` ...), each written whole then renamed:
                               :func:`dicosa.functional.video_proxy`) computed when written
     shard-00000.csv           one row per video: the :data:`COLUMNS`
 
+A shard's name may also be a path relative to the index folder (``parts/rank-1/shard-00000``:
+the shards a multi-process build's processes wrote, linked by :meth:`FrameStore.link`).
+
 Row ids are store row numbers: shard ``s`` holds ids ``first_id .. first_id + count - 1``.
 Removed rows are tombstoned (listed in the manifest) and their ids are never reused. The
 store's part of the manifest is :meth:`FrameStore.manifest`; the index writes the file.
@@ -236,27 +239,30 @@ class FrameStore:
         store.directory = directory
         first = 0
         for entry in manifest["shards"]:
-            name = entry["name"]
-            tensors = _map_safetensors(directory / f"{name}.safetensors")
-            frames, mask = tensors.get("frames"), tensors.get("frame_mask")
-            if frames is None or mask is None or frames.shape[0] != entry["count"]:
-                raise StoreError(f"{directory}: shard {name} does not hold the "
-                                 f"{entry['count']} videos the manifest lists; rebuild the "
-                                 "index with 'python -m dicosa index'")
-            proxy = tensors.get("proxy")
-            if proxy is None:  # a version-1 shard
-                proxy = video_proxy(torch.from_numpy(np.asarray(frames, dtype=np.float32)),
-                                    _tensor(mask)).numpy()
             first = entry.get("first_id", first)
-            store.shards.append(_Shard(first, frames, mask, proxy, name,
-                                       has_proxy_file="proxy" in tensors,
-                                       _directory=directory))
+            store.shards.append(_open_shard(directory, entry["name"], entry["count"], first))
             first += entry["count"]
         if store.shards and store.num_frames is None:
             store.num_frames, store.dim = store.shards[0].frames.shape[1:]
         store._starts = np.array([s.first_id for s in store.shards], dtype=np.int64)
         store.removed = set(manifest.get("removed", []))
         return store
+
+    def link(self, name: str, count: int) -> np.ndarray:
+        """Append a shard file already in :attr:`directory` (``name`` relative to it, e.g.
+        ``parts/rank-1/shard-00000``: a shard one process of a multi-process build wrote) as
+        the next rows, without copying it; returns their new ids [count]."""
+        if self.directory is None:
+            raise ValueError("only a store with a directory can link shard files")
+        shard = _open_shard(self.directory, name, count, self.next_id)
+        if self.num_frames is None:
+            self.num_frames, self.dim = shard.frames.shape[1:]
+        if tuple(shard.frames.shape[1:]) != (self.num_frames, self.dim):
+            raise StoreError(f"{self.directory}: shard {name} holds features of another "
+                             "shape than the index; rebuild the index")
+        self.shards.append(shard)
+        self._starts = np.array([s.first_id for s in self.shards], dtype=np.int64)
+        return np.arange(shard.first_id, shard.first_id + count, dtype=np.int64)
 
     def _write_shard(self, directory: Path, shard: _Shard, number: int) -> None:
         name = f"shard-{number:05d}"
@@ -273,6 +279,21 @@ class FrameStore:
         shard.frames, shard.frame_mask = tensors["frames"], tensors["frame_mask"]
         shard.proxy, shard.name, shard.has_proxy_file = tensors["proxy"], name, True
         shard._directory = directory
+
+
+def _open_shard(directory: Path, name: str, count: int, first_id: int) -> _Shard:
+    """Map shard ``name`` of ``directory``, which the manifest says holds ``count`` rows."""
+    tensors = _map_safetensors(directory / f"{name}.safetensors")
+    frames, mask = tensors.get("frames"), tensors.get("frame_mask")
+    if frames is None or mask is None or frames.shape[0] != count:
+        raise StoreError(f"{directory}: shard {name} does not hold the {count} videos the "
+                         "manifest lists; rebuild the index with 'python -m dicosa index'")
+    proxy = tensors.get("proxy")
+    if proxy is None:  # a version-1 shard
+        proxy = video_proxy(torch.from_numpy(np.asarray(frames, dtype=np.float32)),
+                            _tensor(mask)).numpy()
+    return _Shard(first_id, frames, mask, proxy, name, has_proxy_file="proxy" in tensors,
+                  _directory=directory)
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:

@@ -1,0 +1,231 @@
+"""One index built by several processes: ``accelerate launch -m dicosa index`` or ``torchrun``.
+
+Each process of the launch encodes its own slice of the videos into its own *part* of the
+index folder, ``parts/rank-R/``: an index without a first stage, whose manifest (rewritten
+atomically after every shard, as any index's) is that process's progress record. Once every
+process is done, the main one *links* the parts' shards into the folder's ``manifest.json``
+(:meth:`VideoIndex.link_shard`: no copy) and builds the dense first stage over all rows, once.
+The result is an ordinary index folder; :meth:`VideoIndex.load` reads it as any other.
+
+- **Split.** The main process lists the videos still to encode (the given ones, less those the
+  index holds and those in part shards not yet linked) and hands the list to every process;
+  process r of W takes the r-th of W contiguous blocks of it (sizes differ by at most one).
+  Blocks of the sorted list keep a clean build's rows in the order one process would give them,
+  and splitting only what is left shares a resumed build's work evenly among however many
+  processes the relaunch has.
+- **Shard names.** A process writes only under its own ``parts/rank-R``; the merged manifest
+  names those shards ``parts/rank-R/shard-NNNNN``. A later single-process :meth:`VideoIndex.add`
+  writes ``shard-NNNNN`` at the top, numbered by position in the store, so nothing collides.
+- **Resume.** Kill every process and relaunch the same command (any number of processes): the
+  shards a part manifest lists are kept and their videos are not encoded again; an unlisted
+  shard file (killed while writing) is overwritten. Part shards are linked in rank order, then
+  in the order each part wrote them; row ids continue after the index's own (never reused), so
+  an index that was already merged keeps its ids.
+- **Undecodable files** are logged and skipped by the process that meets them, as in
+  :meth:`VideoIndex.add`; the main process gathers every process's list into the manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .index import DEFAULT_BACKEND, VideoIndex, list_videos
+from .model import DiCoSA
+
+__all__ = ["PARTS", "BuildReport", "Launch", "PeerFailed", "build_index"]
+
+log = logging.getLogger(__name__)
+
+PARTS = "parts"
+# The variables through which launchers (torchrun, accelerate, MPI) give the process count.
+_WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+class PeerFailed(RuntimeError):
+    """Another process of the launch failed first (that process reports why)."""
+
+
+@dataclass
+class Launch:
+    """This process's place in the launch: rank, process count, device, collectives."""
+
+    rank: int = 0
+    size: int = 1
+    device: torch.device | None = None
+
+    @classmethod
+    def detect(cls) -> Launch:
+        """The launch this process belongs to. Several processes (a launcher set the world
+        size above 1) start Accelerate's process group: NCCL on GPUs, gloo on CPUs."""
+        size = max(int(os.environ.get(name, "1") or 1) for name in _WORLD_SIZE_VARIABLES)
+        if size <= 1:
+            return cls()
+        from accelerate import PartialState
+
+        # Without a GPU, Accelerate only recognises several processes (gloo) in CPU mode.
+        state = PartialState(cpu=not torch.cuda.is_available())
+        return cls(state.process_index, state.num_processes, state.device)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def broadcast(self, value: object) -> object:
+        """The main process's ``value``, in every process."""
+        if self.size == 1:
+            return value
+        from accelerate.utils import broadcast_object_list
+
+        box = [value]
+        broadcast_object_list(box, from_process=0)
+        return box[0]
+
+    def gather(self, value: object) -> list:
+        """Every process's ``value``, in rank order, in every process."""
+        if self.size == 1:
+            return [value]
+        from accelerate.utils import gather_object
+
+        return gather_object([value])
+
+
+@dataclass
+class BuildReport:
+    """What :func:`build_index` did."""
+
+    index: VideoIndex | None  # the merged index; None in the processes other than the main one
+    processes: int
+    # Videos decoded and encoded by this launch, all processes together (None: a
+    # single-process build into a folder without parts, which is VideoIndex.build as it is).
+    encoded: int | None = None
+    per_process: list[int] = field(default_factory=list)
+
+
+def build_index(
+    model: DiCoSA,
+    videos: str | os.PathLike | Iterable[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    *,
+    batch_size: int = 16,
+    num_workers: int | None = None,
+    shard_size: int = 256,
+    meta: dict | None = None,
+    progress: bool = True,
+    backend: str = DEFAULT_BACKEND,
+    uri: str | None = None,
+    stage_options: dict | None = None,
+    summary: str = "confidence",
+    titles: dict[str, str] | str | os.PathLike | None = None,
+    launch: Launch | None = None,
+) -> BuildReport:
+    """:meth:`VideoIndex.build` into ``out_dir``, split over the processes of the launch.
+
+    One process, into a folder without ``parts/``: exactly :meth:`VideoIndex.build`. Several
+    processes, or a folder a multi-process build left parts in: see the module docstring.
+    Every process must call it with the same arguments; the options mean what they mean for
+    :meth:`VideoIndex.build` (``batch_size``, ``num_workers`` and ``shard_size`` per process).
+    """
+    launch = launch or Launch.detect()
+    out = Path(out_dir)
+    stage = {"backend": backend, "uri": uri, "stage_options": stage_options, "summary": summary}
+    if launch.size == 1 and not (out / PARTS).is_dir():
+        index = VideoIndex.build(model, videos, out, batch_size=batch_size,
+                                 num_workers=num_workers, shard_size=shard_size, meta=meta,
+                                 progress=progress, titles=titles, **stage)
+        return BuildReport(index, 1)
+    top, pending = _agree_on_pending(launch, model, videos, out, stage)
+    mine = _block(pending, launch.rank, launch.size)
+    if num_workers is None:  # the processes share the machine's cores
+        num_workers = min(4, max(1, (os.cpu_count() or 1) // launch.size))
+    part = VideoIndex.create_or_resume(model, out / PARTS / f"rank-{launch.rank}",
+                                       device=launch.device, backend=None)
+    encoded = part.add(mine, batch_size=batch_size, num_workers=num_workers,
+                       shard_size=shard_size, progress=progress and launch.is_main,
+                       titles=titles, only_new=False)
+    assigned = set(mine)
+    reports = launch.gather({"encoded": encoded,
+                             "skipped": [s for s in part.skipped if s[0] in assigned],
+                             "text_only": part.text_only})
+    counts = [r["encoded"] for r in reports]
+    if not launch.is_main:
+        return BuildReport(None, launch.size, sum(counts), counts)
+    assert top is not None
+    _merge(top, out, pending, reports, meta)
+    return BuildReport(top, launch.size, sum(counts), counts)
+
+
+def _agree_on_pending(launch: Launch, model: DiCoSA, videos, out: Path, stage: dict
+                      ) -> tuple[VideoIndex | None, list[str]]:
+    """The main process opens the index and lists what is left; every process gets the list.
+
+    One process decides, so that all split the same list: the others have not started
+    writing when it reads the parts. A failure there (another model's index, a damaged part)
+    stops the others with :class:`PeerFailed` and the main process raises it.
+    """
+    top, pending, failure = None, None, None
+    if launch.is_main:
+        try:
+            top = VideoIndex.create_or_resume(model, out, device=launch.device, **stage)
+            done = set(top.paths)
+            for _, _, paths in _unlinked(top, out, model):
+                done.update(paths)
+            pending = [p for p in dict.fromkeys(list_videos(videos)) if p not in done]
+        except Exception as exc:
+            failure = exc
+    pending = launch.broadcast(pending)
+    if failure is not None:
+        raise failure
+    if pending is None:
+        raise PeerFailed("the main process could not start the build; its message says why")
+    log.info("process %d of %d: %d video(s) left to encode, %d of them here", launch.rank,
+             launch.size, len(pending), len(_block(pending, launch.rank, launch.size)))
+    return top, pending
+
+
+def _block(items: list[str], rank: int, size: int) -> list[str]:
+    """The ``rank``-th of ``size`` contiguous blocks of ``items`` (sizes differ by at most 1)."""
+    return items[len(items) * rank // size: len(items) * (rank + 1) // size]
+
+
+def _part_folders(out: Path) -> list[Path]:
+    """``parts/rank-R`` folders holding a manifest, in rank order."""
+    found = [p for p in (out / PARTS).glob("rank-*")
+             if p.name.removeprefix("rank-").isdigit() and (p / "manifest.json").is_file()]
+    return sorted(found, key=lambda p: int(p.name.removeprefix("rank-")))
+
+
+def _unlinked(top: VideoIndex, out: Path, model: DiCoSA
+              ) -> Iterator[tuple[str, int, list[str]]]:
+    """``(name, count, paths)`` of every part shard the index does not list yet, in the
+    order they are linked. A part of another model raises ValueError (as a resume does)."""
+    linked = {shard.name for shard in top.store.shards}
+    for folder in _part_folders(out):
+        part = VideoIndex.load(folder, model, device=top.device)
+        for shard in part.store.shards:
+            name = f"{PARTS}/{folder.name}/{shard.name}"
+            if name not in linked:
+                ids = np.arange(shard.first_id, shard.first_id + shard.count)
+                yield name, shard.count, part.store.paths(ids)
+
+
+def _merge(top: VideoIndex, out: Path, pending: list[str], reports: list[dict],
+           meta: dict | None) -> None:
+    """Link every unlinked part shard into ``top``, record the skips, write the manifest."""
+    shards = [(name, count) for name, count, _ in _unlinked(top, out, top.model)]
+    for name, count in shards:
+        top.link_shard(name, count)
+    retried = set(pending)
+    top.skipped = ([s for s in top.skipped if s[0] not in retried]
+                   + [tuple(s) for r in reports for s in r["skipped"]])
+    top.text_only = [tuple(t) for r in reports for t in r["text_only"]]
+    top.meta.update(meta or {})
+    top.save(out)  # builds and saves the first stage over every row, then the manifest
+    log.info("merged %d shard(s) from %d process(es): %d videos in %s", len(shards),
+             len(reports), len(top), out)

@@ -1,0 +1,185 @@
+"""A multi-process index build (torchrun, 2 gloo CPU processes) against a single-process one,
+and a multi-process build killed mid-way then relaunched."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from dicosa.__main__ import load_model
+from dicosa.data.synthetic import make_synthetic
+from dicosa.index import VideoIndex
+from dicosa.parallel_index import PARTS, _block, build_index
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = str(REPO / "configs" / "synthetic.yaml")
+NUM_VIDEOS = 10
+# One video per batch and per shard: every process writes several shards, in batches of the
+# size the single-process reference uses.
+OPTIONS = ["--num-workers", "0", "--batch-size", "1", "--shard-size", "1", "--config", CONFIG]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    root = make_synthetic(tmp_path_factory.mktemp("synthetic"), num_train=0,
+                          num_test=NUM_VIDEOS, size=32, seconds=1.0, num_workers=1)
+    (root / "videos" / "broken.mp4").write_bytes(b"\x00" * 64)
+    return root / "videos"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(None, CONFIG)[0]  # the model the command line builds (seeded)
+
+
+@pytest.fixture(scope="module")
+def reference(folder, model, tmp_path_factory) -> VideoIndex:
+    out = tmp_path_factory.mktemp("single") / "index"
+    return VideoIndex.build(model, folder, out, batch_size=1, num_workers=0, progress=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(folder: Path, out: Path, *extra: str, processes: int = 2,
+            script: str | None = None, delay: float = 0.0) -> subprocess.Popen:
+    """``torchrun -m dicosa index`` (or ``script``) with ``processes`` CPU processes."""
+    target = [script] if script else ["-m", "dicosa"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
+               DICOSA_TEST_ENCODE_DELAY=str(delay))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+               str(processes), "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+               *target, "index", str(folder), "--out", str(out), *OPTIONS, *extra]
+    return subprocess.Popen(command, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def _kill_launch(pid: int) -> None:
+    """SIGKILL torchrun and its workers. The workers run in sessions of their own (torchrun
+    starts them so), so killing the launcher's process group would leave them running."""
+    launcher = psutil.Process(pid)
+    for process in [*launcher.children(recursive=True), launcher]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signal.SIGKILL)
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    return stdout
+
+
+def _encoded(stdout: str) -> int:
+    found = re.search(r"encoded (\d+) now, in (\d+) process", stdout)
+    assert found, stdout
+    return int(found.group(1))
+
+
+def _assert_same_index(index: VideoIndex, reference: VideoIndex) -> None:
+    assert sorted(index.paths) == sorted(reference.paths)
+    assert len(set(index.paths)) == len(index.paths)  # no video twice
+    order = [index.paths.index(p) for p in reference.paths]
+    mine = index.features
+    # Equal to float16 rounding: never bit for bit across process counts.
+    torch.testing.assert_close(mine.frames[order], reference.features.frames)
+    assert torch.equal(mine.frame_mask[order], reference.features.frame_mask)
+    assert index.skipped == reference.skipped
+
+
+def _written(out: Path) -> dict[str, bytes]:
+    """The shard files the part manifests list (what a killed build must keep), by name."""
+    found = {}
+    for manifest in (out / PARTS).glob("rank-*/manifest.json"):
+        for shard in json.loads(manifest.read_text())["shards"]:
+            path = manifest.parent / f"{shard['name']}.safetensors"
+            found[str(path.relative_to(out))] = path.read_bytes()
+    return found
+
+
+@pytest.mark.paths
+def test_two_processes_build_the_single_process_index(folder, model, reference, tmp_path):
+    out = tmp_path / "index"
+    stdout = _finish(_launch(folder, out))
+    assert _encoded(stdout) == NUM_VIDEOS and "in 2 process(es)" in stdout
+    assert "skipped 1 unreadable file(s)" in stdout and "broken.mp4" in stdout
+
+    index = VideoIndex.load(out, model)
+    _assert_same_index(index, reference)
+    assert index.paths == reference.paths  # contiguous blocks keep the sorted order
+    manifest = json.loads((out / "manifest.json").read_text())
+    names = [s["name"] for s in manifest["shards"]]
+    assert {n.split("/")[1] for n in names} == {"rank-0", "rank-1"}  # both processes wrote
+    assert [s["first_id"] for s in manifest["shards"]] == list(range(NUM_VIDEOS))
+    assert manifest["first_stage"]["synced"] == [NUM_VIDEOS, 0]  # built over every row
+    hits = index.search("a red circle moves left", k=3, candidates=4)
+    assert len(hits) == 3 and {h.stage for h in hits} == {"dense"}
+
+    # Another model: the main process says so in one sentence, the other one stays quiet.
+    other = _launch(folder, out, "--set", "train.seed=1")
+    stdout, stderr = other.communicate(timeout=300)
+    assert other.returncode != 0
+    assert stderr.count("error: the index at") == 1 and "different weights" in stderr
+
+
+@pytest.mark.paths
+def test_a_killed_two_process_build_resumes(folder, model, reference, tmp_path):
+    out = tmp_path / "index"
+    proc = _launch(folder, out, script="tests/_slow_index.py", delay=0.25)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and not _written(out):
+            time.sleep(0.01)
+        _kill_launch(proc.pid)
+    finally:
+        proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, "the build finished before it was killed"
+    kept = _written(out)
+    assert 0 < len(kept) < NUM_VIDEOS
+    # The main process wrote the empty index when it started; nothing was merged into it.
+    assert json.loads((out / "manifest.json").read_text())["shards"] == []
+
+    stdout = _finish(_launch(folder, out))  # the same command again
+    assert _encoded(stdout) == NUM_VIDEOS - len(kept)  # what was written is not re-encoded
+    assert {name: (out / name).read_bytes() for name in kept} == kept  # nor rewritten
+    _assert_same_index(VideoIndex.load(out, model), reference)
+
+
+def test_a_relaunch_with_another_process_count_takes_over_the_parts(folder, model, reference,
+                                                                    tmp_path):
+    """A single process finishes what a killed two-process build left: rank 1's shards,
+    never merged, are linked; only the videos no part holds are encoded."""
+    out = tmp_path / "index"
+    videos = sorted(str(p.resolve()) for p in folder.glob("video*.mp4"))
+    part = VideoIndex.create_or_resume(model, out / PARTS / "rank-1", backend=None)
+    part.add(videos[5:8], batch_size=1, num_workers=0, shard_size=1, progress=False)
+
+    report = build_index(model, folder, out, batch_size=1, num_workers=0, progress=False)
+    assert report.processes == 1 and report.encoded == NUM_VIDEOS - 3  # rank 1 held 3
+    assert len(report.index.skipped) == 1
+    _assert_same_index(VideoIndex.load(out, model), reference)
+    # A relaunch after the merge links nothing new and encodes only the unreadable file again.
+    again = build_index(model, folder, out, batch_size=1, num_workers=0, progress=False)
+    assert again.encoded == 0 and again.index.paths == report.index.paths
+
+
+def test_blocks_cover_the_list_once():
+    items = [str(i) for i in range(11)]
+    for size in (1, 2, 3, 4, 11, 12):
+        blocks = [_block(items, rank, size) for rank in range(size)]
+        assert [i for block in blocks for i in block] == items
+        assert max(map(len, blocks)) - min(map(len, blocks)) <= 1
