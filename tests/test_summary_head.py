@@ -59,7 +59,12 @@ def test_shapes_and_inner_product(model, confidence):
     vectors = summary.videos(video)
     queries = summary.queries(_text(model, QUERIES))
     assert vectors.shape == (9, summary.dim) and queries.shape == (4, summary.dim)
-    assert summary.dim == 16 + (2 * model.embed_dim if confidence else 0)
+    assert summary.dim == 16 + (2 * model.embed_dim if confidence else 0) + 1
+    # the last coordinate puts every video on the sphere of radius R, 0 for queries
+    head.radius = float(np.linalg.norm(vectors[:, :-1], axis=1).max()) * 1.25
+    vectors = summary.videos(video)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), head.radius, rtol=1e-5)
+    assert (queries[:, -1] == 0).all()
     assert summary.needs_frames and not summary.normalize
     # padding is ignored: changing a padded frame changes nothing
     short = int(np.flatnonzero(~video.frame_mask.all(1).numpy())[0])
@@ -86,6 +91,8 @@ def test_training_starts_at_confidence_and_improves(model):
     summary = Summary(model, "distilled", head=head)
     got = summary.queries(text) @ torch.from_numpy(summary.videos(video)).T
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+    norms = np.linalg.norm(summary.videos(video), axis=1)
+    np.testing.assert_allclose(norms, head.radius, rtol=1e-5)  # fit sets R above every norm
     trained = fit_summary(model, video, text, _config(steps=60), progress=False)
     assert trained.trained["loss"] < 0.9 * fit_summary(
         model, video, text, _config(steps=2), progress=False).trained["loss"]
