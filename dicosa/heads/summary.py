@@ -160,11 +160,14 @@ class DistilledSummaryHead(Head):
 
 @torch.inference_mode()
 def teacher_scores(model: DiCoSA, text: Tensor, videos: VideoFeatures,
-                   chunk: int = 4096) -> Tensor:
-    """DiCoSA's S of every text against every video, ``[Q, V]`` float16 (the teacher)."""
+                   chunk: int = 1024, text_chunk: int = 256) -> Tensor:
+    """DiCoSA's S of every text against every video, ``[Q, V]`` float16 (the teacher).
+    Blocks of ``text_chunk`` texts × ``chunk`` videos bound the confidence activations
+    (``[chunk, text_chunk, K, H]`` floats: 268 MB on the tiny model)."""
     dtype = next(model.parameters()).dtype
     text_features = TextFeatures(text.to(dtype))
-    return torch.cat([model.score(text_features, videos[i:i + chunk].to(dtype=dtype)).half()
+    return torch.cat([model.score(text_features, videos[i:i + chunk].to(dtype=dtype),
+                                  chunk=text_chunk).half()
                       for i in range(0, len(videos), chunk)], 1)
 
 
