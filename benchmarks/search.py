@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quality-candidates", type=int, nargs="+", default=[100, 300, 1000])
     p.add_argument("--summaries", nargs="+", default=["confidence", "mean"],
                    help="dense first-stage summaries compared (dicosa/search/proxy.py)")
+    p.add_argument("--summary-head", default=None,
+                   help="the trained head of the 'distilled' summary "
+                        "(benchmarks/summary_head.py)")
     p.add_argument("--checkpoint", default=None,
                    help="trained tiny DiCoSA (default: synthetic_checkpoint under --work)")
     p.add_argument("--work", default="/work/artifacts/search-bench",
@@ -296,7 +299,8 @@ def recall_at(ranked: list[list[int]], truth: list[int], k: int) -> float:
 def quality_index(args, work: Path, model: DiCoSA, test: VideoFeatures,
                   others: VideoFeatures, summary: str) -> tuple[VideoIndex, np.ndarray]:
     index = VideoIndex(model, device="cpu", backend=args.backend, uri=args.uri,
-                       summary=summary)
+                       summary=summary,
+                       summary_head=args.summary_head if summary == "distilled" else None)
     index.save(fresh(work / f"quality-{args.quality_videos}-{summary}"))
     test_ids = index.add_features(VideoFeatures(test.frames.half(), test.frame_mask),
                                   [{"path": f"test/{i}"} for i in range(len(test))])

@@ -83,7 +83,8 @@ def _cmd_index(args: argparse.Namespace) -> int:
         report = build_index(model, args.videos, args.out, batch_size=args.batch_size,
                              num_workers=args.num_workers, shard_size=args.shard_size,
                              meta={"model": source}, backend=args.backend, uri=args.uri,
-                             stage_options=_options(args.stage_option), titles=args.titles)
+                             stage_options=_options(args.stage_option), titles=args.titles,
+                             **_summary(args.summary_head, model))
     except PeerFailed:
         # The main process prints why and exits non-zero, which fails the launch; a non-zero
         # status here could let torchrun stop the main process before it has printed.
@@ -105,6 +106,16 @@ def _cmd_index(args: argparse.Namespace) -> int:
     for path, reason in index.skipped:
         print(f"  {path}: {reason}")
     return 0
+
+
+def _summary(head_path: str | None, model) -> dict:
+    """The dense stage's summary for ``index --summary-head``: its head, checked against the
+    model before any video is encoded."""
+    if head_path is None:
+        return {}
+    from .heads import load_head
+
+    return {"summary": "distilled", "summary_head": load_head(head_path, model, kind="summary")}
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
@@ -336,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head", metavar="HEAD.pt",
                    help="a lexical head (heads train lexical / d2s): store each video's word "
                         "vector in a sparse stage beside the dense one, for search --mode")
+    p.add_argument("--summary-head", metavar="HEAD.pt",
+                   help="a summary head (heads train summary): the dense stage compares its "
+                        "distilled vectors instead of the default 'confidence' summary")
     _model_options(p, None)
     p.set_defaults(func=_cmd_index)
 

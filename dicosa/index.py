@@ -77,6 +77,7 @@ log = logging.getLogger(__name__)
 FORMAT = "dicosa-video-index"
 VERSION = 2
 MANIFEST = "manifest.json"
+SUMMARY_HEAD = "summary_head.pt"  # the "distilled" summary's head (dicosa/heads/summary.py)
 DEFAULT_BACKEND = "local"  # faiss HNSW, in the index folder
 DEFAULT_CANDIDATES = 1000
 _PAIRS_PER_CHUNK = 2048  # rerank pairs per forward: [chunk, N, D] float32 stays ~50 MB
@@ -221,7 +222,7 @@ class VideoIndex:
                  device: torch.device | str | None = None,
                  backend: str | None = DEFAULT_BACKEND,
                  uri: str | None = None, stage_options: dict | None = None,
-                 summary: str = "confidence"):
+                 summary: str = "confidence", summary_head=None):
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else None
@@ -238,6 +239,8 @@ class VideoIndex:
                            "summary": summary, "calibration": None, "dim": None}
         self._dense: FirstStage | None = None
         self._summary: Summary | None = None
+        # "distilled": the trained head (or its file), kept in the index folder as SUMMARY_HEAD
+        self._summary_head = summary_head
         self._extra: list[_Registered] = []
         self._synced: list[int] | None = None  # the store's [next_id, removed] at stage save
         self._fingerprint: dict | None = None
@@ -263,6 +266,7 @@ class VideoIndex:
         uri: str | None = None,
         stage_options: dict | None = None,
         summary: str = "confidence",
+        summary_head=None,
         titles: dict[str, str] | str | os.PathLike | None = None,
     ) -> VideoIndex:
         """Decode and encode ``videos`` (a folder, a file or a list of files).
@@ -286,14 +290,17 @@ class VideoIndex:
                 ``"milvus"`` with ``uri``, by default milvus-lite in the index folder); see
                 ``dicosa/search/backends.py``. A resumed index keeps the one it was built with.
             summary: what the dense stage compares per video (``dicosa/search/proxy.py``):
-                ``"confidence"`` (default) or ``"mean"``.
+                ``"confidence"`` (default), ``"mean"`` or ``"distilled"``.
+            summary_head: for ``"distilled"``, the trained
+                :class:`~dicosa.heads.summary.DistilledSummaryHead` or its file; it is copied
+                into the index folder.
             titles: a title per video (dict path→title, or a CSV ``path,title`` / JSON
                 sidecar, see :func:`dicosa.search.fusion.read_titles`); a titled video that
                 cannot be decoded is indexed text-only (see :meth:`add`).
         """
         index = cls.create_or_resume(model, out_dir, tokenizer=tokenizer, device=device,
                                      backend=backend, uri=uri, stage_options=stage_options,
-                                     summary=summary)
+                                     summary=summary, summary_head=summary_head)
         index.meta.update(meta or {})
         index.add(videos, batch_size=batch_size, num_workers=num_workers,
                   shard_size=shard_size, progress=progress, titles=titles)
@@ -313,6 +320,7 @@ class VideoIndex:
         uri: str | None = None,
         stage_options: dict | None = None,
         summary: str = "confidence",
+        summary_head=None,
     ) -> VideoIndex:
         """The index in ``out_dir`` (same model, else ValueError), or a new empty one whose
         manifest is written there at once (None: in memory); how :meth:`build` starts."""
@@ -322,7 +330,7 @@ class VideoIndex:
             log.info("resuming the index at %s (%d videos)", out, len(index))
             return index
         index = cls(model, tokenizer=tokenizer, device=device, backend=backend, uri=uri,
-                    stage_options=stage_options, summary=summary)
+                    stage_options=stage_options, summary=summary, summary_head=summary_head)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             index.directory = index.store.directory = out
@@ -509,9 +517,46 @@ class VideoIndex:
 
     def _dense_summary(self) -> Summary:
         if self._summary is None:
-            self._summary = Summary(self._require_model(), self.stage_spec["summary"],
-                                    self.stage_spec.get("calibration"))
+            model = self._require_model()
+            head = None
+            if self.stage_spec["summary"] == "distilled":
+                head = self._summary_head
+                if head is None and self.directory is not None and (
+                        self.directory / SUMMARY_HEAD).is_file():
+                    head = self.directory / SUMMARY_HEAD
+                if isinstance(head, (str, os.PathLike)):
+                    from .heads.base import load_head
+
+                    head = load_head(head, model, kind="summary")
+                if head is not None:
+                    head = head.to(self.device).eval()
+                self._summary_head = head
+                self._save_summary_head()
+            self._summary = Summary(model, self.stage_spec["summary"],
+                                    self.stage_spec.get("calibration"), head=head)
         return self._summary
+
+    def _save_summary_head(self) -> None:
+        """Keep the distilled summary's head in the index folder (atomic, fingerprinted)."""
+        head = self._summary_head
+        if (self.directory is None or head is None or isinstance(head, (str, os.PathLike))
+                or self.model is None):
+            return
+        path = self.directory / SUMMARY_HEAD
+        if not path.is_file():
+            from .heads.base import save_head
+
+            save_head(head, path, self.model, getattr(head, "trained", None))
+
+    def _summary_vectors(self, ids: np.ndarray, proxies: np.ndarray | None = None
+                         ) -> np.ndarray:
+        """The dense stage's vectors of rows ``ids`` (from their frames for "distilled")."""
+        summary = self._dense_summary()
+        if summary.needs_frames:
+            return np.concatenate([summary.videos(self.store.gather(ids[i:i + 8192]))
+                                   for i in range(0, len(ids), 8192)]
+                                  or [np.zeros((0, summary.dim), np.float32)])
+        return summary.videos(self.store.proxies(ids) if proxies is None else proxies)
 
     def _dense_stage(self) -> FirstStage | None:
         """The dense stage, made (and filled from the store) once the store holds videos to
@@ -526,12 +571,12 @@ class VideoIndex:
                                                    **self.stage_spec["options"]}}
             self._dense = _make_stage(spec, self.directory, summary.dim)
             for ids, proxies in self.store.iter_proxies():
-                self._dense.add(ids, summary.videos(proxies))
+                self._dense.add(ids, self._summary_vectors(ids, proxies))
         return self._dense
 
     def _stage_input(self, registered: _Registered, ids: np.ndarray) -> object:
         if registered.dense:
-            return self._dense_summary().videos(self.store.proxies(ids))
+            return self._summary_vectors(ids)
         if registered.videos is None:
             return self.store.proxies(ids)
         return registered.videos(ids, self.store.gather(ids))
@@ -555,6 +600,7 @@ class VideoIndex:
         directory.mkdir(parents=True, exist_ok=True)
         self.store.save(directory)
         self.directory = directory
+        self._save_summary_head()
         self._save_stages()
         self._write_manifest()
         return directory

@@ -122,6 +122,7 @@ def build_index(
     uri: str | None = None,
     stage_options: dict | None = None,
     summary: str = "confidence",
+    summary_head=None,
     titles: dict[str, str] | str | os.PathLike | None = None,
     launch: Launch | None = None,
 ) -> BuildReport:
@@ -134,7 +135,8 @@ def build_index(
     """
     launch = launch or Launch.detect()
     out = Path(out_dir)
-    stage = {"backend": backend, "uri": uri, "stage_options": stage_options, "summary": summary}
+    stage = {"backend": backend, "uri": uri, "stage_options": stage_options, "summary": summary,
+             "summary_head": summary_head}
     if launch.size == 1 and not (out / PARTS).is_dir():
         index = VideoIndex.build(model, videos, out, batch_size=batch_size,
                                  num_workers=num_workers, shard_size=shard_size, meta=meta,

@@ -1,0 +1,276 @@
+"""A first-stage summary distilled from DiCoSA's own scores (``summary="distilled"``).
+
+DiCoSA's S(t, v) pools the frames under the text (Eq. 1) and weighs the K factor cosines by
+a query-and-video dependent confidence MLP (Eq. 8): no single query-independent vector per
+video reproduces it, and the hand-made linearisation of :mod:`dicosa.search.proxy`
+(``"confidence"``) keeps the exhaustive top 10 in its top 1,000 of 100k videos only ~60% of
+the time. This head *learns* the two halves instead:
+
+    S(t, v)  ≈  q(t) · u(v)
+
+- u(v) = [ W_v [mean_i φ(x_i) ; max_i φ(x_i)] ; c(v) ]: a frame MLP φ over each frame x_i
+  (its feature f_i and, with ``confidence``, the confidence summary of that frame), pooled
+  by the masked mean and max (max keeps what the sharp text pooling of Eq. 1 sees in one
+  frame), projected to ``dim``; then the ``"confidence"`` summary c(v) of the dense proxy.
+- q(t) = [ MLP(T ; c(t)) ; α c(t) ]: the same for the text, the MLP's last layer zero at
+  start, so training starts exactly at the ``"confidence"`` summary and only improves on it.
+
+Training needs no labels: unlabelled videos (frames as DiCoSA encodes them) and captions
+(text vectors) of the collection's kind, and DiCoSA's own S as the teacher. Per step a batch
+of captions is scored against shared random videos plus, per caption, the teacher's top
+videos and a sample of its next few thousand; the loss is the KL divergence of the student's
+softmax from the teacher's at temperature ``tau`` (listwise distillation), so it learns
+above all the order at the head of each ranking, which is what the candidates must hold.
+The teacher is the exhaustive S of the training captions against the training videos,
+computed once (``queries × videos`` pairs of :meth:`DiCoSA.score`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..functional import video_proxy
+from ..model import DiCoSA, TextFeatures, VideoFeatures
+from .base import Head
+
+__all__ = ["DistilledSummaryHead", "fit_summary", "teacher_scores"]
+
+log = logging.getLogger(__name__)
+
+
+class DistilledSummaryHead(Head):
+    """Query-independent video vectors and query vectors whose inner product ranks as
+    DiCoSA's S does (see the module)."""
+
+    kind = "summary"
+
+    @dataclass(frozen=True)
+    class Config:
+        dim: int = 128  # learned width; the stage vector adds 2D with ``confidence``
+        hidden: int = 256
+        confidence: bool = False  # also feed (and keep) the "confidence" summary
+        steps: int = 600
+        lr: float = 2e-3
+        tau: float = 0.02  # softmax temperature of the listwise distillation, in units of S
+        queries_per_step: int = 32
+        shared_videos: int = 2048  # random videos every caption of a step is scored against
+        top: int = 32  # the teacher's best videos of each caption, in every step
+        near: int = 64  # sampled from the teacher's ranks top..window
+        window: int = 3000
+        teacher_queries: int = 2000  # captions scored exhaustively against the videos
+        sphere: bool = True  # one more coordinate puts every video vector on one sphere
+
+
+    def __init__(self, config: Config, embed_dim: int = 512, num_frames: int = 12,
+                 calibration: dict | None = None, radius: float = 1.0):
+        super().__init__(config)
+        self.embed_dim, self.num_frames = embed_dim, num_frames
+        self.calibration = calibration  # of the "confidence" summary, fixed at fit time
+        self.radius = float(radius)  # of the sphere (``sphere``), fixed at fit time
+        extra = 2 * embed_dim if config.confidence else 0
+        h, m = config.hidden, config.dim
+        self.frame = nn.Sequential(nn.Linear(embed_dim + extra, h), nn.GELU(),
+                                   nn.Linear(h, h), nn.GELU())
+        self.video_out = nn.Linear(2 * h, m)
+        self.query = nn.Sequential(nn.Linear(embed_dim + extra, h), nn.GELU(),
+                                   nn.Linear(h, h), nn.GELU(), nn.Linear(h, m))
+        nn.init.zeros_(self.query[-1].weight)
+        nn.init.zeros_(self.query[-1].bias)
+        self.alpha = nn.Parameter(torch.tensor(1.0))  # weight of the confidence summary
+        self.scale = nn.Parameter(torch.tensor(1.0))  # training only: student logit scale
+
+    def init_args(self) -> dict:
+        return {"embed_dim": self.embed_dim, "num_frames": self.num_frames,
+                "calibration": self.calibration, "radius": self.radius}
+
+    @property
+    def out_dim(self) -> int:
+        return (self.config.dim + (2 * self.embed_dim if self.config.confidence else 0)
+                + int(self.config.sphere))
+
+    def _on_sphere(self, vectors: Tensor) -> Tensor:
+        """Append sqrt(R² − ‖u‖²) to video vectors (0 to queries): inner products do not
+        change, and every video vector gets the norm R. HNSW over inner products of vectors
+        whose norms differ routes badly (the distilled vectors' norms span 1–3.2: recall@10
+        0.48 at C=1,000 through HNSW against 0.985 exact); on one sphere the inner product
+        ranks as the L2 distance does, which the graph handles (0.98)."""
+        if not self.config.sphere:
+            return vectors
+        extra = (self.radius**2 - vectors.pow(2).sum(-1, keepdim=True)).clamp_min(0).sqrt()
+        return torch.cat([vectors, extra], -1)
+
+    def _confidence(self, model: DiCoSA):
+        from ..search.proxy import Summary
+
+        return Summary(model, "confidence", self.calibration)
+
+    def videos(self, model: DiCoSA, video: VideoFeatures) -> Tensor:
+        """``[n, N, D]`` frames (+ mask) -> ``[n, out_dim]`` stage vectors."""
+        frames = video.frames.float()
+        mask = video.frame_mask.to(frames.device)
+        inputs = frames
+        if self.config.confidence:
+            summary = self._confidence(model)
+            n, num, width = frames.shape
+            per_frame = torch.from_numpy(summary.videos(frames.reshape(-1, width).cpu().numpy()))
+            inputs = torch.cat([frames, per_frame.to(frames.device).view(n, num, -1)], -1)
+        out = self.pool(inputs, mask)
+        if self.config.confidence:
+            proxy = video_proxy(frames, mask).cpu().numpy()
+            out = torch.cat([out, torch.from_numpy(summary.videos(proxy)).to(out.device)], -1)
+        return self._on_sphere(out)
+
+    def pool(self, inputs: Tensor, mask: Tensor) -> Tensor:
+        """The learned part: ``[n, N, in]`` per-frame inputs -> ``[n, dim]``."""
+        hidden = self.frame(inputs)  # [n, N, h]
+        weight = mask[..., None].to(hidden.dtype)
+        mean = (hidden * weight).sum(1) / weight.sum(1).clamp_min(1)
+        peak = hidden.masked_fill(~mask[..., None], float("-inf")).amax(1)
+        return self.video_out(torch.cat([mean, peak], -1))
+
+    def queries(self, model: DiCoSA, text: Tensor) -> Tensor:
+        """``[Q, D]`` text vectors -> ``[Q, out_dim]`` query vectors."""
+        text = text.float()
+        if not self.config.confidence:
+            out = self.query(text)
+        else:
+            conf = self._confidence(model).queries(text).float().to(text.device)
+            out = torch.cat([self.query(torch.cat([text, conf], -1)), self.alpha * conf], -1)
+        return torch.cat([out, out.new_zeros(len(out), int(self.config.sphere))], -1)
+
+    @classmethod
+    def fit(cls, model: DiCoSA, data, config: Config, *, seed: int = 0,
+            progress: bool = True) -> DistilledSummaryHead:
+        """``data``: ``(videos: VideoFeatures, text: Tensor [Q, D])``, unlabelled videos and
+        caption vectors (see :func:`fit_summary`), or a :class:`~dicosa.heads.features.
+        HeadData` (its training split's videos and captions: few videos on the benchmarks,
+        so prefer many unlabelled ones)."""
+        if hasattr(data, "train"):
+            data = (data.train.video, data.train.text.text)
+        videos, text = data
+        return fit_summary(model, videos, text, config, seed=seed, progress=progress)
+
+
+@torch.inference_mode()
+def teacher_scores(model: DiCoSA, text: Tensor, videos: VideoFeatures,
+                   chunk: int = 1024, text_chunk: int = 256) -> Tensor:
+    """DiCoSA's S of every text against every video, ``[Q, V]`` float16 (the teacher).
+    Blocks of ``text_chunk`` texts × ``chunk`` videos bound the confidence activations
+    (``[chunk, text_chunk, K, H]`` floats: 268 MB on the tiny model)."""
+    dtype = next(model.parameters()).dtype
+    text_features = TextFeatures(text.to(dtype))
+    return torch.cat([model.score(text_features, videos[i:i + chunk].to(dtype=dtype),
+                                  chunk=text_chunk).half()
+                      for i in range(0, len(videos), chunk)], 1)
+
+
+def fit_summary(model: DiCoSA, videos: VideoFeatures, text: Tensor,
+                config: DistilledSummaryHead.Config | None = None, *, seed: int = 0,
+                progress: bool = True) -> DistilledSummaryHead:
+    """Distil DiCoSA's S into a :class:`DistilledSummaryHead` on CPU.
+
+    Args:
+        videos: unlabelled training videos, float ``[V, N, D]`` frames as DiCoSA encodes
+            them (never the videos the summary will be evaluated on).
+        text: caption vectors T ``[Q, D]`` (the first ``teacher_queries`` are used).
+    """
+    from ..search.proxy import Summary
+
+    config = config or DistilledSummaryHead.Config()
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = model.eval()
+    videos = VideoFeatures(videos.frames.float().cpu(), videos.frame_mask.cpu())
+    text = text.float().cpu()[:config.teacher_queries]
+    started = time.perf_counter()
+    teacher = teacher_scores(model, text, videos).float()  # [Q, V]
+    log.info("teacher: %d captions x %d videos in %.0f s", len(text), len(videos),
+             time.perf_counter() - started)
+    window = min(config.window, len(videos))
+    top = min(config.top, window)
+    ranked = teacher.topk(window, dim=1).indices  # [Q, window]
+    calibration = None
+    if config.confidence:
+        conf = Summary(model, "confidence")
+        conf.calibrate(video_proxy(videos.frames, videos.frame_mask).numpy())
+        calibration = conf.calibration
+    head = DistilledSummaryHead(config, embed_dim=videos.frames.shape[-1],
+                                num_frames=videos.frames.shape[1], calibration=calibration)
+    with torch.no_grad():  # the frozen parts of the inputs, once
+        prepared = _Prepared(head, model, videos, text)
+    optimiser = torch.optim.Adam(head.parameters(), lr=config.lr)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, config.lr,
+                                                   total_steps=config.steps, pct_start=0.05)
+    shared_count = min(config.shared_videos, len(videos))
+    head.train()
+    for step in range(1, config.steps + 1):
+        qs = torch.randint(len(text), (config.queries_per_step,), generator=generator)
+        shared = torch.randint(len(videos), (shared_count,), generator=generator)
+        own = ranked[qs, :top]
+        if window > top and config.near:
+            near = torch.randint(top, window, (config.near,), generator=generator)
+            own = torch.cat([own, ranked[qs][:, near]], 1)  # [B, top + near]
+        vec = prepared.videos(head, torch.cat([shared, own.flatten()]))
+        query = prepared.queries(head, qs)
+        student = torch.cat([query @ vec[:shared_count].t(),
+                             torch.einsum("bm,bcm->bc", query,
+                                          vec[shared_count:].view(len(qs), own.shape[1], -1))],
+                            1)
+        target = torch.cat([teacher[qs][:, shared], teacher[qs[:, None], own]], 1)
+        loss = F.kl_div(F.log_softmax(student * head.scale / config.tau, 1),
+                        F.log_softmax(target / config.tau, 1), log_target=True,
+                        reduction="batchmean")
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        schedule.step()
+        if progress and (step % 100 == 0 or step == config.steps):
+            log.info("summary head step %d/%d: loss %.4f (%.0f s)", step, config.steps,
+                     loss.item(), time.perf_counter() - started)
+    head.eval()
+    with torch.no_grad():  # the sphere holds the training videos' vectors with a 25% margin
+        norms = torch.cat([prepared.videos(head, torch.arange(i, min(i + 8192, len(videos))))
+                           .norm(dim=-1) for i in range(0, len(videos), 8192)])
+    head.radius = 1.25 * float(norms.max())
+    head.trained = {"videos": len(videos), "captions": len(text), "steps": config.steps,
+                    "loss": float(loss.item()), "seconds": round(time.perf_counter() - started)}
+    return head.eval()
+
+
+class _Prepared:
+    """The training set's inputs that do not change while training (the frozen summary)."""
+
+    def __init__(self, head: DistilledSummaryHead, model: DiCoSA, videos: VideoFeatures,
+                 text: Tensor):
+        self.frames, self.mask = videos.frames, videos.frame_mask
+        self.text = text
+        self.per_frame = self.proxy = self.conf_text = None
+        if head.config.confidence:
+            summary = head._confidence(model)
+            n, num, width = self.frames.shape
+            self.per_frame = torch.from_numpy(np.concatenate([
+                summary.videos(self.frames[i:i + 8192].reshape(-1, width).numpy())
+                for i in range(0, n, 8192)])).view(n, num, -1)
+            self.proxy = torch.from_numpy(summary.videos(
+                video_proxy(self.frames, self.mask).numpy()))
+            self.conf_text = summary.queries(text).float().clone()
+
+    def videos(self, head: DistilledSummaryHead, ids: Tensor) -> Tensor:
+        frames, mask = self.frames[ids], self.mask[ids]
+        inputs = frames if self.per_frame is None else torch.cat([frames, self.per_frame[ids]], -1)
+        out = head.pool(inputs, mask)
+        return out if self.proxy is None else torch.cat([out, self.proxy[ids]], -1)
+
+    def queries(self, head: DistilledSummaryHead, qs: Tensor) -> Tensor:
+        text = self.text[qs]
+        if self.conf_text is None:
+            return head.query(text)
+        conf = self.conf_text[qs]
+        return torch.cat([head.query(torch.cat([text, conf], -1)), head.alpha * conf], -1)

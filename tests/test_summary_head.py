@@ -1,0 +1,192 @@
+"""The "distilled" first-stage summary (dicosa/heads/summary.py): a head trained on DiCoSA's
+own scores, wired into VideoIndex as summary="distilled"."""
+
+import numpy as np
+import pytest
+import torch
+
+from dicosa.heads import HeadMismatchError, load_head, save_head
+from dicosa.heads.summary import DistilledSummaryHead, fit_summary, teacher_scores
+from dicosa.index import SUMMARY_HEAD, VideoIndex
+from dicosa.model import DiCoSA, TextFeatures, VideoFeatures
+from dicosa.search.proxy import Summary
+
+from .conftest import tiny_config
+from .test_index_search import QUERIES, _features, _text
+
+
+@pytest.fixture(scope="module")
+def model() -> DiCoSA:
+    torch.manual_seed(0)
+    return DiCoSA.from_config(tiny_config()).eval()
+
+
+def _config(**changes):
+    return DistilledSummaryHead.make_config({
+        "dim": 16, "hidden": 32, "steps": 30, "queries_per_step": 4, "shared_videos": 32,
+        "top": 4, "near": 4, "window": 16, "teacher_queries": 8, **changes})
+
+
+@pytest.fixture(scope="module")
+def head(model) -> DistilledSummaryHead:
+    video = _features(model, 64, seed=3)
+    text = _text(model, QUERIES * 2)
+    return fit_summary(model, video, text, _config(), progress=False)
+
+
+def test_teacher_is_dicosa_score(model):
+    video = _features(model, 10, seed=1)
+    text = _text(model, QUERIES)
+    want = model.score(TextFeatures(text), VideoFeatures(video.frames.float(), video.frame_mask))
+    got = teacher_scores(model, text, video, chunk=3)
+    torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("confidence", [False, True])
+def test_shapes_and_inner_product(model, confidence):
+    """The stage scores a query and a video by the inner product of the vectors the summary
+    hands out; the video vector ignores padded frames and does not depend on the query."""
+    torch.manual_seed(1)
+    head = DistilledSummaryHead(_config(confidence=confidence), embed_dim=model.embed_dim,
+                                num_frames=model.config.num_frames)
+    if confidence:
+        conf = Summary(model, "confidence")
+        conf.calibrate(np.random.default_rng(0).standard_normal((20, model.embed_dim)))
+        head.calibration = conf.calibration
+    torch.nn.init.normal_(head.query[-1].weight)  # not zero: the learned part counts
+    summary = Summary(model, "distilled", head=head)
+    video = _features(model, 9, seed=2)
+    vectors = summary.videos(video)
+    queries = summary.queries(_text(model, QUERIES))
+    assert vectors.shape == (9, summary.dim) and queries.shape == (4, summary.dim)
+    assert summary.dim == 16 + (2 * model.embed_dim if confidence else 0) + 1
+    # the last coordinate puts every video on the sphere of radius R, 0 for queries
+    head.radius = float(np.linalg.norm(vectors[:, :-1], axis=1).max()) * 1.25
+    vectors = summary.videos(video)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), head.radius, rtol=1e-5)
+    assert (queries[:, -1] == 0).all()
+    assert summary.needs_frames and not summary.normalize
+    # padding is ignored: changing a padded frame changes nothing
+    short = int(np.flatnonzero(~video.frame_mask.all(1).numpy())[0])
+    frames = video.frames.clone()
+    frames[short, ~video.frame_mask[short]] = 7.0
+    again = summary.videos(VideoFeatures(frames, video.frame_mask))
+    np.testing.assert_allclose(again, vectors, rtol=1e-5, atol=1e-5)
+    # a video's vector is the same alone or in a batch
+    np.testing.assert_allclose(summary.videos(video[3:4]), vectors[3:4], rtol=1e-4, atol=1e-5)
+    assert torch.isfinite(queries).all()
+
+
+def test_training_starts_at_confidence_and_improves(model):
+    """With ``confidence`` the zero-initialised query MLP makes the untrained head score
+    exactly as the "confidence" summary does; training lowers the distillation loss."""
+    video = _features(model, 64, seed=3)
+    text = _text(model, QUERIES * 2)
+    config = _config(confidence=True, steps=1, lr=1e-12)
+    head = fit_summary(model, video, text, config, progress=False)
+    conf = Summary(model, "confidence", head.calibration)
+    from dicosa.functional import video_proxy
+    proxy = video_proxy(video.frames.float(), video.frame_mask).numpy()
+    want = conf.queries(text) @ torch.from_numpy(conf.videos(proxy)).T
+    summary = Summary(model, "distilled", head=head)
+    got = summary.queries(text) @ torch.from_numpy(summary.videos(video)).T
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+    norms = np.linalg.norm(summary.videos(video), axis=1)
+    np.testing.assert_allclose(norms, head.radius, rtol=1e-5)  # fit sets R above every norm
+    trained = fit_summary(model, video, text, _config(steps=60), progress=False)
+    assert trained.trained["loss"] < 0.9 * fit_summary(
+        model, video, text, _config(steps=2), progress=False).trained["loss"]
+
+
+def test_save_load_round_trip(model, head, tmp_path):
+    path = save_head(head, tmp_path / "summary.pt", model)
+    loaded = load_head(path, model, kind="summary")
+    video = _features(model, 5, seed=4)
+    text = _text(model, QUERIES)
+    a, b = Summary(model, "distilled", head=head), Summary(model, "distilled", head=loaded)
+    np.testing.assert_array_equal(a.videos(video), b.videos(video))
+    torch.testing.assert_close(a.queries(text), b.queries(text))
+    torch.manual_seed(5)
+    other = DiCoSA.from_config(tiny_config()).eval()
+    with pytest.raises(HeadMismatchError):
+        load_head(path, other)
+
+
+def test_index_with_distilled_summary(model, head, tmp_path):
+    """summary="distilled" in VideoIndex: candidates >= len(index) is still exhaustive, the
+    stage ranks by the head's inner product, and the index reopens with the head it saved."""
+    with pytest.raises(ValueError, match="summary_head"):
+        Summary(model, "distilled")
+    video = _features(model, 120, seed=6)
+    index = VideoIndex(model, backend="exact", summary="distilled", summary_head=head)
+    index.save(tmp_path / "ix")
+    for start in range(0, 120, 50):
+        part = video[start:start + 50]
+        index.add_features(part, [{"path": f"/v/{start + i}.mp4"} for i in range(len(part))])
+    index.save(tmp_path / "ix")
+    assert (tmp_path / "ix" / SUMMARY_HEAD).is_file()
+    full = index.search(QUERIES, k=5, candidates=None)
+    every = index.search(QUERIES, k=5, candidates=len(index))
+    assert [[h.id for h in q] for q in full] == [[h.id for h in q] for q in every]
+    # the stage's candidates are the top of q(t) . u(v)
+    summary = Summary(model, "distilled", head=head)
+    scores = summary.queries(_text(model, QUERIES)) @ torch.from_numpy(summary.videos(video)).T
+    hits, _ = index.search_with_stats(QUERIES, k=5, candidates=20)
+    got = index._candidates(index.encode_queries(QUERIES), 20, None)[0]
+    want = scores.topk(20, dim=1).indices.numpy()
+    assert all(set(g) == set(w) for g, w in zip(got.tolist(), want.tolist(), strict=True))
+    # reopened from its folder (the head file, fingerprint-checked)
+    again = VideoIndex.load(tmp_path / "ix", model)
+    assert [[h.id for h in q] for q in again.search(QUERIES, k=5, candidates=20)] == \
+        [[h.id for h in q] for q in hits]
+    # removal keeps the stage in step
+    index.remove(np.asarray(want[0][:3]))
+    after = index._candidates(index.encode_queries(QUERIES[:1]), 20, None)[0][0]
+    assert not set(want[0][:3]) & set(after.tolist())
+
+
+def test_heads_train_summary_then_index_with_it_on_the_command_line(tmp_path, capsys,
+                                                                    monkeypatch):
+    """`heads train summary` on a checkpoint's encoded training split, then `index
+    --summary-head`: the index's dense stage is the distilled one, with the head it was given;
+    a head of another model stops the command in one sentence before anything is encoded."""
+    from dicosa import __main__ as cli
+    from dicosa.checkpoint import save_checkpoint
+    from dicosa.config import Config, DataConfig, EvalConfig
+    from dicosa.data.synthetic import make_synthetic
+    from dicosa.heads.train import train_head
+
+    root = make_synthetic(tmp_path / "data", num_train=8, num_test=0, size=32, seconds=0.5,
+                          num_workers=1)
+    torch.manual_seed(0)
+    model = DiCoSA.from_config(tiny_config()).eval()
+    cfg = Config(model=tiny_config(), data=DataConfig(dataset="synthetic", root=str(root),
+                                                      val_fraction=0.25, num_workers=0),
+                 eval=EvalConfig(batch_size=4))
+    checkpoint = tmp_path / "run" / "best.pt"
+    save_checkpoint(checkpoint, {"model": model.state_dict(), "config": cfg.to_yaml()})
+    path = train_head("summary", checkpoint, tmp_path / "summary.pt",
+                      ["dim=8", "hidden=16", "steps=3", "queries_per_step=2",
+                       "shared_videos=4", "top=2", "near=2", "window=4", "teacher_queries=4"],
+                      progress=False)
+    head = load_head(path, model, kind="summary")
+    assert head.config.dim == 8 and head.trained["fit_seconds"] >= 0
+
+    monkeypatch.setattr(cli, "load_model", lambda *a, **k: (model, {"config": "tiny"}))
+    out = tmp_path / "index"
+    assert cli.main(["index", str(root / "videos"), "--out", str(out), "--summary-head",
+                     str(path), "--backend", "exact", "--num-workers", "0",
+                     "--config", "x"]) == 0
+    assert "indexed 8 videos" in capsys.readouterr().out
+    index = VideoIndex.load(out, model)
+    assert index.stage_spec["summary"] == "distilled" and (out / SUMMARY_HEAD).is_file()
+    assert index.search("a red circle", k=3, candidates=4)
+
+    torch.manual_seed(5)
+    other = DiCoSA.from_config(tiny_config()).eval()
+    monkeypatch.setattr(cli, "load_model", lambda *a, **k: (other, {"config": "tiny"}))
+    code = cli.main(["index", str(root / "videos"), "--out", str(tmp_path / "other"),
+                     "--summary-head", str(path), "--config", "x"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "trained on a model with" in err[-1] and len(err) == 1
+    assert not (tmp_path / "other").exists()
