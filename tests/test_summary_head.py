@@ -190,3 +190,17 @@ def test_heads_train_summary_then_index_with_it_on_the_command_line(tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and "trained on a model with" in err[-1] and len(err) == 1
     assert not (tmp_path / "other").exists()
+
+
+def test_pooling_ignores_masked_frames_and_an_empty_row_is_finite(head):
+    """Masked frames change nothing (same as the row without them); a row with no valid frame
+    (a title-only entry) gets a finite vector, never NaN, which would poison the ANN index."""
+    g = torch.Generator().manual_seed(0)
+    frames = torch.randn(3, 4, head.embed_dim, generator=g)
+    mask = torch.tensor([[True, True, False, False], [True] * 4, [False] * 4])
+    pooled = head.pool(frames, mask).detach()
+    alone = head.pool(frames[:1, :2], torch.ones(1, 2, dtype=torch.bool)).detach()
+    torch.testing.assert_close(pooled[0], alone[0], rtol=1e-5, atol=1e-6)
+    assert torch.isfinite(pooled).all()
+    video = VideoFeatures(frames, mask)
+    assert torch.isfinite(head.videos(None, video)).all()

@@ -133,6 +133,9 @@ class DistilledSummaryHead(Head):
         weight = mask[..., None].to(hidden.dtype)
         mean = (hidden * weight).sum(1) / weight.sum(1).clamp_min(1)
         peak = hidden.masked_fill(~mask[..., None], float("-inf")).amax(1)
+        # A row with no valid frame (indexed from its title alone) pools to zeros, not NaN,
+        # which would poison the ANN index.
+        peak = torch.where(mask.any(1, keepdim=True), peak, torch.zeros_like(peak))
         return self.video_out(torch.cat([mean, peak], -1))
 
     def queries(self, model: DiCoSA, text: Tensor) -> Tensor:
