@@ -86,6 +86,12 @@ def test_ids_tombstones_proxies_and_rows(tmp_path):
         assert list(rows.columns) == list(COLUMNS)
         assert [ids.tolist() for ids, _ in s.iter_proxies()][:2] == [[0, 1, 3, 4], [5, 7, 8]]
     assert reopened.metadata().drop(index=9).equals(store.metadata())
+    # has_frames: False exactly for a row stored without any valid frame (title-only rows)
+    empty = _video(1, dim=16, seed=3)
+    empty.frame_mask[:] = False
+    blank = reopened.append(empty, _rows(10, 1))
+    assert reopened.has_frames(np.array([10, 0, 9, 5])).tolist() == [False, True, True, True]
+    assert blank.tolist() == [10]
     with pytest.raises(ValueError, match=r"do not fit this store's \[n, 8, 16\]"):
         store.append(_video(1, dim=32), _rows(0, 1))
 

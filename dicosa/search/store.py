@@ -147,6 +147,15 @@ class FrameStore:
             mask[where[order]] = shard.frame_mask[rows[order]]
         return VideoFeatures(torch.from_numpy(frames), torch.from_numpy(mask))
 
+    def has_frames(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each row ``ids`` [n] has a valid frame: bool [n] (False: a row indexed from
+        its title alone)."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        out = np.empty(len(ids), dtype=bool)
+        for shard, where, rows in self._by_shard(ids):
+            out[where] = shard.frame_mask[rows].any(1)
+        return out
+
     def proxies(self, ids: np.ndarray) -> np.ndarray:
         """Dense proxies of rows ``ids``: float32 ``[n, D]``."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
