@@ -153,7 +153,7 @@ def timed_searches(index: VideoIndex, texts: list[str], candidates: int | None) 
     return {"queries": len(texts), "p50_ms": round(float(np.percentile(ms, 50)), 2),
             "p99_ms": round(float(np.percentile(ms, 99)), 2),
             "p50_ms_by_stage": {k: median(k) for k in ("encode_s", "first_stage_s", "rerank_s",
-                                                       "top_s")},
+                                                       "hooks_s", "top_s")},
             "p50_ms_without_text_encoding": round(float(np.percentile(
                 ms - np.array([s["encode_s"] for s in stages]) * 1000, 50)), 2)}
 
