@@ -26,6 +26,23 @@ def test_short_text_forward_equals_open_clip_at_the_eot(tiny_clip):
         torch.testing.assert_close(ours, tiny_clip.encode_text(padded), atol=1e-5, rtol=1e-5)
 
 
+def test_padding_after_the_last_eot_is_not_encoded(tiny_clip):
+    """The tower runs on the columns up to the batch's last EOT only, with the same result."""
+    tokenize = dclip.get_tokenizer(dclip.TINY_ARCH, context_length=32)
+    tokens = tokenize(["a red circle", "two small squares move left"])
+    lengths = []
+    hook = tiny_clip.transformer.register_forward_pre_hook(
+        lambda module, args: lengths.append(args[0].shape[1]))
+    try:
+        short = dclip.encode_text_tokens(tiny_clip, tokens)
+    finally:
+        hook.remove()
+    assert lengths == [int(tokens.argmax(-1).max()) + 1] and lengths[0] < 32
+    with torch.no_grad():
+        torch.testing.assert_close(short, tiny_clip.encode_text(
+            torch.nn.functional.pad(tokens, (0, 77 - 32))), atol=1e-5, rtol=1e-5)
+
+
 def test_long_captions_keep_their_eot():
     tokens = dclip.get_tokenizer(dclip.TINY_ARCH, 8)(["word " * 40])
     assert tokens[0, -1].item() == tokens.max().item()
