@@ -90,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.arch, args.frames, args.videos, args.clusters = "dicosa-tiny", 4, 3000, 50
         args.queries, args.brute_videos, args.brute_queries = 20, 1000, 2
         args.candidates, args.quality_candidates = [100], [50, 200]
-        args.quality_videos, args.shard_size = 2000, 512
+        args.quality_videos, args.shard_size = (2000 if args.quality_videos else 0), 512
         args.work = "search-bench-smoke"
     return args
 
@@ -173,22 +173,49 @@ def build_latency_index(index: VideoIndex, centres: torch.Tensor, args,
     return time.perf_counter() - start
 
 
+def latency_head(model: DiCoSA, centres: torch.Tensor, args):
+    """A ``distilled`` summary head for the latency part's random-weight model, fitted on
+    other synthetic videos of the same generator: it gives the stage its real width and cost
+    (the recall of a head distilled from a random model means nothing; see the quality part)."""
+    from dicosa.heads.summary import DistilledSummaryHead, fit_summary
+
+    count, queries = (256, 32) if args.smoke else (8192, 256)
+    videos = synthetic_shard(centres, count, args.frames, torch.Generator().manual_seed(99))
+    with torch.inference_mode():
+        text = model.encode_text(index_tokenizer(model)(captions(queries, seed=20_000))).text
+    config = DistilledSummaryHead.make_config({
+        "teacher_queries": queries, "window": count // 4, "shared_videos": min(2048, count // 2),
+        **({"steps": 10, "hidden": 32} if args.smoke else {})})
+    return fit_summary(model, videos, text.clone(), config, progress=False)
+
+
+def index_tokenizer(model: DiCoSA):
+    return VideoIndex(model, device="cpu", backend="exact").tokenizer
+
+
 def latency(args, work: Path) -> dict:
     torch.manual_seed(0)
     model = random_model(args.arch, "released", args.frames).eval()
-    index = VideoIndex(model, device="cpu", backend=args.backend, uri=args.uri,
-                       summary=args.summary, stage_options=stage_options(args.stage_option))
-    tokenize = index.tokenizer
+    tokenize = index_tokenizer(model)
     with torch.inference_mode():
         centres = torch.cat([model.encode_text(tokenize(captions(min(256, args.clusters - s),
                                                                   seed=s))).text
                              for s in range(0, args.clusters, 256)])
-    directory = work / f"latency-{args.videos}"
-    build_s, memory_after_build = None, None
+    suffix = "" if args.summary == "confidence" else f"-{args.summary}"
+    directory = work / f"latency-{args.videos}{suffix}"
+    build_s, memory_after_build, head_s = None, None, None
     if not (args.reuse and (directory / "manifest.json").is_file()):
+        head = None
+        if args.summary == "distilled":
+            started = time.perf_counter()
+            head = args.summary_head or latency_head(model, centres, args)
+            head_s = round(time.perf_counter() - started, 1)
+        index = VideoIndex(model, device="cpu", backend=args.backend, uri=args.uri,
+                           summary=args.summary, summary_head=head,
+                           stage_options=stage_options(args.stage_option))
         build_s = build_latency_index(index, centres, args, directory)
         memory_after_build = resident()
-    del index
+        del index
     index = VideoIndex.load(directory, model, device="cpu")  # a fresh process's view
     memory_loaded = resident()
     texts = captions(args.queries, seed=10_000)
@@ -209,6 +236,7 @@ def latency(args, work: Path) -> dict:
     result = {
         "videos": len(index), "dim": model.embed_dim, "frames": args.frames,
         "backend": args.backend, "summary": args.summary,
+        "summary_head_fit_s": head_s,
         "stage_options": stage_options(args.stage_option),
         "build_s": None if build_s is None else round(build_s, 1), "reused": build_s is None,
         "store_gib": round(sum(p.stat().st_size for p in directory.glob("shard-*"))

@@ -13,11 +13,12 @@ SCRIPTS = ["train_step.py", "score.py", "data.py", "train_epoch.py", "ablation.p
            "summary_head.py"]
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", [*SCRIPTS, "search.py --summary distilled --quality-videos 0"])
 def test_benchmark_smoke(script, tmp_path):
+    script, *extra = script.split()
     path = ROOT / "benchmarks" / script
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, str(path), "--smoke", "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(path), "--smoke", "--out", str(out), *extra],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
