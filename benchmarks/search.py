@@ -190,7 +190,10 @@ def latency_head(model: DiCoSA, centres: torch.Tensor, args):
 
 
 def index_tokenizer(model: DiCoSA):
-    return VideoIndex(model, device="cpu", backend="exact").tokenizer
+    """The tokenizer a VideoIndex of ``model`` uses."""
+    from dicosa.clip import get_tokenizer
+
+    return get_tokenizer(model.config.arch, model.config.max_words)
 
 
 def latency(args, work: Path) -> dict:
