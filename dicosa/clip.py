@@ -193,10 +193,12 @@ def encode_text_tokens(clip: CLIP, tokens: torch.Tensor) -> torch.Tensor:
     open_clip's ``encode_text`` adds all 77 positional rows; DiCoSA uses the first L rows
     (not an interpolation), so the forward is rewritten here with the sliced embedding and
     causal mask. Under the causal mask the EOT state reads only positions up to the EOT, so the
-    columns after the batch's last EOT are padding that cannot change it: they are dropped,
-    which makes a short query (~7 of 32 tokens) about 3x cheaper to encode.
+    columns after the batch's last EOT are padding that cannot change it: on the CPU they are
+    dropped, which makes a short query (~7 of 32 tokens) about 3x cheaper to encode. On an
+    accelerator the length would cost a host sync and vary the shapes a compiled tower sees
+    (neither measured here), so the full length is kept there.
     """
-    if tokens.ndim == 2 and tokens.shape[1] > 1:
+    if tokens.device.type == "cpu" and tokens.ndim == 2 and tokens.shape[1] > 1:
         tokens = tokens[:, :int(tokens.argmax(dim=-1).max()) + 1]
     x, eot_at = _text_tower(clip, tokens)
     return _project_text(clip, x[torch.arange(x.shape[0], device=x.device), eot_at])
