@@ -21,6 +21,26 @@ def tiny_config(**overrides) -> ModelConfig:
     return ModelConfig(**values)
 
 
+def tiny_checkpoint(folder, num_train: int = 10, val_fraction: float = 0.2):
+    """A tiny random-weight model saved as a training checkpoint over ``num_train`` generated
+    synthetic clips (validation carved from them): ``(model, checkpoint path, data root)``,
+    what ``heads train`` and the command line read."""
+    from dicosa.checkpoint import save_checkpoint
+    from dicosa.config import Config, DataConfig, EvalConfig
+    from dicosa.data.synthetic import make_synthetic
+
+    root = make_synthetic(folder / "data", num_train=num_train, num_test=0, size=32,
+                          seconds=0.5, num_workers=1)
+    torch.manual_seed(0)
+    model = DiCoSA.from_config(tiny_config()).eval()
+    cfg = Config(model=tiny_config(), data=DataConfig(dataset="synthetic", root=str(root),
+                                                      val_fraction=val_fraction, num_workers=0),
+                 eval=EvalConfig(batch_size=4))
+    checkpoint = folder / "run" / "best.pt"
+    save_checkpoint(checkpoint, {"model": model.state_dict(), "config": cfg.to_yaml()})
+    return model, checkpoint, root
+
+
 @pytest.fixture(params=["released", "paper"])
 def variant(request) -> str:
     return request.param

@@ -11,14 +11,13 @@ import torch.nn.functional as F
 
 from dicosa import functional as DF
 from dicosa.checkpoint import CheckpointError, save_checkpoint
-from dicosa.config import Config, ConfigError, DataConfig, EvalConfig
-from dicosa.data.synthetic import make_synthetic
+from dicosa.config import Config, ConfigError
 from dicosa.heads import Head, HeadMismatchError, head_class, load_head, register_head, save_head
 from dicosa.heads.features import HeadData, SplitFeatures
 from dicosa.heads.train import train_head
 from dicosa.model import DiCoSA, TextFeatures, VideoFeatures
 
-from .conftest import tiny_config
+from .conftest import tiny_checkpoint, tiny_config
 
 
 @dataclass(frozen=True)
@@ -137,15 +136,7 @@ def test_head_configs_reject_unknown_keys_and_kinds():
 
 
 def test_train_head_from_a_checkpoint_encodes_once(tmp_path, monkeypatch):
-    root = make_synthetic(tmp_path / "data", num_train=10, num_test=0, size=32, seconds=0.5,
-                          num_workers=1)
-    torch.manual_seed(0)
-    model = DiCoSA.from_config(tiny_config()).eval()
-    cfg = Config(model=tiny_config(), data=DataConfig(dataset="synthetic", root=str(root),
-                                                      val_fraction=0.2, num_workers=0),
-                 eval=EvalConfig(batch_size=4))
-    checkpoint = tmp_path / "run" / "best.pt"
-    save_checkpoint(checkpoint, {"model": model.state_dict(), "config": cfg.to_yaml()})
+    model, checkpoint, _ = tiny_checkpoint(tmp_path)
 
     path = train_head("test-probe", checkpoint, tmp_path / "probe.pt", ["steps=3"], seed=2,
                       progress=False)

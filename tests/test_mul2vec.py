@@ -36,7 +36,7 @@ from dicosa.search.fusion import (
 from dicosa.search.query import parse_query
 from dicosa.search.types import EncodedQueries, FirstStage
 
-from .conftest import tiny_config
+from .conftest import tiny_checkpoint, tiny_config
 
 COLOURS = ["red", "green", "blue", "yellow", "white", "purple"]
 SHAPES = ["square", "circle", "triangle", "diamond"]
@@ -350,20 +350,9 @@ def test_the_semantic_first_stage_finds_text_only_rows(toy, tmp_path):
 
 def test_heads_train_mul2vec_from_a_checkpoint(tmp_path):
     """The command-line path: registry, real encoded features, fit report in the file."""
-    from dicosa.checkpoint import save_checkpoint
-    from dicosa.config import Config, DataConfig, EvalConfig
-    from dicosa.data.synthetic import make_synthetic
     from dicosa.heads.train import train_head
 
-    root = make_synthetic(tmp_path / "data", num_train=10, num_test=0, size=32, seconds=0.5,
-                          num_workers=1)
-    torch.manual_seed(0)
-    model = DiCoSA.from_config(tiny_config()).eval()
-    cfg = Config(model=tiny_config(), data=DataConfig(dataset="synthetic", root=str(root),
-                                                      val_fraction=0.2, num_workers=0),
-                 eval=EvalConfig(batch_size=4))
-    checkpoint = tmp_path / "run" / "best.pt"
-    save_checkpoint(checkpoint, {"model": model.state_dict(), "config": cfg.to_yaml()})
+    model, checkpoint, _ = tiny_checkpoint(tmp_path)
     path = train_head("mul2vec", checkpoint, tmp_path / "m2v.pt",
                       ["steps=5", "topics=8", "batch_size=16"], progress=False)
     head = load_head(path, model, kind="mul2vec")

@@ -11,7 +11,7 @@ from dicosa.index import SUMMARY_HEAD, VideoIndex
 from dicosa.model import DiCoSA, TextFeatures, VideoFeatures
 from dicosa.search.proxy import Summary
 
-from .conftest import tiny_config
+from .conftest import tiny_checkpoint, tiny_config
 from .test_index_search import QUERIES, _features, _text
 
 
@@ -151,20 +151,9 @@ def test_heads_train_summary_then_index_with_it_on_the_command_line(tmp_path, ca
     --summary-head`: the index's dense stage is the distilled one, with the head it was given;
     a head of another model stops the command in one sentence before anything is encoded."""
     from dicosa import __main__ as cli
-    from dicosa.checkpoint import save_checkpoint
-    from dicosa.config import Config, DataConfig, EvalConfig
-    from dicosa.data.synthetic import make_synthetic
     from dicosa.heads.train import train_head
 
-    root = make_synthetic(tmp_path / "data", num_train=8, num_test=0, size=32, seconds=0.5,
-                          num_workers=1)
-    torch.manual_seed(0)
-    model = DiCoSA.from_config(tiny_config()).eval()
-    cfg = Config(model=tiny_config(), data=DataConfig(dataset="synthetic", root=str(root),
-                                                      val_fraction=0.25, num_workers=0),
-                 eval=EvalConfig(batch_size=4))
-    checkpoint = tmp_path / "run" / "best.pt"
-    save_checkpoint(checkpoint, {"model": model.state_dict(), "config": cfg.to_yaml()})
+    model, checkpoint, root = tiny_checkpoint(tmp_path, num_train=8, val_fraction=0.25)
     path = train_head("summary", checkpoint, tmp_path / "summary.pt",
                       ["dim=8", "hidden=16", "steps=3", "queries_per_step=2",
                        "shared_videos=4", "top=2", "near=2", "window=4", "teacher_queries=4"],
