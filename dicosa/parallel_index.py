@@ -95,6 +95,13 @@ class Launch:
 
         return gather_object([value])
 
+    def close(self) -> None:
+        """End the process group while Python is still whole: left to interpreter exit,
+        gloo's worker threads can abort the process (SIGABRT after a finished build, seen
+        on CI)."""
+        if self.size > 1 and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
 
 @dataclass
 class BuildReport:
@@ -133,6 +140,7 @@ def build_index(
     Every process must call it with the same arguments; the options mean what they mean for
     :meth:`VideoIndex.build` (``batch_size``, ``num_workers`` and ``shard_size`` per process).
     """
+    owned = launch is None  # a launch this call detected is closed by it
     launch = launch or Launch.detect()
     out = Path(out_dir)
     stage = {"backend": backend, "uri": uri, "stage_options": stage_options, "summary": summary,
@@ -142,19 +150,23 @@ def build_index(
                                  num_workers=num_workers, shard_size=shard_size, meta=meta,
                                  progress=progress, titles=titles, **stage)
         return BuildReport(index, 1)
-    top, pending = _agree_on_pending(launch, model, videos, out, stage)
-    mine = _block(pending, launch.rank, launch.size)
-    if num_workers is None:  # the processes share the machine's cores
-        num_workers = min(4, max(1, (os.cpu_count() or 1) // launch.size))
-    part = VideoIndex.create_or_resume(model, out / PARTS / f"rank-{launch.rank}",
-                                       device=launch.device, backend=None)
-    encoded = part.add(mine, batch_size=batch_size, num_workers=num_workers,
-                       shard_size=shard_size, progress=progress and launch.is_main,
-                       titles=titles, only_new=False)
-    assigned = set(mine)
-    reports = launch.gather({"encoded": encoded,
-                             "skipped": [s for s in part.skipped if s[0] in assigned],
-                             "text_only": part.text_only})
+    try:
+        top, pending = _agree_on_pending(launch, model, videos, out, stage)
+        mine = _block(pending, launch.rank, launch.size)
+        if num_workers is None:  # the processes share the machine's cores
+            num_workers = min(4, max(1, (os.cpu_count() or 1) // launch.size))
+        part = VideoIndex.create_or_resume(model, out / PARTS / f"rank-{launch.rank}",
+                                           device=launch.device, backend=None)
+        encoded = part.add(mine, batch_size=batch_size, num_workers=num_workers,
+                           shard_size=shard_size, progress=progress and launch.is_main,
+                           titles=titles, only_new=False)
+        assigned = set(mine)
+        reports = launch.gather({"encoded": encoded,
+                                 "skipped": [s for s in part.skipped if s[0] in assigned],
+                                 "text_only": part.text_only})
+    finally:  # the merge below is the main process's alone
+        if owned:
+            launch.close()
     counts = [r["encoded"] for r in reports]
     if not launch.is_main:
         return BuildReport(None, launch.size, sum(counts), counts)

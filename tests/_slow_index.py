@@ -1,9 +1,12 @@
 """``python -m dicosa`` with every encoded batch slowed down by $DICOSA_TEST_ENCODE_DELAY
-seconds, so that a test can kill a build while it is under way (run as a script by torchrun)."""
+seconds, so that a test can kill a build while it is under way (run as a script by torchrun).
+After the command it prints whether this process's process group was left open."""
 
 import os
 import sys
 import time
+
+import torch
 
 from dicosa.__main__ import main
 from dicosa.index import VideoIndex
@@ -18,4 +21,6 @@ def _slow_encode(self, batch):
 
 if __name__ == "__main__":
     VideoIndex._encode = _slow_encode
-    sys.exit(main())
+    code = main()
+    print(f"process group open after the command: {torch.distributed.is_initialized()}")
+    sys.exit(code)
