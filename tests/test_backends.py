@@ -3,6 +3,7 @@
 import json
 import os
 
+import faiss
 import numpy as np
 import pytest
 import torch
@@ -50,6 +51,9 @@ STAGES = {  # the trained kinds train on their first 1,000 rows (the data has 3,
     "hnsw-flat": lambda: FaissStage(DIM, FaissConfig(storage="flat")),
     "ivfpq": lambda: FaissStage(DIM, FaissConfig(index="ivfpq", nlist=16, pq_m=8, nprobe=16,
                                                  train_min=1000)),
+    # pq_m=6 does not divide 32: the vectors are zero-padded to 36
+    "ivfpq-padded": lambda: FaissStage(DIM, FaissConfig(index="ivfpq", nlist=16, pq_m=6,
+                                                        nprobe=16, train_min=1000)),
 }
 
 
@@ -104,6 +108,22 @@ def test_hnsw_recall_against_exact(data, storage):
     exact.add(ids, vectors)
     hnsw.add(ids, vectors)
     assert overlap(hnsw.search(queries, 50).ids, exact.search(queries, 50).ids) >= 0.95
+
+
+def test_ivfpq_zero_pads_a_width_pq_m_does_not_divide(data):
+    """32 columns, 7 sub-quantisers: 3 zero columns make 35, which hold nothing and change no
+    inner product (recall between 4 and 8 sub-quantisers' 0.35 and 0.61 on this data)."""
+    ids, vectors, queries = data
+    stage = FaissStage(DIM, FaissConfig(index="ivfpq", nlist=16, pq_m=7, nprobe=16,
+                                        train_min=1000))
+    stage.add(ids, vectors)
+    assert stage.index.d == 35
+    stage.index.set_direct_map_type(faiss.DirectMap.Hashtable)  # ids are not positions
+    stored = stage.index.reconstruct_batch(ids[:100])  # [100, 35]
+    np.testing.assert_allclose(stored[:, DIM:], 0.0, atol=1e-6)
+    exact = ExactStage(DIM)
+    exact.add(ids, vectors)
+    assert overlap(stage.search(queries, 10).ids, exact.search(queries, 10).ids) >= 0.45
 
 
 @pytest.mark.parametrize("kind", STAGES)
@@ -222,9 +242,6 @@ def test_bad_inputs_are_one_sentence(tmp_path, data):
     one_sentence(err)
     with pytest.raises(ValueError) as err:
         make_first_stage("faiss", directory=tmp_path, dim=DIM, efsearch=3)
-    one_sentence(err)
-    with pytest.raises(StageError) as err:
-        make_first_stage("faiss", directory=tmp_path, dim=DIM, index="ivfpq", pq_m=5)
     one_sentence(err)
     with pytest.raises(StageError) as err:
         make_first_stage("exact", directory=tmp_path, dim=DIM, uri="http://localhost:19530")

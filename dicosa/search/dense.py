@@ -202,7 +202,7 @@ class FaissConfig:
     ef_construction: int = 200
     ef_search: int = 256  # search breadth; raised to k when k is larger
     nlist: int = 1024  # IVF lists
-    pq_m: int = 64  # PQ sub-quantisers (bytes per vector at 8 bits); must divide D
+    pq_m: int = 64  # PQ sub-quantisers (bytes per vector at 8 bits); D is zero-padded to a multiple
     pq_bits: int = 8
     nprobe: int = 32  # IVF lists visited per query
     train_min: int = 10_000
@@ -241,8 +241,6 @@ class FaissStage:
 
     def __init__(self, dim: int, config: FaissConfig | None = None) -> None:
         self.dim, self.config = int(dim), config or FaissConfig()
-        if self.config.index == "ivfpq" and self.dim % self.config.pq_m:
-            raise StageError(f"pq_m={self.config.pq_m} must divide the vector width {self.dim}")
         self.index = self._new_index()
         self.removed = np.zeros(0, dtype=np.int64)  # tombstones, sorted
         self.pending = ExactStage(self.dim, normalize=self.config.normalize)  # before training
@@ -251,9 +249,11 @@ class FaissStage:
     def _new_index(self) -> faiss.Index:
         cfg, metric = self.config, faiss.METRIC_INNER_PRODUCT
         if cfg.index == "ivfpq":
-            quantizer = faiss.IndexFlatIP(self.dim)
-            index = faiss.IndexIVFPQ(quantizer, self.dim, cfg.nlist, cfg.pq_m, cfg.pq_bits,
-                                     metric)
+            # PQ cuts a vector into pq_m equal parts: zero columns up to a multiple of pq_m
+            # change no inner product (the 129-d distilled summary works with pq_m=64).
+            width = -(-self.dim // cfg.pq_m) * cfg.pq_m
+            quantizer = faiss.IndexFlatIP(width)
+            index = faiss.IndexIVFPQ(quantizer, width, cfg.nlist, cfg.pq_m, cfg.pq_bits, metric)
             index.own_fields = True
             quantizer.this.disown()  # the IVF index frees its quantizer
             return index
@@ -271,6 +271,11 @@ class FaissStage:
     @property
     def _hnsw(self) -> bool:
         return self.config.index == "hnsw"
+
+    def _widen(self, vectors: np.ndarray) -> np.ndarray:
+        """``vectors [n, D]`` zero-padded to the faiss index's width (IVF-PQ's padding)."""
+        extra = self.index.d - vectors.shape[1]
+        return np.ascontiguousarray(np.pad(vectors, ((0, 0), (0, extra)))) if extra else vectors
 
     def __len__(self) -> int:
         """Live rows (added minus removed)."""
@@ -300,7 +305,7 @@ class FaissStage:
             return
         check_new(ids, self.known_ids())
         if self.index.is_trained:
-            self.index.add_with_ids(vectors, ids)
+            self.index.add_with_ids(self._widen(vectors), ids)
             return
         self.pending.add(ids, vectors)
         if len(self.pending) >= self.train_min:
@@ -313,8 +318,8 @@ class FaissStage:
         if len(vectors) > cfg.train_size:
             rng = np.random.default_rng(0)
             sample = vectors[np.sort(rng.choice(len(vectors), cfg.train_size, replace=False))]
-        self.index.train(sample)
-        self.index.add_with_ids(vectors, ids)
+        self.index.train(self._widen(sample))
+        self.index.add_with_ids(self._widen(vectors), ids)
         self.pending = ExactStage(self.dim, normalize=cfg.normalize)
 
     def remove(self, ids: np.ndarray) -> None:
@@ -360,7 +365,8 @@ class FaissStage:
         if self.index.ntotal == 0:
             return pad_candidates(np.zeros((len(texts), 0)), np.zeros((len(texts), 0)), k,
                                   self.name)
-        scores, ids = self.index.search(texts, k, params=self._search_parameters(k))
+        scores, ids = self.index.search(self._widen(texts), k,
+                                        params=self._search_parameters(k))
         return pad_candidates(ids, scores, k, self.name)
 
     def describe(self) -> dict:
