@@ -44,6 +44,7 @@ those shards by their relative names (``parts/rank-1/shard-00000``); nothing els
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -244,6 +245,7 @@ class VideoIndex:
         self._extra: list[_Registered] = []
         self._synced: list[int] | None = None  # the store's [next_id, removed] at stage save
         self._fingerprint: dict | None = None
+        self.model_key: str | None = None  # set by attach
         if model is not None:
             self.attach(model)
 
@@ -687,6 +689,9 @@ class VideoIndex:
         Raises ValueError (``strict``) or warns when the index was built with another model.
         """
         fingerprint = model_fingerprint(model)
+        # Names what made an array kept beside the index (e.g. the encoded titles).
+        self.model_key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()
+                                        ).hexdigest()
         if self._fingerprint is not None:
             problem = fingerprint_mismatch(self._fingerprint, fingerprint)
             if problem:

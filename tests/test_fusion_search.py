@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from dicosa.__main__ import main
 from dicosa.data.synthetic import make_synthetic
 from dicosa.index import VideoIndex
 from dicosa.model import DiCoSA, VideoFeatures
-from dicosa.search.fusion import attach_fusion, explain_hits, read_titles
+from dicosa.search.fusion import TITLES_FILE, attach_fusion, explain_hits, read_titles
 
 from .conftest import tiny_config
 
@@ -147,3 +148,35 @@ def test_mul2vec_fusion_finds_the_text_only_row_and_decomposes(index, model):
     for hit, part in zip(hits, parts, strict=True):
         assert part["fused"] == pytest.approx(part["dicosa"] + 0.3 * part["semantic"], abs=1e-5)
         assert part["fused"] == pytest.approx(hit.score, abs=1e-5)
+
+
+def test_titles_are_encoded_once_and_kept_beside_the_index(index, model, tmp_path,
+                                                           monkeypatch):
+    """The text tower runs once per title: not again in a later session; a row added after
+    attaching joins the fusion arrays, and its title is the only one encoded then."""
+    shutil.copytree(index.directory, tmp_path / "index")
+    for stale in (tmp_path / "index").glob(f"{TITLES_FILE}.*"):
+        stale.unlink()  # earlier tests attached fusion to this index
+    encoded = []
+    encode_text = model.encode_text
+    monkeypatch.setattr(model, "encode_text",
+                        lambda tokens: encoded.append(len(tokens)) or encode_text(tokens))
+
+    copy = VideoIndex.load(tmp_path / "index", model)
+    hook = attach_fusion(copy, beta_title=5.0, trust=1.0)
+    first = hook.rows.title_text.copy()
+    assert sum(encoded) == 5  # broken.mp4 and video0-3 have titles
+    again = attach_fusion(VideoIndex.load(tmp_path / "index", model))
+    np.testing.assert_array_equal(again.rows.title_text, first)
+    assert sum(encoded) == 5
+
+    video = copy.store.gather(copy.ids[:1])
+    copy.add_features(video, [{"path": "/late.mp4", "title": "a late pink star",
+                               "text_only": False, "frames_lost": 0.0, "valid_frames": 4}])
+    assert sum(encoded) == 6 and len(hook.rows) == copy.store.next_id
+    np.testing.assert_array_equal(hook.rows.title_text[:len(first)], first)
+    hits = copy.search("a late pink star", k=len(copy), candidates=len(copy))
+    titles = {h.path: part["title"] for h, part in
+              zip(hits, explain_hits(copy, hook, "a late pink star", hits), strict=True)}
+    assert titles["/late.mp4"] == pytest.approx(1.0, abs=1e-2)  # the query is its title
+    assert max(titles, key=titles.get) == "/late.mp4"

@@ -30,6 +30,11 @@ title matches the query as well as the best videos do ranks among them. (The pla
 trust = 0, left every text-only clip out of the top 10 on the synthetic benchmark.) Mul2vec
 fusion is β_title = 0; late fusion is β_sem = 0; each β is chosen on the validation split
 (``benchmarks/mul2vec.py``).
+
+The titles' text vectors are encoded once and kept in the index folder
+(``fusion.titles.npy``, float16, extended as rows arrive); the other arrays are recomputed on
+each attach (a pass over the store's proxies and, with a head, one small MLP), and all of them
+are held in RAM: fusion costs ~(D + K)·4 bytes per row of memory (2 GiB at 1M rows, D=512).
 """
 
 from __future__ import annotations
@@ -45,11 +50,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .row_cache import RowCache
 from .types import Candidates, EncodedQueries
 
-__all__ = ["FusionRerank", "FusionRows", "SemanticStage", "TitleStage", "TitlesError",
-           "attach_fusion", "explain_hits", "fill_missing", "format_parts", "fused_scores",
-           "fusion_rows", "read_titles"]
+__all__ = ["FusionRerank", "FusionRows", "IndexFusion", "SemanticStage", "TitleStage",
+           "TitlesError", "attach_fusion", "explain_hits", "fill_missing", "format_parts",
+           "fused_scores", "fusion_rows", "read_titles"]
 
 
 @dataclass(frozen=True)
@@ -223,6 +229,26 @@ class FusionRerank:
         return parts
 
 
+class IndexFusion(FusionRerank):
+    """:class:`FusionRerank` over an index's rows, extended with the rows added since (a
+    first stage asks for them as they are added; the hook for the candidates it meets)."""
+
+    def __init__(self, index, head=None, **weights: float):
+        self.index = index
+        super().__init__(index_fusion_rows(index, head), head, **weights)
+
+    @property
+    def rows(self) -> FusionRows:
+        if self.index.store.next_id > len(self._rows):
+            self._rows = self._rows.extend(index_fusion_rows(self.index, self.head,
+                                                             start=len(self._rows)))
+        return self._rows
+
+    @rows.setter
+    def rows(self, rows: FusionRows) -> None:
+        self._rows = rows
+
+
 def query_topics(queries: EncodedQueries, head) -> Tensor:
     """θ_q ``[Q, K]``, computed once per batch and kept in ``queries.extra["mul2vec"]``."""
     if "mul2vec" not in queries.extra:
@@ -287,6 +313,10 @@ class SemanticStage:
 DEFAULT_BETA_SEMANTIC = 0.2  # the README's validation choice on the synthetic benchmark
 DEFAULT_BETA_TITLE = 0.2  # late fusion: not tuned per collection; pass your own
 DEFAULT_TRUST = 0.5
+# The titles' DiCoSA text vectors, kept in the index folder (float16) for the model that
+# encoded them: the text tower runs once per title, not on every attach.
+TITLES_FILE = "fusion.titles"
+_TITLE_BATCH = 256
 
 
 class TitleStage(SemanticStage):
@@ -363,31 +393,44 @@ def normalise_titles(titles: dict | str | os.PathLike | None) -> dict[str, str]:
 
 
 @torch.no_grad()
-def index_fusion_rows(index, head=None) -> FusionRows:
-    """:class:`FusionRows` of every row id of ``index`` (removed rows: untitled, text-only),
-    the titles encoded with the index's model."""
+def index_fusion_rows(index, head=None, start: int = 0) -> FusionRows:
+    """:class:`FusionRows` of the row ids ``[start, next_id)`` of ``index`` (removed rows:
+    untitled, text-only), the titles' text vectors from the index folder's cache (the
+    missing ones encoded with the index's model)."""
     model = index._require_model()
-    size = index.store.next_id
+    end, dim = index.store.next_id, index.store.dim or model.embed_dim
+    cache = RowCache(index.directory, TITLES_FILE, index.model_key, dim, np.float16)
+    first = min(start, len(cache.array))  # the cache may need rows before start too
     live = index.store.live()
+    live = live[live >= first]
     table = index.store.rows(live)
-    title = [""] * size
-    text_only = np.ones(size, dtype=bool)
-    frames_lost = np.ones(size, dtype=np.float32)
-    for i, t, only, lost in zip(live.tolist(), table["title"].tolist(),
+    title = [""] * (end - first)
+    text_only = np.ones(end - first, dtype=bool)
+    frames_lost = np.ones(end - first, dtype=np.float32)
+    for i, t, only, lost in zip((live - first).tolist(), table["title"].tolist(),
                                 table["text_only"].tolist(), table["frames_lost"].tolist(),
                                 strict=True):
         title[i] = t if isinstance(t, str) else ""
         text_only[i] = _flag(only)
         frames_lost[i] = float(lost) if lost == lost and lost != "" else 0.0
-    dim = index.store.dim or model.embed_dim
-    title_text = torch.zeros(size, dim)
-    titled = [i for i in live.tolist() if title[i]]
-    if titled:
-        tokens = index.tokenizer([title[i] for i in titled]).to(index.device)
-        title_text[titled] = model.encode_text(tokens).text.float().cpu()
-    proxy = torch.zeros(size, dim)
-    proxy[live] = torch.as_tensor(index.store.proxies(live))
-    return fusion_rows(title, title_text, proxy, text_only, frames_lost, head)
+    titled = np.array([i + first for i, t in enumerate(title) if t], dtype=np.int64)
+    every = cache.extend(end, titled, lambda ids: _encode_titles(
+        index, [title[i - first] for i in ids.tolist()]))
+    live = live[live >= start]
+    proxy = torch.zeros(end - start, dim)
+    proxy[live - start] = torch.as_tensor(index.store.proxies(live))
+    skip = start - first
+    return fusion_rows(title[skip:], torch.from_numpy(every[start:end].astype(np.float32)),
+                       proxy, text_only[skip:], frames_lost[skip:], head)
+
+
+def _encode_titles(index, titles: list[str]) -> np.ndarray:
+    """DiCoSA text vectors of ``titles`` ``[n, D]``, in batches of :data:`_TITLE_BATCH`."""
+    model, parts = index._require_model(), []
+    for start in range(0, len(titles), _TITLE_BATCH):
+        tokens = index.tokenizer(titles[start:start + _TITLE_BATCH]).to(index.device)
+        parts.append(model.encode_text(tokens).text.float().cpu().numpy())
+    return np.concatenate(parts)
 
 
 def _flag(value) -> bool:
@@ -409,8 +452,8 @@ def attach_fusion(index, head=None, *, beta_semantic: float | None = None,
         beta_semantic, beta_title: default :data:`DEFAULT_BETA_SEMANTIC` with a head (and no
             title term), :data:`DEFAULT_BETA_TITLE` without one.
 
-    Call it after the index holds its videos: rows added later are not in the fusion arrays
-    (call it again on a freshly loaded index).
+    Rows added later join the fusion arrays when the first stage receives them (their titles
+    encoded then). Attach once per index: each call registers another first stage.
     """
     if isinstance(head, (str, os.PathLike)):
         from ..heads.base import load_head
@@ -422,15 +465,14 @@ def attach_fusion(index, head=None, *, beta_semantic: float | None = None,
     else:
         beta_semantic = 0.0
         beta_title = DEFAULT_BETA_TITLE if beta_title is None else beta_title
-    rows = index_fusion_rows(index, head)
+    hook = IndexFusion(index, head, beta_semantic=beta_semantic, beta_title=beta_title,
+                       trust=trust)
     if head is not None:
-        stage = SemanticStage(head, rows.semantic.shape[1])
-        index.add_first_stage(stage, videos=lambda ids, _: rows.semantic[ids])
+        stage = SemanticStage(head, hook.rows.semantic.shape[1])
+        index.add_first_stage(stage, videos=lambda ids, _: hook.rows.semantic[ids])
     else:
-        stage = TitleStage(rows.title_text.shape[1])
-        index.add_first_stage(stage, videos=lambda ids, _: rows.title_text[ids])
-    hook = FusionRerank(rows, head, beta_semantic=beta_semantic, beta_title=beta_title,
-                        trust=trust)
+        stage = TitleStage(hook.rows.title_text.shape[1])
+        index.add_first_stage(stage, videos=lambda ids, _: hook.rows.title_text[ids])
     index.hooks.append(hook)
     return hook
 
