@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from .config import load_config
+from .data.protocol import FrameProtocol
 from .errors import USER_ERRORS
 from .model import DiCoSA
 
@@ -48,19 +49,22 @@ DEFAULT_CONFIG = "configs/msrvtt.yaml"
 
 
 def load_model(checkpoint: str | None, config: str | None,
-               overrides: Sequence[str] = ()) -> tuple[DiCoSA, dict]:
-    """The model named on the command line and a record of where it came from.
+               overrides: Sequence[str] = ()) -> tuple[DiCoSA, dict, FrameProtocol]:
+    """The model named on the command line, a record of where it came from, and the frames
+    it reads.
 
     Returns:
-        ``(model, source)``; ``source`` is ``{"checkpoint": path}`` or ``{"config": path,
-        "overrides": [...]}`` with absolute paths, enough for :func:`load_model` to rebuild
-        the same model.
+        ``(model, source, frames)``; ``source`` is ``{"checkpoint": path}`` or ``{"config":
+        path, "overrides": [...]}`` with absolute paths, enough for :func:`load_model` to
+        rebuild the same model; ``frames`` is the config's (a checkpoint's: the one it was
+        trained with) ``data.frame_sampling`` and ``data.frame_padding``.
     """
     if checkpoint is not None:
         from .checkpoint import load
 
-        model, _ = load(checkpoint)
-        return model.eval(), {"checkpoint": str(Path(checkpoint).resolve())}
+        model, cfg = load(checkpoint)
+        return (model.eval(), {"checkpoint": str(Path(checkpoint).resolve())},
+                FrameProtocol.of(cfg.data))
     from .training import config_path
 
     path = config_path(config or DEFAULT_CONFIG, None)
@@ -69,14 +73,15 @@ def load_model(checkpoint: str | None, config: str | None,
         # Random initial weights must be the same in every process that uses this index.
         torch.manual_seed(cfg.train.seed)
     model = DiCoSA.from_config(cfg.model).eval()
-    return model, {"config": str(path.resolve()), "overrides": list(overrides)}
+    return (model, {"config": str(path.resolve()), "overrides": list(overrides)},
+            FrameProtocol.of(cfg.data))
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
     from .parallel_index import PeerFailed, build_index
     from .search.lexical_index import attach_lexical, load_lexical_head
 
-    model, source = load_model(args.checkpoint, args.config, args.set)
+    model, source, frames = load_model(args.checkpoint, args.config, args.set)
     if args.head is not None:
         load_lexical_head(args.head, model)  # a head of another model fails before encoding
     try:
@@ -84,6 +89,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
                              num_workers=args.num_workers, shard_size=args.shard_size,
                              meta={"model": source}, backend=args.backend, uri=args.uri,
                              stage_options=_options(args.stage_option), titles=args.titles,
+                             frame_sampling=frames.sampling, frame_padding=frames.padding,
                              **_summary(args.summary_head, model))
     except PeerFailed:
         # The main process prints why and exits non-zero, which fails the launch; a non-zero
@@ -127,10 +133,10 @@ def _cmd_search(args: argparse.Namespace) -> int:
     index = VideoIndex.load(args.index)
     if args.checkpoint is None and args.config is None and "model" in index.meta:
         source = index.meta["model"]
-        model, _ = load_model(source.get("checkpoint"), source.get("config"),
-                              source.get("overrides", ()))
+        model = load_model(source.get("checkpoint"), source.get("config"),
+                           source.get("overrides", ()))[0]
     else:
-        model, _ = load_model(args.checkpoint, args.config, args.set)
+        model = load_model(args.checkpoint, args.config, args.set)[0]
     index.attach(model, strict=not args.no_strict)
     lexical = _attach_lexical(index)
     mode = _search_mode(lexical, args)

@@ -24,7 +24,7 @@ from dicosa.search.exclusion_index import CODES_FILE, attach_exclusion, explain_
 
 from ._scenes import OBJECTS, article, random_scenes, split, text_vectors, trained_head
 from ._scenes import video as scene_video
-from .conftest import tiny_config
+from .conftest import loads, tiny_config
 
 A, B = "red circle", "blue square"
 PHRASES = [article(o) for o in OBJECTS]
@@ -115,7 +115,7 @@ def test_codes_are_reused_on_reopening_and_extended_for_new_rows(collection, mon
 
 
 def test_exclusion_on_the_command_line(collection, capsys, monkeypatch):
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: (collection["model"], None))
+    monkeypatch.setattr(cli, "load_model", loads(collection["model"]))
     monkeypatch.setattr("dicosa.clip.get_tokenizer", lambda *a: tokenize)
     base = ["search", str(collection["index"]), article(A), "-k", "4", "--config", "x"]
     assert cli.main([*base, "--json"]) == 0
