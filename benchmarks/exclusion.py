@@ -45,6 +45,7 @@ from common import environment, report, synthetic_checkpoint
 from dicosa.checkpoint import load
 from dicosa.clip import get_tokenizer
 from dicosa.data.datasets import load_split
+from dicosa.data.protocol import FrameProtocol
 from dicosa.evaluation import encode_texts
 from dicosa.heads.concepts import ConceptCodesHead
 from dicosa.heads.features import SplitFeatures, head_data, split_features
@@ -253,16 +254,17 @@ def run_seed(seed: int, args, work: Path) -> dict:
     model.requires_grad_(False)
     cache = Path(checkpoint).parent / "cache"
     data = head_data(model, cfg, cache_dir=cache)
+    frames = FrameProtocol.of(cfg.data)
     test_features = split_features(model, load_split("synthetic", root, cfg.data.test_split),
-                                   cache_dir=cache)
+                                   frames=frames, cache_dir=cache)
     meta = json.loads((Path(root) / "synthetic_meta.json").read_text())
     windows = sorted({1, 2, model.config.num_frames})
     if args.val_clips:
         val_root = fresh_validation(work, args.val_clips)
         val_meta = json.loads((val_root / "synthetic_meta.json").read_text())
         val = prepare(model, split_features(
-            model, load_split("synthetic", val_root, cfg.data.test_split), cache_dir=cache),
-            val_meta, windows)
+            model, load_split("synthetic", val_root, cfg.data.test_split), frames=frames,
+            cache_dir=cache), val_meta, windows)
     else:
         val = prepare(model, data.val, meta, windows)
     test = prepare(model, test_features, meta, windows)

@@ -30,6 +30,7 @@ from dicosa import functional as DF
 from dicosa.checkpoint import load
 from dicosa.clip import get_tokenizer
 from dicosa.data.datasets import load_split
+from dicosa.data.protocol import FrameProtocol
 from dicosa.data.synthetic import _VERBS, COLOURS, SHAPES
 from dicosa.heads.features import head_data, split_features
 from dicosa.heads.lexical import (
@@ -210,7 +211,7 @@ def main() -> None:
     data = head_data(model, cfg, cache_dir=cache)
     test = split_features(model, load_split(cfg.data.dataset, cfg.data.root,
                                             cfg.data.test_split, cfg.data.video_dir),
-                          cache_dir=cache)
+                          frames=FrameProtocol.of(cfg.data), cache_dir=cache)
     meta = json.loads((Path(root) / "synthetic_meta.json").read_text())
     motions = motion_words()
     truths = [truth(meta[Path(p).stem]["objects"], motions) for p in test.video_paths]

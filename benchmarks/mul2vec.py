@@ -41,6 +41,7 @@ from dicosa.checkpoint import load
 from dicosa.clip import get_tokenizer
 from dicosa.data.datasets import load_split
 from dicosa.data.incomplete import apply_gallery, incomplete_gallery
+from dicosa.data.protocol import FrameProtocol
 from dicosa.evaluation import encode_texts
 from dicosa.heads.features import SplitFeatures, head_data, split_features
 from dicosa.heads.mul2vec import Mul2vecHead
@@ -86,7 +87,7 @@ def galleries(checkpoint: Path, model, cfg) -> tuple[Gallery, Gallery, object]:
     cache = checkpoint.parent / "cache"
     data = head_data(model, cfg, cache_dir=cache)
     test_split = load_split(cfg.data.dataset, cfg.data.root, cfg.data.test_split)
-    test = split_features(model, test_split, cache_dir=cache)
+    test = split_features(model, test_split, frames=FrameProtocol.of(cfg.data), cache_dir=cache)
     meta = json.loads((Path(cfg.data.root) / "synthetic_meta.json").read_text())
 
     def gallery(features: SplitFeatures) -> Gallery:

@@ -273,6 +273,7 @@ def base_features(args, work: Path) -> tuple[DiCoSA, dict]:
                        "caption_video": torch.arange(20), "checkpoint": "random (smoke)"}
     from dicosa.checkpoint import load
     from dicosa.data.datasets import load_split
+    from dicosa.data.protocol import FrameProtocol
     from dicosa.heads.features import split_features
 
     checkpoint = Path(args.checkpoint) if args.checkpoint else synthetic_checkpoint(work)[0]
@@ -280,7 +281,8 @@ def base_features(args, work: Path) -> tuple[DiCoSA, dict]:
     model.eval()
     cache = checkpoint.parent / "cache"
     test = split_features(model, load_split(cfg.data.dataset, cfg.data.root,
-                                            cfg.data.test_split), cache_dir=cache)
+                                            cfg.data.test_split),
+                          frames=FrameProtocol.of(cfg.data), cache_dir=cache)
     return model, {"test": test.video, "captions": test.captions,
                    "caption_video": test.caption_video, "checkpoint": str(checkpoint)}
 

@@ -3,6 +3,7 @@
     python -m dicosa index FOLDER --out INDEX [--checkpoint CKPT | --config CFG]
                            [--backend local|exact|milvus --uri URI] [--stage-option K=V]
                            [--head LEXICAL.pt]   (a sparse word stage beside the dense one)
+                           [--concepts HEAD.pt]  (concept codes for "A without B" searches)
     accelerate launch [--multi_gpu --num_processes P] -m dicosa index FOLDER --out INDEX ...
     torchrun --nproc_per_node P -m dicosa index FOLDER --out INDEX ...   (CPU processes)
                                               (each process encodes its share; resumable)
@@ -10,8 +11,10 @@
                            [--checkpoint CKPT] [--json]
                            [--mode dense|lexical|bow|hybrid]   (which first stage proposes:
                                               default hybrid with a --head index, else dense)
-                           [--concepts HEAD.pt [--exclude B ...] [--exclusion-set K=V]]
-                                              ("A without B" queries)
+                           [--head LEXICAL.pt]  (instead of the lexical head the index recorded)
+                           [--concepts HEAD.pt] [--exclude B ...] [--exclusion-set K=V]
+                                              ("A without B" queries; --concepts once, then
+                                              the index remembers the head)
                            [--mul2vec HEAD.pt | --fusion] [--beta-semantic B] [--trust T]
                                               (titles, text-only entries)
                            [--explain]        (with --concepts, --mul2vec, --fusion or an
@@ -24,7 +27,9 @@
 Without ``--checkpoint`` the model is built from a config (default ``configs/msrvtt.yaml``,
 i.e. OpenAI's CLIP weights). Random-weight configs (``pretrained: null``) are seeded with
 ``train.seed`` so that ``index`` and ``search`` build the same model. ``search`` with neither
-option uses the model that ``index`` recorded in the index's manifest.
+option uses the model that ``index`` recorded in the index's manifest, and the heads it
+recorded (``--head``, ``--concepts`` given to ``index`` or to an earlier ``search``), unless
+``search --head``/``--concepts`` names another file.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from pathlib import Path
 import torch
 
 from .config import load_config
+from .data.protocol import FrameProtocol
 from .errors import USER_ERRORS
 from .model import DiCoSA
 
@@ -48,19 +54,22 @@ DEFAULT_CONFIG = "configs/msrvtt.yaml"
 
 
 def load_model(checkpoint: str | None, config: str | None,
-               overrides: Sequence[str] = ()) -> tuple[DiCoSA, dict]:
-    """The model named on the command line and a record of where it came from.
+               overrides: Sequence[str] = ()) -> tuple[DiCoSA, dict, FrameProtocol]:
+    """The model named on the command line, a record of where it came from, and the frames
+    it reads.
 
     Returns:
-        ``(model, source)``; ``source`` is ``{"checkpoint": path}`` or ``{"config": path,
-        "overrides": [...]}`` with absolute paths, enough for :func:`load_model` to rebuild
-        the same model.
+        ``(model, source, frames)``; ``source`` is ``{"checkpoint": path}`` or ``{"config":
+        path, "overrides": [...]}`` with absolute paths, enough for :func:`load_model` to
+        rebuild the same model; ``frames`` is the config's (a checkpoint's: the one it was
+        trained with) ``data.frame_sampling`` and ``data.frame_padding``.
     """
     if checkpoint is not None:
         from .checkpoint import load
 
-        model, _ = load(checkpoint)
-        return model.eval(), {"checkpoint": str(Path(checkpoint).resolve())}
+        model, cfg = load(checkpoint)
+        return (model.eval(), {"checkpoint": str(Path(checkpoint).resolve())},
+                FrameProtocol.of(cfg.data))
     from .training import config_path
 
     path = config_path(config or DEFAULT_CONFIG, None)
@@ -69,21 +78,28 @@ def load_model(checkpoint: str | None, config: str | None,
         # Random initial weights must be the same in every process that uses this index.
         torch.manual_seed(cfg.train.seed)
     model = DiCoSA.from_config(cfg.model).eval()
-    return model, {"config": str(path.resolve()), "overrides": list(overrides)}
+    return (model, {"config": str(path.resolve()), "overrides": list(overrides)},
+            FrameProtocol.of(cfg.data))
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
     from .parallel_index import PeerFailed, build_index
     from .search.lexical_index import attach_lexical, load_lexical_head
 
-    model, source = load_model(args.checkpoint, args.config, args.set)
+    model, source, frames = load_model(args.checkpoint, args.config, args.set)
+    # A head of another model fails before anything is encoded.
     if args.head is not None:
-        load_lexical_head(args.head, model)  # a head of another model fails before encoding
+        load_lexical_head(args.head, model)
+    if args.concepts is not None:
+        from .heads import load_head
+
+        load_head(args.concepts, model, kind="concepts")
     try:
         report = build_index(model, args.videos, args.out, batch_size=args.batch_size,
                              num_workers=args.num_workers, shard_size=args.shard_size,
                              meta={"model": source}, backend=args.backend, uri=args.uri,
                              stage_options=_options(args.stage_option), titles=args.titles,
+                             frame_sampling=frames.sampling, frame_padding=frames.padding,
                              **_summary(args.summary_head, model))
     except PeerFailed:
         # The main process prints why and exits non-zero, which fails the launch; a non-zero
@@ -96,6 +112,11 @@ def _cmd_index(args: argparse.Namespace) -> int:
         lexical = attach_lexical(index, args.head)
         print(f"sparse {lexical.head.kind} stage: {len(lexical.stage)} videos, "
               f"{len(lexical.head.words)} words")
+    if args.concepts is not None:
+        from .search.exclusion_index import attach_exclusion
+
+        attach_exclusion(index, args.concepts)
+        print(f"concept codes of {len(index)} videos, for 'A without B' searches")
     for path, reason in index.text_only:
         print(f"  indexed from its title alone (undecodable): {path}: {reason}")
     encoded = ("" if report.encoded is None else
@@ -127,12 +148,12 @@ def _cmd_search(args: argparse.Namespace) -> int:
     index = VideoIndex.load(args.index)
     if args.checkpoint is None and args.config is None and "model" in index.meta:
         source = index.meta["model"]
-        model, _ = load_model(source.get("checkpoint"), source.get("config"),
-                              source.get("overrides", ()))
+        model = load_model(source.get("checkpoint"), source.get("config"),
+                           source.get("overrides", ()))[0]
     else:
-        model, _ = load_model(args.checkpoint, args.config, args.set)
+        model = load_model(args.checkpoint, args.config, args.set)[0]
     index.attach(model, strict=not args.no_strict)
-    lexical = _attach_lexical(index)
+    lexical = _attach_lexical(index, args.head)
     mode = _search_mode(lexical, args)
     rerank = _exclusion(index, args)
     fusion = _attach_fusion(index, args)
@@ -180,10 +201,12 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 
 def _exclusion(index, args: argparse.Namespace):
-    """The exclusion hook of ``--concepts`` (None without); exclusions need one."""
+    """The exclusion hook of ``--concepts`` or of the head the index recorded (None without
+    either); exclusions need one."""
     from .search.query import QueryError
 
-    if args.concepts is None:  # "A without B" in the text: the index warns it is ignored
+    head = args.concepts or _recorded_head(index, "concepts", "--concepts")
+    if head is None:  # "A without B" in the text: the index warns it is ignored
         if args.exclude:
             raise QueryError("--exclude needs a concepts head: add --concepts HEAD.pt (train "
                              "one with 'python -m dicosa heads train concepts')")
@@ -193,17 +216,28 @@ def _exclusion(index, args: argparse.Namespace):
     from .search.exclusion_index import attach_exclusion
 
     config = dataclass_from_dict(ExclusionConfig, _options(args.exclusion_set), "exclusion.")
-    return attach_exclusion(index, args.concepts, config)
+    return attach_exclusion(index, head, config)
 
 
-def _attach_lexical(index):
-    """The lexical stage recorded in the index's manifest by ``index --head`` (None without)."""
-    recorded = index.meta.get("lexical") or {}
-    if not recorded.get("head"):
+def _attach_lexical(index, head: str | None):
+    """The lexical stage of ``head`` (``search --head``), else of the head recorded in the
+    index's manifest by ``index --head`` (None without either)."""
+    head = head or _recorded_head(index, "lexical", "--head")
+    if head is None:
         return None
     from .search.lexical_index import attach_lexical
 
-    return attach_lexical(index, recorded["head"])
+    return attach_lexical(index, head)  # an overriding head is recorded in place of the old
+
+
+def _recorded_head(index, key: str, option: str) -> str | None:
+    """The head file recorded in ``index.meta[key]`` (None: none is); a recorded file that
+    is no longer there is one sentence naming the option that replaces it."""
+    path = (index.meta.get(key) or {}).get("head")
+    if path and not Path(path).is_file():
+        raise FileNotFoundError(f"the {key} head recorded in the index, {path}, is missing; "
+                                f"pass {option} HEAD.pt with its new location")
+    return path
 
 
 def _search_mode(lexical, args: argparse.Namespace) -> str:
@@ -347,6 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head", metavar="HEAD.pt",
                    help="a lexical head (heads train lexical / d2s): store each video's word "
                         "vector in a sparse stage beside the dense one, for search --mode")
+    p.add_argument("--concepts", metavar="HEAD.pt",
+                   help="a concepts head (heads train concepts): store each video's concept "
+                        "code and record the head, so that search answers 'A without B' "
+                        "without --concepts")
     p.add_argument("--summary-head", metavar="HEAD.pt",
                    help="a summary head (heads train summary): the dense stage compares its "
                         "distilled vectors instead of the default 'confidence' summary")
@@ -385,7 +423,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exclude", action="append", default=[], metavar="B",
                    help="leave out videos showing B (repeatable; needs --concepts)")
     p.add_argument("--concepts", metavar="HEAD.pt",
-                   help="a concepts head: answers 'A without B' and --exclude")
+                   help="a concepts head: answers 'A without B' and --exclude; recorded in "
+                        "the index, so later searches use it without this option (which "
+                        "still overrides it)")
+    p.add_argument("--head", metavar="HEAD.pt",
+                   help="a lexical head instead of the one the index recorded (e.g. its file "
+                        "moved); recorded in its place")
     p.add_argument("--exclusion-set", action="append", default=[], metavar="KEY=VALUE",
                    help="an ExclusionConfig field: top_k_results, mass_fraction, candidates, "
                         "window, presence_threshold (the per-frame check; off by default; "

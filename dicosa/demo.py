@@ -90,7 +90,9 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
 
     _stage("5/7 index and search")
     index = VideoIndex.build(model, test.video_paths, out / "index",
-                             num_workers=cfg.data.num_workers, meta={
+                             num_workers=cfg.data.num_workers,
+                             frame_sampling=cfg.data.frame_sampling,
+                             frame_padding=cfg.data.frame_padding, meta={
                                  "model": {"checkpoint": str(checkpoint.resolve())}})
     # A fifth of the collection as candidates, so that both stages visibly do work here
     # (the default, 1000, would rerank every one of these 100 videos).

@@ -32,7 +32,10 @@ fields (``num_frames``, ``dim``, ``next_id``, ``removed`` row ids, ``shards``:
 ``[{"name", "first_id", "count", "proxy"}]``), ``num_videos`` (live rows), ``first_stage``
 (``backend``, ``uri``, ``options``, ``synced``: the store's ``[next_id, removed]`` when the
 stage was last saved; a stage that lags is rebuilt from the stored proxies when opened),
-``skipped`` (``[{"path", "reason"}]``) and ``meta`` (free-form). Only shards listed in the
+``skipped`` (``[{"path", "reason"}]``), ``frames`` (``{"sampling", "padding"}``: the frame
+protocol every video was decoded with, :class:`~dicosa.data.protocol.FrameProtocol`; a
+manifest without it was written before it was recorded, when indexes always decoded
+``segments``/``black``) and ``meta`` (free-form). Only shards listed in the
 manifest belong to the index, so an interrupted write leaves at most an orphan file that the
 next shard overwrites; a build into a folder that already holds an index resumes it. Version-1
 folders (no proxies, no first stage) open as they are and are upgraded on their next write.
@@ -62,6 +65,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from .checkpoint import write_text_atomic
+from .data.protocol import FrameProtocol
 from .fingerprint import fingerprint_mismatch, model_fingerprint
 from .model import DiCoSA, TextFeatures, VideoFeatures
 from .search.proxy import Summary
@@ -81,6 +85,8 @@ MANIFEST = "manifest.json"
 SUMMARY_HEAD = "summary_head.pt"  # the "distilled" summary's head (dicosa/heads/summary.py)
 DEFAULT_BACKEND = "local"  # faiss HNSW, in the index folder
 DEFAULT_CANDIDATES = 1000
+# Indexes decoded with this before their manifest recorded the frame protocol (``frames``).
+_UNRECORDED_FRAMES = FrameProtocol("segments", "black")
 _PAIRS_PER_CHUNK = 2048  # rerank pairs per forward: [chunk, N, D] float32 stays ~50 MB
 
 
@@ -107,11 +113,12 @@ class _VideoFiles(Dataset):
     """Decodes one file per item; a failure becomes an item with an ``error`` instead."""
 
     def __init__(self, paths: Sequence[str], num_frames: int, image_size: int,
-                 titles: dict[str, str] | None = None):
+                 frames: FrameProtocol, titles: dict[str, str] | None = None):
         self.paths = list(paths)
         self.titles = titles or {}
         self.num_frames = num_frames
         self.image_size = image_size
+        self.frames = frames
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -123,7 +130,9 @@ class _VideoFiles(Dataset):
         try:
             # A damaged stretch costs its frames, not the video: the rest is indexed and the
             # row flagged with the fraction lost (fused search weighs its video view by it).
-            frames, mask, lost = load_video_partial(path, self.num_frames, self.image_size)
+            frames, mask, lost = load_video_partial(
+                path, self.num_frames, self.image_size, pad_colour=self.frames.pad_colour,
+                sampling=self.frames.sampling)
             info = video_info(path)
         except Exception as exc:  # any unreadable file is skipped, never fatal
             reason = getattr(exc, "reason", None) or str(exc)
@@ -217,14 +226,20 @@ class VideoIndex:
 
     ``backend=None`` keeps no dense first stage: the per-process parts of a multi-process
     build (:mod:`dicosa.parallel_index`), whose merge builds the stage once over every row.
+
+    ``frame_sampling`` and ``frame_padding`` (default ``segments``/``black``) are how
+    :meth:`add` decodes videos: the ``data.frame_sampling``/``data.frame_padding`` the model
+    was trained and evaluated with. They are recorded in the manifest (:attr:`frames`).
     """
 
     def __init__(self, model: DiCoSA | None, *, tokenizer: Callable | None = None,
                  device: torch.device | str | None = None,
                  backend: str | None = DEFAULT_BACKEND,
                  uri: str | None = None, stage_options: dict | None = None,
-                 summary: str = "confidence", summary_head=None):
+                 summary: str = "confidence", summary_head=None,
+                 frame_sampling: str | None = None, frame_padding: str | None = None):
         self.model = model
+        self.frames = FrameProtocol().override(frame_sampling, frame_padding)
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else None
         self.directory: Path | None = None
@@ -270,6 +285,8 @@ class VideoIndex:
         summary: str = "confidence",
         summary_head=None,
         titles: dict[str, str] | str | os.PathLike | None = None,
+        frame_sampling: str | None = None,
+        frame_padding: str | None = None,
     ) -> VideoIndex:
         """Decode and encode ``videos`` (a folder, a file or a list of files).
 
@@ -299,10 +316,17 @@ class VideoIndex:
             titles: a title per video (dict path→title, or a CSV ``path,title`` / JSON
                 sidecar, see :func:`dicosa.search.fusion.read_titles`); a titled video that
                 cannot be decoded is indexed text-only (see :meth:`add`).
+            frame_sampling, frame_padding: the frame protocol to decode with, as the model's
+                ``data.frame_sampling``/``data.frame_padding`` (``python -m dicosa index``
+                takes them from the checkpoint's config). None: a resumed index's recorded
+                protocol, ``segments``/``black`` for a new one. A resumed index keeps its
+                own; asking for another raises ValueError.
         """
         index = cls.create_or_resume(model, out_dir, tokenizer=tokenizer, device=device,
                                      backend=backend, uri=uri, stage_options=stage_options,
-                                     summary=summary, summary_head=summary_head)
+                                     summary=summary, summary_head=summary_head,
+                                     frame_sampling=frame_sampling,
+                                     frame_padding=frame_padding)
         index.meta.update(meta or {})
         index.add(videos, batch_size=batch_size, num_workers=num_workers,
                   shard_size=shard_size, progress=progress, titles=titles)
@@ -323,21 +347,35 @@ class VideoIndex:
         stage_options: dict | None = None,
         summary: str = "confidence",
         summary_head=None,
+        frame_sampling: str | None = None,
+        frame_padding: str | None = None,
     ) -> VideoIndex:
-        """The index in ``out_dir`` (same model, else ValueError), or a new empty one whose
-        manifest is written there at once (None: in memory); how :meth:`build` starts."""
+        """The index in ``out_dir`` (same model and frame protocol, else ValueError), or a new
+        empty one whose manifest is written there at once (None: in memory); how
+        :meth:`build` starts."""
         out = Path(out_dir) if out_dir is not None else None
         if out is not None and (out / MANIFEST).is_file():
             index = cls.load(out, model, tokenizer=tokenizer, device=device)
+            index._check_frames(frame_sampling, frame_padding)
             log.info("resuming the index at %s (%d videos)", out, len(index))
             return index
         index = cls(model, tokenizer=tokenizer, device=device, backend=backend, uri=uri,
-                    stage_options=stage_options, summary=summary, summary_head=summary_head)
+                    stage_options=stage_options, summary=summary, summary_head=summary_head,
+                    frame_sampling=frame_sampling, frame_padding=frame_padding)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             index.directory = index.store.directory = out
             index._write_manifest()
         return index
+
+    def _check_frames(self, sampling: str | None, padding: str | None) -> None:
+        """Refuse to decode with another frame protocol than the index was built with: its
+        rows would be features of differently picked frames (None keeps a field)."""
+        asked = self.frames.override(sampling, padding)
+        if asked != self.frames:
+            raise ValueError(f"the index at {self.directory or 'this index'} decodes videos "
+                             f"with frame {self.frames} (its manifest), not {asked}; build "
+                             "a new index to decode with another frame protocol")
 
     def add(
         self,
@@ -362,6 +400,7 @@ class VideoIndex:
         for fused search (:func:`dicosa.search.fusion.attach_fusion`) to find.
         Each full shard goes into the store and every first stage at once; with a
         :attr:`directory` it is written (and the manifest updated) as soon as it is encoded.
+        Videos are decoded with the index's frame protocol (:attr:`frames`).
         """
         from .search.fusion import normalise_titles
 
@@ -373,7 +412,7 @@ class VideoIndex:
         if num_workers is None:
             num_workers = min(4, os.cpu_count() or 1)
         loader = DataLoader(
-            _VideoFiles(todo, model.config.num_frames, model.image_size,
+            _VideoFiles(todo, model.config.num_frames, model.image_size, self.frames,
                         normalise_titles(titles)),
             batch_size=batch_size, num_workers=num_workers, collate_fn=_collate,
         )
@@ -648,9 +687,11 @@ class VideoIndex:
                              f"supported (this dicosa reads versions 1 and {VERSION}); "
                              "rebuild the index with 'python -m dicosa index'")
         spec = manifest.get("first_stage") or {"backend": DEFAULT_BACKEND}
+        frames = manifest.get("frames") or _UNRECORDED_FRAMES.as_dict()
         index = cls(None, tokenizer=tokenizer, device=device, backend=spec["backend"],
                     uri=spec.get("uri"), stage_options=spec.get("options"),
-                    summary=spec.get("summary", "confidence"))
+                    summary=spec.get("summary", "confidence"),
+                    frame_sampling=frames["sampling"], frame_padding=frames["padding"])
         index.stage_spec.update(calibration=spec.get("calibration"), dim=spec.get("dim"))
         index.directory = directory
         index._fingerprint = manifest["fingerprint"]
@@ -679,6 +720,7 @@ class VideoIndex:
             **store,
             "first_stage": {**self.stage_spec, "synced": self._synced},
             "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
+            "frames": self.frames.as_dict(),
             "meta": self.meta,
         }, indent=1))
 

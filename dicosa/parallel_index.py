@@ -21,6 +21,9 @@ The result is an ordinary index folder; :meth:`VideoIndex.load` reads it as any 
   shard file (killed while writing) is overwritten. Part shards are linked in rank order, then
   in the order each part wrote them; row ids continue after the index's own (never reused), so
   an index that was already merged keeps its ids.
+- **Frames.** Every process decodes with the frame protocol the main process settles on (the
+  one asked for, or the one a resumed index recorded) and a part recorded with another one is
+  refused, so the merged index never mixes two ways of picking frames.
 - **Undecodable files** are logged and skipped by the process that meets them, as in
   :meth:`VideoIndex.add`; the main process gathers every process's list into the manifest.
 """
@@ -36,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .data.protocol import FrameProtocol
 from .index import DEFAULT_BACKEND, VideoIndex, list_videos
 from .model import DiCoSA
 
@@ -131,6 +135,8 @@ def build_index(
     summary: str = "confidence",
     summary_head=None,
     titles: dict[str, str] | str | os.PathLike | None = None,
+    frame_sampling: str | None = None,
+    frame_padding: str | None = None,
     launch: Launch | None = None,
 ) -> BuildReport:
     """:meth:`VideoIndex.build` into ``out_dir``, split over the processes of the launch.
@@ -144,19 +150,22 @@ def build_index(
     launch = launch or Launch.detect()
     out = Path(out_dir)
     stage = {"backend": backend, "uri": uri, "stage_options": stage_options, "summary": summary,
-             "summary_head": summary_head}
+             "summary_head": summary_head, "frame_sampling": frame_sampling,
+             "frame_padding": frame_padding}
     if launch.size == 1 and not (out / PARTS).is_dir():
         index = VideoIndex.build(model, videos, out, batch_size=batch_size,
                                  num_workers=num_workers, shard_size=shard_size, meta=meta,
                                  progress=progress, titles=titles, **stage)
         return BuildReport(index, 1)
     try:
-        top, pending = _agree_on_pending(launch, model, videos, out, stage)
+        top, pending, frames = _agree_on_pending(launch, model, videos, out, stage)
         mine = _block(pending, launch.rank, launch.size)
         if num_workers is None:  # the processes share the machine's cores
             num_workers = min(4, max(1, (os.cpu_count() or 1) // launch.size))
         part = VideoIndex.create_or_resume(model, out / PARTS / f"rank-{launch.rank}",
-                                           device=launch.device, backend=None)
+                                           device=launch.device, backend=None,
+                                           frame_sampling=frames.sampling,
+                                           frame_padding=frames.padding)
         encoded = part.add(mine, batch_size=batch_size, num_workers=num_workers,
                            shard_size=shard_size, progress=progress and launch.is_main,
                            titles=titles, only_new=False)
@@ -176,31 +185,34 @@ def build_index(
 
 
 def _agree_on_pending(launch: Launch, model: DiCoSA, videos, out: Path, stage: dict
-                      ) -> tuple[VideoIndex | None, list[str]]:
-    """The main process opens the index and lists what is left; every process gets the list.
+                      ) -> tuple[VideoIndex | None, list[str], FrameProtocol]:
+    """The main process opens the index and lists what is left; every process gets the list
+    and the index's frame protocol (a resumed index's may not be the one asked for: None).
 
     One process decides, so that all split the same list: the others have not started
     writing when it reads the parts. A failure there (another model's index, a damaged part)
     stops the others with :class:`PeerFailed` and the main process raises it.
     """
-    top, pending, failure = None, None, None
+    top, agreed, failure = None, None, None
     if launch.is_main:
         try:
             top = VideoIndex.create_or_resume(model, out, device=launch.device, **stage)
             done = set(top.paths)
             for _, _, paths in _unlinked(top, out, model):
                 done.update(paths)
-            pending = [p for p in dict.fromkeys(list_videos(videos)) if p not in done]
+            agreed = ([p for p in dict.fromkeys(list_videos(videos)) if p not in done],
+                      top.frames.as_dict())
         except Exception as exc:
             failure = exc
-    pending = launch.broadcast(pending)
+    agreed = launch.broadcast(agreed)
     if failure is not None:
         raise failure
-    if pending is None:
+    if agreed is None:
         raise PeerFailed("the main process could not start the build; its message says why")
+    pending, frames = agreed[0], FrameProtocol(**agreed[1])
     log.info("process %d of %d: %d video(s) left to encode, %d of them here", launch.rank,
              launch.size, len(pending), len(_block(pending, launch.rank, launch.size)))
-    return top, pending
+    return top, pending, frames
 
 
 def _block(items: list[str], rank: int, size: int) -> list[str]:
@@ -218,10 +230,12 @@ def _part_folders(out: Path) -> list[Path]:
 def _unlinked(top: VideoIndex, out: Path, model: DiCoSA
               ) -> Iterator[tuple[str, int, list[str]]]:
     """``(name, count, paths)`` of every part shard the index does not list yet, in the
-    order they are linked. A part of another model raises ValueError (as a resume does)."""
+    order they are linked. A part of another model or frame protocol raises ValueError (as a
+    resume does)."""
     linked = {shard.name for shard in top.store.shards}
     for folder in _part_folders(out):
         part = VideoIndex.load(folder, model, device=top.device)
+        part._check_frames(top.frames.sampling, top.frames.padding)
         for shard in part.store.shards:
             name = f"{PARTS}/{folder.name}/{shard.name}"
             if name not in linked:

@@ -21,10 +21,10 @@ def tiny_config(**overrides) -> ModelConfig:
     return ModelConfig(**values)
 
 
-def tiny_checkpoint(folder, num_train: int = 10, val_fraction: float = 0.2):
+def tiny_checkpoint(folder, num_train: int = 10, val_fraction: float = 0.2, **data):
     """A tiny random-weight model saved as a training checkpoint over ``num_train`` generated
-    synthetic clips (validation carved from them): ``(model, checkpoint path, data root)``,
-    what ``heads train`` and the command line read."""
+    synthetic clips (validation carved from them; ``data``: more DataConfig fields):
+    ``(model, checkpoint path, data root)``, what ``heads train`` and the command line read."""
     from dicosa.checkpoint import save_checkpoint
     from dicosa.config import Config, DataConfig, EvalConfig
     from dicosa.data.synthetic import make_synthetic
@@ -34,11 +34,34 @@ def tiny_checkpoint(folder, num_train: int = 10, val_fraction: float = 0.2):
     torch.manual_seed(0)
     model = DiCoSA.from_config(tiny_config()).eval()
     cfg = Config(model=tiny_config(), data=DataConfig(dataset="synthetic", root=str(root),
-                                                      val_fraction=val_fraction, num_workers=0),
+                                                      val_fraction=val_fraction, num_workers=0,
+                                                      **data),
                  eval=EvalConfig(batch_size=4))
     checkpoint = folder / "run" / "best.pt"
     save_checkpoint(checkpoint, {"model": model.state_dict(), "config": cfg.to_yaml()})
     return model, checkpoint, root
+
+
+def loads(model: DiCoSA, source: dict | None = None, frames=None):
+    """A stand-in for ``dicosa.__main__.load_model`` that returns ``model`` (recorded as
+    ``source``, reading frames by ``frames``: default segments/black), for command-line tests
+    that monkeypatch it."""
+    from dicosa.data.protocol import FrameProtocol
+
+    return lambda *args, **kwargs: (model, source, frames or FrameProtocol())
+
+
+def spy_encoder(model: DiCoSA, monkeypatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The uint8 frames and masks ``model.encode_video`` is given, call by call (the model
+    still encodes them)."""
+    seen, encode = [], model.encode_video
+
+    def spy(frames, mask):
+        seen.append((frames.clone(), mask.clone()))
+        return encode(frames, mask)
+
+    monkeypatch.setattr(model, "encode_video", spy)
+    return seen
 
 
 @pytest.fixture(params=["released", "paper"])

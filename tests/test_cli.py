@@ -8,8 +8,11 @@ import pytest
 import torch
 
 from dicosa.__main__ import load_model, main
+from dicosa.data.protocol import FrameProtocol
 from dicosa.data.synthetic import make_synthetic
 from dicosa.index import VideoIndex
+
+from .conftest import tiny_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--config", "configs/synthetic.yaml", "--set", "model.num_frames=4"]
@@ -53,7 +56,7 @@ def test_index_then_search(index_dir):
     assert all(r["dicosa"] == r["score"] for r in answer["results"])
     assert set(answer["stats"]) >= {"encode_s", "first_stage_s", "rerank_s"}
 
-    model, _ = load_model(None, str(REPO / "configs/synthetic.yaml"), ["model.num_frames=4"])
+    model = load_model(None, str(REPO / "configs/synthetic.yaml"), ["model.num_frames=4"])[0]
     expected = VideoIndex.load(out, model).search(query, k=3)
     assert [(r["path"], r["score"]) for r in answer["results"]] == [
         (h.path, pytest.approx(h.score, abs=1e-6)) for h in expected]
@@ -104,8 +107,8 @@ def test_search_with_another_model_fails_clearly(index_dir, capsys, tmp_path):
 
 
 def test_config_models_are_reproducible():
-    a, source = load_model(None, "configs/synthetic.yaml", ["model.num_frames=4"])
-    b, _ = load_model(None, source["config"], source["overrides"])
+    a, source, _ = load_model(None, "configs/synthetic.yaml", ["model.num_frames=4"])
+    b = load_model(None, source["config"], source["overrides"])[0]
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(),
                                                  b.state_dict().values(), strict=True))
     assert Path(source["config"]).is_absolute()
@@ -156,9 +159,23 @@ def test_bad_search_arguments_are_one_sentence(index_dir, args, message, capsys,
     assert code == 2 and message in err[-1] and "Traceback" not in "".join(err)
 
 
+def test_index_decodes_with_the_frame_protocol_of_the_model(tmp_path, capsys):
+    released = FrameProtocol("released", "mean")
+    assert load_model(None, "configs/synthetic.yaml", ["protocol=released"])[2] == released
+    assert load_model(None, "configs/synthetic.yaml")[2] == FrameProtocol("segments", "black")
+    _, checkpoint, root = tiny_checkpoint(tmp_path, num_train=2, val_fraction=0.0,
+                                          frame_sampling="released", frame_padding="mean")
+    assert load_model(str(checkpoint), None)[2] == released
+    out = tmp_path / "index"
+    assert main(["index", str(root / "videos"), "--out", str(out), "--checkpoint",
+                 str(checkpoint), "--num-workers", "0"]) == 0
+    assert "indexed 2 videos" in capsys.readouterr().out
+    assert json.loads((out / "manifest.json").read_text())["frames"] == released.as_dict()
+
+
 def test_bad_search_arguments_in_python(index_dir):
     out, _ = index_dir
-    model, _ = load_model(None, str(REPO / "configs/synthetic.yaml"), ["model.num_frames=4"])
+    model = load_model(None, str(REPO / "configs/synthetic.yaml"), ["model.num_frames=4"])[0]
     index = VideoIndex.load(out, model)
     for text, k in [("", 3), (" \t", 3), (["a dog", ""], 3), ([], 3), ("a dog", 0),
                     ("a dog", -1)]:

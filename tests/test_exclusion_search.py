@@ -24,7 +24,7 @@ from dicosa.search.exclusion_index import CODES_FILE, attach_exclusion, explain_
 
 from ._scenes import OBJECTS, article, random_scenes, split, text_vectors, trained_head
 from ._scenes import video as scene_video
-from .conftest import tiny_config
+from .conftest import loads, tiny_config
 
 A, B = "red circle", "blue square"
 PHRASES = [article(o) for o in OBJECTS]
@@ -72,13 +72,15 @@ def has_b(collection, hits) -> list[bool]:
     return [B in collection["scenes"][h.id] for h in hits]
 
 
-def test_exclusion_search_through_the_index(collection):
+def test_exclusion_search_through_the_index(collection, tmp_path):
     model = collection["model"]
-    index = VideoIndex.load(collection["index"], model, tokenizer=tokenize)
+    folder = shutil.copytree(collection["index"], tmp_path / "index")  # attaching writes
+    index = VideoIndex.load(folder, model, tokenizer=tokenize)
     plain = index.search(article(A), k=4)
     assert any(has_b(collection, plain))  # the squares rank high for the plain query
     rerank = attach_exclusion(index, collection["head"], CONFIG)
-    assert (collection["index"] / CODES_FILE).is_file()
+    assert (folder / CODES_FILE).is_file()
+    assert VideoIndex.load(folder).meta["concepts"] == {"head": str(collection["head"])}
     after = index.search(article(A), k=4)
     assert [h.id for h in after] == [h.id for h in plain]  # no exclusion: nothing changes
     np.testing.assert_allclose([h.score for h in after], [h.score for h in plain], rtol=1e-6)
@@ -114,29 +116,12 @@ def test_codes_are_reused_on_reopening_and_extended_for_new_rows(collection, mon
     np.testing.assert_allclose(codes[before:], codes[:2], atol=1e-3)  # same frames, same code
 
 
-def test_exclusion_on_the_command_line(collection, capsys, monkeypatch):
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: (collection["model"], None))
+def test_exclusion_on_the_command_line(collection, capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(cli, "load_model", loads(collection["model"]))
     monkeypatch.setattr("dicosa.clip.get_tokenizer", lambda *a: tokenize)
-    base = ["search", str(collection["index"]), article(A), "-k", "4", "--config", "x"]
-    assert cli.main([*base, "--json"]) == 0
-    plain = json.loads(capsys.readouterr().out)["results"]
-    assert any(B in collection["scenes"][r["id"]] for r in plain)
-    options = ["--exclude", article(B), "--concepts", str(collection["head"]),
-               "--explain", *[f"--exclusion-set={key}={value}" for key, value in
-                              dataclasses.asdict(CONFIG).items()]]
-    assert cli.main([*base, *options, "--json"]) == 0
-    results = json.loads(capsys.readouterr().out)["results"]
-    assert not any(B in collection["scenes"][r["id"]] for r in results)
-    assert all(r["explain"]["matched"] for r in results)
-    assert cli.main([*base, *options]) == 0
-    table = capsys.readouterr().out
-    assert table.count("matched A on") == 4 and "B empty on" in table
-    # Another model's head, or exclusions without a head: one sentence each.
-    torch.manual_seed(1)
-    other = DiCoSA.from_config(tiny_config(use_factors=False))
-    alien = save_head(trained_head()[1], collection["folder"] / "alien.pt", other)
-    assert cli.main([*base, "--exclude", article(B), "--concepts", str(alien)]) == 2
-    assert "was trained on a model with" in capsys.readouterr().err
+    folder = shutil.copytree(collection["index"], tmp_path / "index")  # searches record heads
+    base = ["search", str(folder), article(A), "-k", "4", "--config", "x"]
+    # Exclusions without a head (none given, none recorded): one sentence each.
     assert cli.main([*base, "--exclude", article(B)]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: --exclude needs a concepts head: add --concepts HEAD.pt (train one with "
@@ -146,6 +131,44 @@ def test_exclusion_on_the_command_line(collection, capsys, monkeypatch):
         "error: --explain needs a head to explain: --concepts HEAD.pt (exclusion), "
         "--mul2vec HEAD.pt / --fusion (score parts) or an index built with --head HEAD.pt "
         "(words)")
+    # Another model's head: one sentence, and nothing recorded.
+    torch.manual_seed(1)
+    other = DiCoSA.from_config(tiny_config(use_factors=False))
+    alien = save_head(trained_head()[1], tmp_path / "alien.pt", other)
+    assert cli.main([*base, "--exclude", article(B), "--concepts", str(alien)]) == 2
+    assert "was trained on a model with" in capsys.readouterr().err
+    assert "concepts" not in VideoIndex.load(folder).meta
+
+    assert cli.main([*base, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)["results"]
+    assert any(B in collection["scenes"][r["id"]] for r in plain)
+    settings = [f"--exclusion-set={key}={value}" for key, value in
+                dataclasses.asdict(CONFIG).items()]
+    options = ["--exclude", article(B), "--explain", *settings]
+    assert cli.main([*base, *options, "--concepts", str(collection["head"]), "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert not any(B in collection["scenes"][r["id"]] for r in results)
+    assert all(r["explain"]["matched"] for r in results)
+    # The index remembers the head: the same search without --concepts answers the same.
+    assert cli.main([*base, *options, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"] == results
+    assert cli.main([*base, *options]) == 0
+    table = capsys.readouterr().out
+    assert table.count("matched A on") == 4 and "B empty on" in table
+
+    # The recorded head moved: one sentence until --concepts says where, which is recorded.
+    moved = shutil.move(collection["head"], tmp_path / "moved.pt")
+    try:
+        assert cli.main([*base, *options]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"error: the concepts head recorded in the index, {collection['head']}, is "
+            "missing; pass --concepts HEAD.pt with its new location")
+        assert cli.main([*base, *options, "--concepts", str(moved), "--json"]) == 0
+        capsys.readouterr()
+        assert cli.main([*base, *options, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["results"] == results
+    finally:
+        shutil.move(moved, collection["head"])
 
 
 def test_demo_pair_has_a_with_and_without_b():

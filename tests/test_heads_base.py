@@ -154,3 +154,34 @@ def test_train_head_from_a_checkpoint_encodes_once(tmp_path, monkeypatch):
     train_head("test-probe", checkpoint, tmp_path / "again.pt", progress=False)
     assert dataclasses.asdict(load_head(tmp_path / "again.pt", model).config) == {
         "steps": 60, "lr": 0.05}
+
+
+def test_head_features_are_decoded_and_cached_per_frame_protocol(tmp_path, monkeypatch):
+    """Heads learn from the frames their checkpoint's model saw: ``head_data`` decodes with
+    its config's protocol, and the cache keeps the protocols apart."""
+    import dicosa.evaluation as evaluation
+    from dicosa.checkpoint import load
+    from dicosa.data.datasets import load_split
+    from dicosa.data.protocol import FrameProtocol
+    from dicosa.heads.features import head_data, split_features
+
+    model, checkpoint, root = tiny_checkpoint(tmp_path, num_train=3, val_fraction=0.0)
+    split = load_split("synthetic", root, "9k")
+    cache = tmp_path / "cache"
+    released = FrameProtocol("released", "mean")
+    plain = split_features(model, split, frames=FrameProtocol(), cache_dir=cache)
+    other = split_features(model, split, frames=released, cache_dir=cache)
+    # 0.5 s at 8 fps: released keeps frame 0 (1 fps), segments all 4.
+    assert other.video.frame_mask.sum(1).tolist() == [1, 1, 1]
+    assert plain.video.frame_mask.sum(1).tolist() == [4, 4, 4]
+    assert len(list(cache.glob("head-video-*"))) == 2
+
+    # Read back, each under its own protocol: decoding again would fail.
+    monkeypatch.setattr(evaluation, "encode_videos", lambda *a, **k: 1 / 0)
+    cfg = load(checkpoint)[1]
+    for frames, expected in ((FrameProtocol(), plain), (released, other)):
+        data = dataclasses.replace(cfg.data, frame_sampling=frames.sampling,
+                                   frame_padding=frames.padding)
+        got = head_data(model, dataclasses.replace(cfg, data=data), cache_dir=cache).train
+        assert torch.equal(got.video.frames, expected.video.frames)
+        assert torch.equal(got.video.frame_mask, expected.video.frame_mask)

@@ -5,6 +5,7 @@ import warnings
 import pytest
 import torch
 
+from dicosa.data.protocol import PAD_COLOURS, FrameProtocol
 from dicosa.data.synthetic import make_synthetic
 from dicosa.data.video import load_video, load_video_partial
 from dicosa.fingerprint import model_fingerprint
@@ -12,7 +13,7 @@ from dicosa.index import VideoIndex, list_videos
 from dicosa.model import DiCoSA, VideoFeatures
 
 from ._videos import damage, write_video
-from .conftest import tiny_config
+from .conftest import spy_encoder, tiny_config
 
 NUM_VIDEOS = 6
 QUERIES = ["a red circle moves left", "a blue square grows while a green cross falls"]
@@ -189,6 +190,37 @@ def test_build_resumes_without_duplicates(videos, model, tmp_path):
     assert (out / "shard-00000.safetensors").read_bytes() == shard0  # not rewritten
     reloaded = VideoIndex.load(out, model)
     assert reloaded.paths == resumed.paths and len(set(reloaded.paths)) == NUM_VIDEOS
+
+
+def test_the_index_decodes_with_the_frame_protocol_it_records(model, tmp_path, monkeypatch):
+    # 3 s at 10 fps, 4 frames: segment centres 3, 11, 18, 26; released 0, 10, 20 + a mean row.
+    clips = [write_video(tmp_path / "clips" / f"{name}.mp4", 30, fps=10) for name in "abc"]
+    released = [load_video(c, 4, model.image_size, sampling="released",
+                           pad_colour=PAD_COLOURS["mean"]) for c in clips]
+    segments = load_video(clips[0], 4, model.image_size)
+    assert not torch.equal(released[0][0], segments[0])  # the two protocols differ here
+    seen = spy_encoder(model, monkeypatch)
+    out = tmp_path / "index"
+    built = _build(model, clips[:1], out, frame_sampling="released", frame_padding="mean")
+    assert built.frames == FrameProtocol("released", "mean")
+    assert json.loads((out / "manifest.json").read_text())["frames"] == {
+        "sampling": "released", "padding": "mean"}
+    VideoIndex.load(out, model).add(clips[1:2], num_workers=0, progress=False)  # reopened
+    resumed = _build(model, clips, out)  # a resumed build keeps the recorded protocol
+    assert resumed.frames == FrameProtocol("released", "mean") and len(resumed) == 3
+    assert len(seen) == 3
+    for (frames, mask), (expected, expected_mask) in zip(seen, released, strict=True):
+        assert torch.equal(frames[0], expected) and torch.equal(mask[0], expected_mask)
+
+    with pytest.raises(ValueError, match=(
+            r"decodes videos with frame sampling 'released' and padding 'mean' \(its "
+            r"manifest\), not sampling 'segments' and padding 'mean'; build a new index")):
+        _build(model, clips, out, frame_sampling="segments")
+    # A manifest from before the protocol was recorded: what indexes decoded then.
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["frames"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert VideoIndex.load(out, model).frames == FrameProtocol("segments", "black")
 
 
 @pytest.mark.paths

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -19,9 +20,14 @@ import pytest
 import torch
 
 from dicosa.__main__ import load_model
+from dicosa.data.protocol import PAD_COLOURS, FrameProtocol
 from dicosa.data.synthetic import make_synthetic
+from dicosa.data.video import load_video
 from dicosa.index import VideoIndex
-from dicosa.parallel_index import PARTS, _block, build_index
+from dicosa.parallel_index import PARTS, Launch, _block, build_index
+
+from ._videos import write_video
+from .conftest import spy_encoder
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs" / "synthetic.yaml")
@@ -177,6 +183,50 @@ def test_a_relaunch_with_another_process_count_takes_over_the_parts(folder, mode
     # A relaunch after the merge links nothing new and encodes only the unreadable file again.
     again = build_index(model, folder, out, batch_size=1, num_workers=0, progress=False)
     assert again.encoded == 0 and again.index.paths == report.index.paths
+
+
+@dataclass
+class _Pretend(Launch):
+    """One process of a launch, run here in turn with the others and without a process
+    group: the main process's broadcast waits in ``box`` for the others; a gather returns only
+    this process's own value."""
+
+    box: list = field(default_factory=list)
+
+    def broadcast(self, value: object) -> object:
+        if self.is_main:
+            self.box[:] = [value]
+        return self.box[0]
+
+    def gather(self, value: object) -> list:
+        return [value]
+
+
+def test_every_process_decodes_with_the_index_frame_protocol(model, tmp_path, monkeypatch):
+    """Resumed with no protocol asked for, every process of a launch decodes with the one
+    the index recorded, and a part recorded with another one is refused."""
+    clips = [write_video(tmp_path / "clips" / f"{name}.mp4", 30, fps=10) for name in "abc"]
+    out, released = tmp_path / "index", FrameProtocol("released", "mean")
+    VideoIndex.create_or_resume(model, out, frame_sampling="released", frame_padding="mean")
+    seen = spy_encoder(model, monkeypatch)
+    options = {"batch_size": 1, "num_workers": 0, "progress": False}
+    box: list = []
+    for rank in (0, 1):  # the main process, which merges what it has, then the other one
+        build_index(model, clips[:2], out, launch=_Pretend(rank, 2, box=box), **options)
+        part = json.loads((out / PARTS / f"rank-{rank}" / "manifest.json").read_text())
+        assert part["frames"] == released.as_dict()
+    index = build_index(model, clips[:2], out, **options).index  # links rank 1's part
+    assert index.frames == released and len(index) == 2
+    for clip, (frames, mask) in zip(clips[:2], seen, strict=True):  # a by rank 0, b by 1
+        expected, expected_mask = load_video(clip, 4, model.image_size, sampling="released",
+                                             pad_colour=PAD_COLOURS["mean"])
+        assert torch.equal(frames[0], expected) and torch.equal(mask[0], expected_mask)
+
+    other = VideoIndex.create_or_resume(model, out / PARTS / "rank-2", backend=None)
+    other.add(clips[2:], **options)  # segments/black, the default
+    with pytest.raises(ValueError, match=r"rank-2 decodes videos with frame sampling "
+                                         r"'segments' and padding 'black'"):
+        build_index(model, clips, out, **options)
 
 
 def test_blocks_cover_the_list_once():

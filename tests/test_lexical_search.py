@@ -27,7 +27,7 @@ from dicosa.search.lexical_index import INFO_FILE, attach_lexical, explain_words
 from dicosa.search.query import QueryError
 
 from ._videos import write_frames
-from .conftest import tiny_config
+from .conftest import loads, tiny_config
 from .test_lexical import _toy
 
 QUERY = "a red square"
@@ -220,7 +220,7 @@ def videos(tmp_path_factory):
 def test_index_with_a_head_and_search_by_words_on_the_command_line(model, trained, videos,
                                                                    tmp_path, capsys,
                                                                    monkeypatch):
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: (model, {"config": "tiny"}))
+    monkeypatch.setattr(cli, "load_model", loads(model, {"config": "tiny"}))
     head = save_head(trained[1], tmp_path / "vdr.pt", model)
     out = tmp_path / "index"
     assert cli.main(["index", str(videos), "--out", str(out), "--head", str(head),
@@ -249,7 +249,7 @@ def test_index_with_a_head_and_search_by_words_on_the_command_line(model, traine
 
 def test_command_line_errors_are_one_sentence(model, trained, videos, tmp_path, capsys,
                                               monkeypatch):
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: (model, {"config": "tiny"}))
+    monkeypatch.setattr(cli, "load_model", loads(model, {"config": "tiny"}))
     out = tmp_path / "plain"
     assert cli.main(["index", str(videos), "--out", str(out), "--num-workers", "0"]) == 0
     capsys.readouterr()

@@ -11,7 +11,7 @@ from dicosa.index import SUMMARY_HEAD, VideoIndex
 from dicosa.model import DiCoSA, TextFeatures, VideoFeatures
 from dicosa.search.proxy import Summary
 
-from .conftest import tiny_checkpoint, tiny_config
+from .conftest import loads, tiny_checkpoint, tiny_config
 from .test_index_search import QUERIES, _features, _text
 
 
@@ -161,7 +161,7 @@ def test_heads_train_summary_then_index_with_it_on_the_command_line(tmp_path, ca
     head = load_head(path, model, kind="summary")
     assert head.config.dim == 8 and head.trained["fit_seconds"] >= 0
 
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: (model, {"config": "tiny"}))
+    monkeypatch.setattr(cli, "load_model", loads(model, {"config": "tiny"}))
     out = tmp_path / "index"
     assert cli.main(["index", str(root / "videos"), "--out", str(out), "--summary-head",
                      str(path), "--backend", "exact", "--num-workers", "0",
@@ -173,7 +173,7 @@ def test_heads_train_summary_then_index_with_it_on_the_command_line(tmp_path, ca
 
     torch.manual_seed(5)
     other = DiCoSA.from_config(tiny_config()).eval()
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: (other, {"config": "tiny"}))
+    monkeypatch.setattr(cli, "load_model", loads(other, {"config": "tiny"}))
     code = cli.main(["index", str(root / "videos"), "--out", str(tmp_path / "other"),
                      "--summary-head", str(path), "--config", "x"])
     err = capsys.readouterr().err.strip().splitlines()

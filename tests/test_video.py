@@ -342,11 +342,20 @@ def test_partial_decoding_keeps_the_frames_around_a_damaged_stretch(tmp_path, co
     assert (frames[~mask] == 0).all()
 
 
-def test_partial_decoding_of_a_sound_file_is_the_strict_decoding(tmp_path):
+@pytest.mark.parametrize("sampling, pad_colour, picked", [
+    ("segments", (0, 0, 0), sample_indices(30, 8, False).tolist()),
+    ("released", (123, 117, 104), [0, 10, 20]),  # 1 fps of 3 s, then padded with the mean
+])
+def test_partial_decoding_of_a_sound_file_is_the_strict_decoding(tmp_path, sampling,
+                                                                  pad_colour, picked):
     path = write_video(tmp_path / "sound.mp4", 30)
-    frames, mask, lost = load_video_partial(path, 8, 32)
-    strict_frames, strict_mask = load_video(path, 8, 32)
+    frames, mask, lost = load_video_partial(path, 8, 32, pad_colour=pad_colour,
+                                            sampling=sampling)
+    strict_frames, strict_mask = load_video(path, 8, 32, sampling=sampling,
+                                            pad_colour=pad_colour)
     assert lost == 0.0 and torch.equal(mask, strict_mask) and torch.equal(frames, strict_frames)
+    assert decoded_indices(frames, mask).tolist() == picked
+    assert (frames[~mask] == torch.tensor(pad_colour, dtype=torch.uint8).view(3, 1, 1)).all()
 
 
 def test_partial_decoding_of_a_cut_mjpeg_file_keeps_its_head(tmp_path):

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..clip import CLIP_MEAN
 from .augment import ClipRandAugment
 from .datasets import RetrievalSplit
+from .protocol import PAD_COLOURS, pad_colour
 from .video import VideoDecodeError, check_videos, load_video
 
 __all__ = ["PAD_COLOURS", "BadVideosError", "TextDataset", "TrainDataset", "VideoDataset"]
@@ -24,20 +24,6 @@ __all__ = ["PAD_COLOURS", "BadVideosError", "TextDataset", "TrainDataset", "Vide
 log = logging.getLogger(__name__)
 
 Tokenize = Callable[[list[str]], torch.Tensor]
-
-# data.frame_padding -> the RGB of padded rows. CLIP's mean colour is what the released loader's
-# zero rows become once normalised (to 0.5/255 per channel: uint8 cannot hold it exactly).
-PAD_COLOURS: dict[str, tuple[int, int, int]] = {
-    "black": (0, 0, 0),
-    "mean": tuple(round(255 * m) for m in CLIP_MEAN),  # (123, 117, 104)
-}
-
-
-def _pad_colour(padding: str) -> tuple[int, int, int]:
-    if padding not in PAD_COLOURS:
-        raise ValueError(f"frame padding must be one of {sorted(PAD_COLOURS)}, got {padding!r}")
-    return PAD_COLOURS[padding]
-
 
 class BadVideosError(VideoDecodeError):
     """Evaluation found unusable videos; ``bad`` lists every one as ``(path, reason)``."""
@@ -99,7 +85,7 @@ class TrainDataset(Dataset):
         self.seed = seed
         self.max_substitutions = max_substitutions
         self.sampling = sampling
-        self.pad_colour = _pad_colour(padding)
+        self.pad_colour = pad_colour(padding)
         self.augment = ClipRandAugment(augment, image_size) if augment else None
         self.bad_videos: set[str] = set()
 
@@ -164,7 +150,7 @@ class VideoDataset(Dataset):
         self.num_frames = num_frames
         self.image_size = image_size
         self.sampling = sampling
-        self.pad_colour = _pad_colour(padding)
+        self.pad_colour = pad_colour(padding)
 
     def __len__(self) -> int:
         return self.split.num_videos

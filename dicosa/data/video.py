@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DECODERS",
+    "SAMPLINGS",
     "VideoDecodeError",
     "check_video",
     "check_videos",
@@ -345,6 +346,33 @@ def _resize_crop(frames: np.ndarray, image_size: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(frames.transpose(0, 3, 1, 2)))
 
 
+SAMPLINGS = ("segments", "released")
+
+
+def _picker(path: Path, num_frames: int, sampling: str, train: bool = False,
+            segment: tuple[float, float] | None = None,
+            rng: np.random.Generator | None = None) -> _Picker:
+    """The frame indices :func:`load_video` and :func:`load_video_partial` decode, as a
+    function of (frames in the file, its frame rate): one definition, so the index and
+    evaluation pick the same frames of a video under the same ``sampling``."""
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"sampling must be 'segments' or 'released', got {sampling!r}")
+
+    def pick(total: int, fps: float) -> np.ndarray:
+        start, end = 0, total
+        if segment is not None:
+            if fps <= 0:
+                raise VideoDecodeError(path, "unknown frame rate, cannot seek to a segment")
+            start = min(max(0, int(np.floor(segment[0] * fps))), total - 1)
+            # A segment that rounds to nothing still yields one frame rather than none.
+            end = min(total, max(start + 1, int(np.ceil(segment[1] * fps))))
+        if sampling == "released":
+            return sample_indices_released(total, num_frames, fps, start, end)
+        return sample_indices(total, num_frames, train, rng, start, end)
+
+    return pick
+
+
 def load_video(
     path: str | os.PathLike,
     num_frames: int,
@@ -381,34 +409,21 @@ def load_video(
         VideoDecodeError: the file is missing, empty, or cannot be decoded.
     """
     path = Path(path)
-    if sampling not in ("segments", "released"):
-        raise ValueError(f"sampling must be 'segments' or 'released', got {sampling!r}")
-
-    def pick(total: int, fps: float) -> np.ndarray:
-        start, end = 0, total
-        if segment is not None:
-            if fps <= 0:
-                raise VideoDecodeError(path, "unknown frame rate, cannot seek to a segment")
-            start = min(max(0, int(np.floor(segment[0] * fps))), total - 1)
-            # A segment that rounds to nothing still yields one frame rather than none.
-            end = min(total, max(start + 1, int(np.ceil(segment[1] * fps))))
-        if sampling == "released":
-            return sample_indices_released(total, num_frames, fps, start, end)
-        return sample_indices(total, num_frames, train, rng, start, end)
-
+    pick = _picker(path, num_frames, sampling, train, segment, rng)
     decoded = _resize_crop(_decode(path, pick, image_size, decoder), image_size)
     return _pad(decoded, num_frames, image_size, pad_colour)
 
 
 def load_video_partial(
     path: str | os.PathLike, num_frames: int, image_size: int, decoder: str = "auto",
-    pad_colour: tuple[int, int, int] = (0, 0, 0),
+    pad_colour: tuple[int, int, int] = (0, 0, 0), sampling: str = "segments",
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """:func:`load_video` (evaluation sampling) that keeps what a damaged file still gives.
 
-    The N frames are picked as for a whole file; those that do not decode (a damaged
-    stretch, a missing tail) are dropped, the rest keep their order at the front and the mask
-    marks them. For indexing, where a partly damaged video is better found than skipped.
+    The N frames are picked as for a whole file (``sampling`` as for :func:`load_video`);
+    those that do not decode (a damaged stretch, a missing tail) are dropped, the rest keep
+    their order at the front and the mask marks them. For indexing, where a partly damaged
+    video is better found than skipped.
 
     Returns:
         frames: uint8 ``[N, 3, S, S]``; mask: bool ``[N]``; lost: the fraction of the picked
@@ -418,9 +433,8 @@ def load_video_partial(
         VideoDecodeError: no picked frame decodes, or the file cannot be opened at all.
     """
     path = Path(path)
-    decoded, lost = _decode_frames(
-        path, lambda total, fps: sample_indices(total, num_frames, False, None, 0, total),
-        image_size, decoder, partial=True)
+    decoded, lost = _decode_frames(path, _picker(path, num_frames, sampling), image_size,
+                                   decoder, partial=True)
     picked = len(decoded) + lost
     frames, mask = _pad(_resize_crop(decoded, image_size), num_frames, image_size, pad_colour)
     return frames, mask, lost / picked if picked else 0.0

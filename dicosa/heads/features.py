@@ -19,6 +19,7 @@ from torch import Tensor
 from ..clip import get_tokenizer
 from ..config import Config
 from ..data.datasets import RetrievalSplit, load_split, split_off_validation
+from ..data.protocol import FrameProtocol
 from ..fingerprint import model_fingerprint
 from ..model import DiCoSA, TextFeatures, VideoFeatures
 
@@ -63,11 +64,16 @@ class HeadData:
     val: SplitFeatures | None
 
 
-def split_features(model: DiCoSA, split: RetrievalSplit, *, cache_dir: str | Path | None,
-                   batch_size: int = 64, num_workers: int = 0,
+def split_features(model: DiCoSA, split: RetrievalSplit, *, frames: FrameProtocol,
+                   cache_dir: str | Path | None, batch_size: int = 64, num_workers: int = 0,
                    device: torch.device | str = "cpu", progress: bool = False) -> SplitFeatures:
     """Encode ``split`` with the frozen ``model`` (float32, CPU), reading and filling the
-    feature cache in ``cache_dir`` (None: no cache)."""
+    feature cache in ``cache_dir`` (None: no cache).
+
+    ``frames`` is the model's frame protocol (``FrameProtocol.of(cfg.data)`` of its
+    checkpoint's config): a head must learn from the frames the model is evaluated and
+    indexed on. There is no default, so that no caller falls back to another protocol.
+    """
     from ..evaluation import (
         FeatureCache,
         _captions_fingerprint,
@@ -78,16 +84,19 @@ def split_features(model: DiCoSA, split: RetrievalSplit, *, cache_dir: str | Pat
 
     device = torch.device(device)
     cache = FeatureCache(Path(cache_dir) if cache_dir is not None else None)
+    # The protocol is in the key: a cache written before it was (always segments/black) has
+    # another key, so it is recomputed rather than read for a model of another protocol.
     base = {"version": FEATURES_VERSION, "weights": model_fingerprint(model)["weights_sha256"],
             "model": dataclasses.asdict(model.config), "precision": "no",
-            "device": device.type}
+            "device": device.type, "frames": frames.as_dict()}
     tokenize = get_tokenizer(model.config.arch, model.config.max_words)
     texts = cache.get("head-text", dict(base, captions=_captions_fingerprint(split.captions)),
                       lambda: {"text": encode_texts(model, split.captions, tokenize, batch_size,
                                                     device, progress=progress).text})
 
     def videos() -> dict[str, Tensor]:
-        v = encode_videos(model, split, batch_size, num_workers, device, progress=progress)
+        v = encode_videos(model, split, batch_size, num_workers, device, progress=progress,
+                          sampling=frames.sampling, padding=frames.padding)
         return {"frames": v.frames, "frame_mask": v.frame_mask}
 
     stored = cache.get("head-video", dict(base, videos=_split_fingerprint(split)), videos)
@@ -104,14 +113,16 @@ def head_data(model: DiCoSA, cfg: Config, *, cache_dir: str | Path | None,
 
     The validation part is carved with ``data.val_fraction`` and ``train.seed`` exactly as
     :func:`dicosa.training.training_splits` carves it, so the videos that chose DiCoSA's
-    checkpoint are also the only ones that choose a head's hyper-parameters.
+    checkpoint are also the only ones that choose a head's hyper-parameters. Videos are
+    decoded with ``data.frame_sampling``/``data.frame_padding``, as the model was evaluated.
     """
     data = cfg.data
     split = load_split(data.dataset, data.root, data.train_split, data.video_dir)
     val = None
     if data.val_fraction > 0:
         split, val = split_off_validation(split, data.val_fraction, cfg.train.seed)
-    common = {"cache_dir": cache_dir, "batch_size": cfg.eval.batch_size,
+    common = {"frames": FrameProtocol.of(data), "cache_dir": cache_dir,
+              "batch_size": cfg.eval.batch_size,
               "num_workers": data.num_workers, "device": device, "progress": progress}
     return HeadData(split_features(model, split, **common),
                     split_features(model, val, **common) if val is not None else None)

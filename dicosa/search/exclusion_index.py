@@ -10,7 +10,9 @@ needs and registers it:
   asks for them (lazily), and removed rows' codes are simply never read again;
 - the per-frame check's frames, read from the store for the candidates only;
 - the hook in ``index.hooks`` and its :meth:`~ExclusionRerank.prepare` in
-  ``index.query_encoders``.
+  ``index.query_encoders``;
+- the head's path in ``index.meta["concepts"]`` (and the manifest), so that
+  ``python -m dicosa search`` reattaches it without ``--concepts``.
 
 :func:`explain_hits` then says, for each result of the last search, which concept dimensions
 matched A and which of B's were empty (``python -m dicosa search ... --explain``).
@@ -118,7 +120,8 @@ def attach_exclusion(index: VideoIndex, head: str | os.PathLike | ConceptCodesHe
     Args:
         index: an index with a model attached.
         head: a concepts head file (checked against the index's model with
-            :func:`~dicosa.heads.base.load_head`) or a loaded head.
+            :func:`~dicosa.heads.base.load_head`; its path is recorded in
+            ``index.meta["concepts"]``, and the manifest in a folder) or a loaded head.
         config: K, t, C, the window and the presence threshold (the per-frame check is off
             while the threshold is infinite, the default).
 
@@ -129,8 +132,10 @@ def attach_exclusion(index: VideoIndex, head: str | os.PathLike | ConceptCodesHe
     if model is None:
         raise RuntimeError("attach_exclusion needs an index with a model: "
                            "VideoIndex.load(directory, model)")
+    path = None
     if isinstance(head, (str, os.PathLike)):
-        head = load_head(Path(head), model, kind="concepts")
+        path = str(Path(head).resolve())
+        head = load_head(Path(path), model, kind="concepts")
     head = head.to("cpu").eval()
     codes = ConceptCodes(index, head)
     codes.update()
@@ -145,7 +150,19 @@ def attach_exclusion(index: VideoIndex, head: str | os.PathLike | ConceptCodesHe
     index.hooks.append(rerank)
     index.query_encoders.append(
         lambda encoded: rerank.prepare(encoded, model, _on(index.tokenizer, index.device)))
+    _record(index, path)
     return rerank
+
+
+def _record(index: VideoIndex, path: str | None) -> None:
+    """Keep the head's file in ``index.meta["concepts"]``; the manifest is written only when
+    that changes (a search that reattaches the recorded head writes nothing)."""
+    recorded = {"head": path}
+    if path is None or index.meta.get("concepts") == recorded:
+        return
+    index.meta["concepts"] = recorded
+    if index.directory is not None:
+        index._write_manifest()
 
 
 def _on(tokenizer, device):

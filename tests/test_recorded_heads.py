@@ -1,0 +1,86 @@
+"""The heads an index remembers: ``index --head/--concepts`` record them, ``search`` reattaches
+them, and ``search --head/--concepts`` replace them (a moved file, say)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import dicosa.__main__ as cli
+from dicosa.heads import save_head
+from dicosa.heads.lexical import VDRConfig, VDRHead
+from dicosa.model import DiCoSA
+from dicosa.search.exclusion_index import CODES_FILE
+
+from ._scenes import trained_head
+from ._videos import write_frames
+from .conftest import loads, tiny_config
+from .test_lexical import _toy
+
+QUERY = "a red circle without a blue square"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """An index of 3 clips built on the command line with a lexical and a concepts head."""
+    folder = tmp_path_factory.mktemp("recorded")
+    torch.manual_seed(0)
+    model = DiCoSA.from_config(tiny_config(use_factors=False)).eval()
+    g = np.random.default_rng(0)
+    for i in range(3):
+        write_frames(folder / "videos" / f"clip{i}.mp4",
+                     g.integers(0, 255, (8, 32, 32, 3), dtype=np.uint8))
+    lexical = VDRHead.fit(model, _toy(model, rotate=True)[0],
+                          VDRConfig(distractors=50, epochs=2, video_k=6), progress=False)
+    heads = {"lexical": save_head(lexical, folder / "vdr.pt", model),
+             "concepts": save_head(trained_head()[1], folder / "concepts.pt", model)}
+    out = folder / "index"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli, "load_model", loads(model, {"config": "tiny"}))
+        assert cli.main(["index", str(folder / "videos"), "--out", str(out), "--num-workers",
+                         "0", "--head", str(heads["lexical"]), "--concepts",
+                         str(heads["concepts"])]) == 0
+    return {"model": model, "index": out, "heads": heads, "folder": folder}
+
+
+def test_index_records_the_concepts_head_and_search_reuses_it(built, tmp_path, capsys,
+                                                             monkeypatch):
+    monkeypatch.setattr(cli, "load_model", loads(built["model"], {"config": "tiny"}))
+    folder = shutil.copytree(built["index"], tmp_path / "index")
+    meta = json.loads((folder / "manifest.json").read_text())["meta"]
+    assert meta["concepts"] == {"head": str(built["heads"]["concepts"].resolve())}
+    assert np.load(folder / CODES_FILE).shape[0] == 3  # computed at indexing time
+    search = ["search", str(folder), QUERY, "-k", "3", "--json", "--explain"]
+    assert cli.main([*search, "--concepts", str(built["heads"]["concepts"])]) == 0
+    given = json.loads(capsys.readouterr().out)
+    assert cli.main(search) == 0
+    recorded = json.loads(capsys.readouterr().out)
+    assert recorded["results"] == given["results"]
+    assert all("matched" in r["explain"] for r in recorded["results"])  # the exclusion ran
+
+
+def test_search_head_replaces_a_moved_lexical_head(built, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "load_model", loads(built["model"], {"config": "tiny"}))
+    folder = shutil.copytree(built["index"], tmp_path / "index")
+    search = ["search", str(folder), "a red circle", "-k", "3", "--json", "--mode", "lexical"]
+    assert cli.main(search) == 0
+    before = json.loads(capsys.readouterr().out)["results"]
+    recorded = str(built["heads"]["lexical"].resolve())
+    moved = shutil.copy(recorded, tmp_path / "moved.pt")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["meta"]["lexical"]["head"] = str(tmp_path / "gone.pt")  # as if it had moved
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert cli.main(search) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: the lexical head recorded in the index, {tmp_path / 'gone.pt'}, is missing; "
+        "pass --head HEAD.pt with its new location")
+    assert cli.main([*search, "--head", str(moved)]) == 0
+    assert json.loads(capsys.readouterr().out)["results"] == before
+    assert cli.main(search) == 0  # the new location is recorded
+    assert json.loads(capsys.readouterr().out)["results"] == before
+    assert json.loads((folder / "manifest.json").read_text())["meta"]["lexical"]["head"] == (
+        str(moved))
