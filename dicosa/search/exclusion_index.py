@@ -4,8 +4,9 @@
 needs and registers it:
 
 - the head's code of every row (:class:`ConceptCodes`), computed from the store's frames in
-  chunks and kept in the index folder as ``concepts.codes.npy`` (+ ``concepts.json``: which
-  head made them), so reopening the index reuses them. Row ids are never reused, so the codes
+  chunks and kept in the index folder as ``concepts.codes.npy`` (+ ``concepts.codes.json``:
+  which head made them; :class:`~dicosa.search.row_cache.RowCache`), so reopening the index
+  reuses them. Row ids are never reused, so the codes
   are one array indexed by row id; rows added later get their codes the first time a search
   asks for them (lazily), and removed rows' codes are simply never read again;
 - the per-frame check's frames, read from the store for the candidates only;
@@ -20,7 +21,6 @@ matched A and which of B's were empty (``python -m dicosa search ... --explain``
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import asdict
@@ -34,6 +34,7 @@ from torch import Tensor
 from ..heads.base import head_key, load_head
 from ..model import VideoFeatures
 from .exclusion import ExclusionConfig, ExclusionExplanation, ExclusionRerank, describe_dimensions
+from .row_cache import RowCache
 from .types import EncodedQueries
 
 if TYPE_CHECKING:
@@ -45,8 +46,8 @@ __all__ = ["ConceptCodes", "IndexExclusion", "attach_exclusion", "explain_hits",
 
 log = logging.getLogger(__name__)
 
-CODES_FILE = "concepts.codes.npy"
-CODES_INFO = "concepts.json"
+CODES = "concepts.codes"  # RowCache name: concepts.codes.npy + .json (which head made them)
+CODES_FILE = f"{CODES}.npy"
 _CHUNK = 256  # rows per head forward when computing codes
 
 
@@ -55,17 +56,12 @@ class ConceptCodes:
     for rows the array does not cover yet and written back to the index folder."""
 
     def __init__(self, index: VideoIndex, head: ConceptCodesHead):
-        self.index, self.head, self.key = index, head, head_key(head)
-        self.codes = self._open()  # [rows covered, d]
+        self.index, self.head = index, head
+        self.cache = RowCache(index.directory, CODES, head_key(head), head.config.dim)
 
-    def _open(self) -> np.ndarray:
-        folder = self.index.directory
-        if folder is not None and (folder / CODES_INFO).is_file():
-            info = json.loads((folder / CODES_INFO).read_text())
-            if info.get("head") == self.key and (folder / CODES_FILE).is_file():
-                return np.load(folder / CODES_FILE)
-            log.info("the concept codes in %s are another head's: computing them again", folder)
-        return np.zeros((0, self.head.config.dim), dtype=np.float32)
+    @property
+    def codes(self) -> np.ndarray:
+        return self.cache.array  # [rows covered, d]
 
     def __call__(self, ids: np.ndarray) -> Tensor:
         ids = np.asarray(ids, dtype=np.int64)
@@ -73,33 +69,21 @@ class ConceptCodes:
             self.update()
         return torch.from_numpy(self.codes[ids])
 
-    @torch.no_grad()
     def update(self) -> int:
         """Compute the codes of rows added since the array was made; returns how many."""
         store, start = self.index.store, len(self.codes)
-        if store.next_id <= start:
-            return 0
-        new = np.zeros((store.next_id - start, self.codes.shape[1]), dtype=np.float32)
         todo = store.live()
         todo = todo[todo >= start]
-        for i in range(0, len(todo), _CHUNK):
-            ids = todo[i:i + _CHUNK]
-            video = store.gather(ids).to(dtype=torch.float32)  # the head works on the CPU
-            new[ids - start] = self.head.encode_videos(video).cpu().numpy()
-        self.codes = np.concatenate([self.codes, new])
-        self._save()
+        self.cache.extend(store.next_id, todo, self._encode)
         return len(todo)
 
-    def _save(self) -> None:
-        folder = self.index.directory
-        if folder is None:
-            return
-        temporary = folder / f".{CODES_FILE}.tmp"
-        with open(temporary, "wb") as f:
-            np.save(f, self.codes)
-        os.replace(temporary, folder / CODES_FILE)
-        (folder / CODES_INFO).write_text(json.dumps({"head": self.key,
-                                                     "rows": len(self.codes)}, indent=1))
+    @torch.no_grad()
+    def _encode(self, ids: np.ndarray) -> np.ndarray:
+        parts = []
+        for i in range(0, len(ids), _CHUNK):
+            video = self.index.store.gather(ids[i:i + _CHUNK]).to(dtype=torch.float32)
+            parts.append(self.head.encode_videos(video).cpu().numpy())  # the head is on CPU
+        return np.concatenate(parts)
 
 
 class IndexExclusion(ExclusionRerank):
