@@ -3,6 +3,7 @@
     python -m dicosa index FOLDER --out INDEX [--checkpoint CKPT | --config CFG]
                            [--backend local|exact|milvus --uri URI] [--stage-option K=V]
                            [--head LEXICAL.pt]   (a sparse word stage beside the dense one)
+                           [--sparse-backend exact|seismic --sparse-option K=V]
     accelerate launch [--multi_gpu --num_processes P] -m dicosa index FOLDER --out INDEX ...
     torchrun --nproc_per_node P -m dicosa index FOLDER --out INDEX ...   (CPU processes)
                                               (each process encodes its share; resumable)
@@ -74,8 +75,15 @@ def load_model(checkpoint: str | None, config: str | None,
 
 def _cmd_index(args: argparse.Namespace) -> int:
     from .parallel_index import PeerFailed, build_index
-    from .search.lexical_index import attach_lexical, load_lexical_head
+    from .search.lexical_index import attach_lexical, check_sparse_backend, load_lexical_head
 
+    sparse_options = _options(args.sparse_option) if args.sparse_option else None
+    if args.head is None and (args.sparse_backend or sparse_options):
+        raise ValueError("--sparse-backend and --sparse-option set up the sparse stage of a "
+                         "lexical head: add --head HEAD.pt")
+    if args.sparse_backend or sparse_options:
+        # seismic missing or a bad option fails before any video is encoded
+        check_sparse_backend(args.sparse_backend or "exact", sparse_options)
     model, source = load_model(args.checkpoint, args.config, args.set)
     if args.head is not None:
         load_lexical_head(args.head, model)  # a head of another model fails before encoding
@@ -93,8 +101,9 @@ def _cmd_index(args: argparse.Namespace) -> int:
     if index is None:  # not the main process: it reports for all
         return 0
     if args.head is not None:
-        lexical = attach_lexical(index, args.head)
-        print(f"sparse {lexical.head.kind} stage: {len(lexical.stage)} videos, "
+        lexical = attach_lexical(index, args.head, args.sparse_backend, sparse_options)
+        backend = "" if lexical.stage.backend == "exact" else f" ({lexical.stage.backend})"
+        print(f"sparse {lexical.head.kind} stage{backend}: {len(lexical.stage)} videos, "
               f"{len(lexical.head.words)} words")
     for path, reason in index.text_only:
         print(f"  indexed from its title alone (undecodable): {path}: {reason}")
@@ -347,6 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head", metavar="HEAD.pt",
                    help="a lexical head (heads train lexical / d2s): store each video's word "
                         "vector in a sparse stage beside the dense one, for search --mode")
+    p.add_argument("--sparse-backend", choices=("exact", "seismic"), default=None,
+                   help="the --head's sparse stage: exact (scipy inverted index, the default) "
+                        "or seismic (approximate, for large collections; pip install "
+                        "pyseismic-lsr); search reopens the same one")
+    p.add_argument("--sparse-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a seismic setting, repeatable (e.g. heap_factor=0.8, query_cut=16, "
+                        "n_postings=6000; README, 'The seismic backend')")
     p.add_argument("--summary-head", metavar="HEAD.pt",
                    help="a summary head (heads train summary): the dense stage compares its "
                         "distilled vectors instead of the default 'confidence' summary")
