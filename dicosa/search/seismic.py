@@ -80,18 +80,20 @@ class SeismicConfig:
     """Seismic's settings. Build-time ones decide what the index keeps (changing them
     rebuilds it); search-time ones trade speed for recall on every query.
 
-    The defaults were chosen with ``benchmarks/sparse.py`` (README, "The seismic backend").
+    The build defaults are pyseismic-lsr's own, the search defaults its guidelines' (query_cut
+    10, heap_factor in [0.7, 1]); ``benchmarks/sparse.py`` measured them (README, "The seismic
+    backend").
     """
 
     # -- build ---------------------------------------------------------------------------
-    n_postings: int = 4000  # postings kept per word on average (the largest weights)
-    max_fraction: float = 2.0  # a word's list keeps at most n_postings * max_fraction
+    n_postings: int = 3500  # postings kept per word on average (the largest weights)
+    max_fraction: float = 1.5  # a word's list keeps at most n_postings * max_fraction
     centroid_fraction: float = 0.1  # blocks per list, as a fraction of its length
     summary_energy: float = 0.4  # share of a block's L1 mass its summary keeps
     min_cluster_size: int = 2
     doc_cut: int = 15  # a row's heaviest words used to cluster it into blocks
     # -- search --------------------------------------------------------------------------
-    query_cut: int = 32  # the query's heaviest words whose lists are scanned
+    query_cut: int = 10  # the query's heaviest words whose lists are scanned
     heap_factor: float = 0.9  # skip a block scoring below this times the k-th best (0: none)
     sorted: bool = True  # scan a list's blocks best summary first (faster; False: more recall)
     slack: int = 32  # candidates fetched beyond k, rescored exactly, so float16 near-ties

@@ -70,6 +70,13 @@ class SparseStage:
     def ids(self) -> np.ndarray:
         return self._ids.copy()
 
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the rows and ids (and the term-major copy, once a search made it)."""
+        held = [m for m in (self._rows, self._postings) if m is not None]
+        return self._ids.nbytes + sum(m.data.nbytes + m.indices.nbytes + m.indptr.nbytes
+                                      for m in held)
+
     def add(self, ids: np.ndarray, videos: object) -> None:
         """Index rows ``ids [n]`` with their sparse vectors ``videos [n, |V|]``."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
