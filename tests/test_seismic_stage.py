@@ -165,9 +165,13 @@ def test_save_reopen_add_and_a_lost_index_file(rows, asked, tmp_path, monkeypatc
         patch.setattr(SeismicStage, "_build", no_build)
         reopened = SeismicStage.load(tmp_path)
         after = reopened.search(asked, 30)
+        (tmp_path / "copy").mkdir()
+        reopened.save(tmp_path / "copy")  # another folder gets the index file too
+        copied = SeismicStage.load(tmp_path / "copy").search(asked, 30)
     assert reopened.config.heap_factor == 0.0  # the saved settings
-    np.testing.assert_array_equal(after.ids, before.ids)
-    np.testing.assert_array_equal(after.scores, before.scores)
+    for again in (after, copied):
+        np.testing.assert_array_equal(again.ids, before.ids)
+        np.testing.assert_array_equal(again.scores, before.scores)
     assert not reopened.unsaved
     # Rows added after reopening are found (one rebuild for two adds), and saved.
     reopened.add(IDS[3000:3500], rows[3000:3500])

@@ -321,8 +321,9 @@ class SeismicStage(SparseStage):
         it (the commit point), then delete older index files."""
         self.build()
         directory = Path(directory)
-        if self._build_id != self._saved_id and self._index is not None:
-            final = self._index_path(directory, self._build_id)
+        final = self._index_path(directory, self._build_id)
+        # A file of this build's (random) id can only hold this build: written before.
+        if self._index is not None and not final.is_file():
             prefix = directory / f".{final.name}.tmp-{os.getpid()}"
             written = Path(f"{prefix}.index.seismic")  # seismic appends this to the prefix
             try:
@@ -335,9 +336,8 @@ class SeismicStage(SparseStage):
                 "indexed": self._index is not None, "config": asdict(self.config)}
         self._write_rows(directory, seismic=np.array(json.dumps(info)), built=self._built)
         self._saved_id = self._build_id
-        keep = self._index_path(directory, self._build_id).name if self._index else None
         for old in directory.glob(f"sparse-{self.name}.*.seismic"):
-            if old.name != keep:
+            if old.name != final.name or self._index is None:
                 old.unlink(missing_ok=True)
 
     @classmethod
