@@ -6,8 +6,9 @@ at several (query_cut, heap_factor) settings over one build (they are search-tim
 
 Data: synthetic vectors shaped like a lexical head's: ``--vocab`` words drawn Zipf-like (a
 few words in most videos, most words in few), 20-400 non-zeros per video (log-normal around
-``--nnz``), positive log-normal weights. A query is the 2-27 heaviest words of a random
-video (weights times log-normal noise) plus three random words: 5-30 non-zeros.
+``--nnz``), positive log-normal weights (``--idf``: times log(n / df), so that frequent words
+weigh little, as with learned sparse encoders). A query is the 2-27 heaviest words of a
+random video (weights times log-normal noise) plus three random words: 5-30 non-zeros.
 
 Memory: the exact stage holds the float32 rows and their term-major copy (nbytes); the
 seismic stage holds the same rows (rescoring, explanations, rebuilds) plus its index, whose
@@ -46,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="collection sizes")
     p.add_argument("--vocab", type=int, default=50_000)
     p.add_argument("--nnz", type=float, default=90, help="typical non-zeros per video")
+    p.add_argument("--idf", action="store_true",
+                   help="multiply each weight by its word's log(n / df), as learned sparse "
+                        "encoders give frequent words small weights")
     p.add_argument("--queries", type=int, default=200)
     p.add_argument("--candidates", type=int, nargs="+", default=[1000, 100],
                    help="C, the first stage's k (each measured over the same builds)")
@@ -132,6 +136,11 @@ def search_figures(stage, singles: list[EncodedQueries], top: np.ndarray, c: int
 def measure(n: int, args: argparse.Namespace, work: Path) -> dict:
     start = time.perf_counter()
     rows = collection(n, args.vocab, args.nnz, seed=1)
+    if args.idf:
+        df = np.bincount(rows.indices, minlength=args.vocab)
+        rows = sp.csr_matrix(rows.multiply(np.log((n + 1) / (df + 1))[None, :]),
+                             dtype=np.float32)
+        rows.eliminate_zeros()  # a word in every row weighs log(1) = 0
     asked = queries(rows, args.queries, seed=2)
     singles = [encoded(asked[i]) for i in range(asked.shape[0])]
     ids = np.arange(n, dtype=np.int64)
@@ -190,8 +199,9 @@ def main(argv: list[str] | None = None) -> dict:
         "what": "sparse first stage alone: exact scipy CSR inverted index vs seismic; recall of "
                 "the exact top-10 / top-C within the stage's top-C; single-query latency",
         "data": f"synthetic: {args.vocab} words Zipf-like, ~{args.nnz:g} non-zeros per video "
-                "(log-normal, 20-400), log-normal weights; queries 5-30 non-zeros from a video's "
-                "heaviest words plus 3 random ones",
+                "(log-normal, 20-400), log-normal weights" + (" times log(n/df)" if args.idf
+                                                              else "")
+                + "; queries 5-30 non-zeros from a video's heaviest words plus 3 random ones",
         "candidates": args.candidates, "queries": args.queries,
         "seismic_threads": args.threads or "all cores",
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"),

@@ -61,7 +61,9 @@ class SparseStage:
         self._ids = np.empty(0, dtype=np.int64)  # [n] store row ids
         self._rows = sp.csr_matrix((0, len(self.words)), dtype=np.float32)  # [n, |V|]
         self._postings: sp.csr_matrix | None = None  # [|V|, n], built on first search
-        self._order: np.ndarray | None = None  # [n] argsort of _ids, made when first needed
+        # [n] argsort of _ids and _ids in that order, made when first needed
+        self._order: np.ndarray | None = None
+        self._sorted_ids: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -99,11 +101,12 @@ class SparseStage:
     def positions(self, ids: np.ndarray) -> np.ndarray:
         """Where rows ``ids [n]`` are in the stored matrix (SparseIndexError for a row this
         stage does not hold); the sort behind it is kept until the rows change, so a search
-        that looks up its candidates pays O(C log n), not a sort of every row."""
+        that looks up its candidates pays O(C log n), not a sort (or a copy) of every row."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if self._order is None:
+        if self._order is None or self._sorted_ids is None:
             self._order = np.argsort(self._ids, kind="stable")
-        held = self._ids[self._order]  # [n] ascending
+            self._sorted_ids = self._ids[self._order]
+        held = self._sorted_ids  # [n] ascending
         at = np.searchsorted(held, ids)
         found = at < len(held)
         found[found] = held[at[found]] == ids[found]
