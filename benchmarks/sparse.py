@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--queries", type=int, default=200)
     p.add_argument("--candidates", type=int, nargs="+", default=[1000, 100],
                    help="C, the first stage's k (each measured over the same builds)")
-    p.add_argument("--sweep", default="5:0.9,20:0.9,30:0.7,30:0.5",
+    p.add_argument("--sweep", default="10:0.9,5:0.9,30:0.7,30:0.5",
                    help="seismic query_cut:heap_factor pairs to search with (the default "
                         "settings are measured too)")
     p.add_argument("--build", action="append", default=[], metavar="KEY=VALUE",
