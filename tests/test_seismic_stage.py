@@ -206,3 +206,22 @@ def test_bad_settings_are_one_sentence():
     with pytest.raises(ValueError, match="query_cut must be at least 1"):
         seismic_config({"query_cut": "0"})
     assert seismic_config({"heap_factor": "0.7"}).heap_factor == 0.7  # command-line text
+
+
+@needs_seismic
+def test_a_vocabulary_beyond_u16_word_ids():
+    """Over 65,535 words seismic needs its LV classes (u32 word ids)."""
+    words = [f"w{i}" for i in range(70_000)]
+    rng = np.random.default_rng(4)
+    cols = np.concatenate([rng.choice(70_000, 5, replace=False) for _ in range(50)])
+    cols[::5] = 69_999  # every row carries the last word id
+    rows = sp.csr_matrix((rng.random(250).astype(np.float32) + 0.1,
+                          (np.repeat(np.arange(50), 5), cols)), shape=(50, 70_000))
+    exact, approx = SparseStage(words), SeismicStage(words, config={"heap_factor": 0.0})
+    exact.add(np.arange(50), rows)
+    approx.add(np.arange(50), rows)
+    query = sp.csr_matrix(([1.0, 1.0], ([0, 0], [69_999, int(cols[1])])), shape=(1, 70_000),
+                          dtype=np.float32)
+    encoded = EncodedQueries([parse_query("q")], TextFeatures(torch.zeros(1, 4)),
+                             {"lexical": query})
+    np.testing.assert_array_equal(approx.search(encoded, 60).ids, exact.search(encoded, 60).ids)

@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 INSTALL = "pip install pyseismic-lsr (or pip install 'dicosa[seismic]')"
 _U16_COMPONENTS = 65_535  # SeismicIndex stores word ids as u16; larger vocabularies need LV
-_FLOAT16_TOP = 2.0 ** 14  # the largest weight is scaled to this before seismic's float16
+_FLOAT16_TOP = 2.0 ** 14  # the largest weight is scaled to at most this for float16
 
 
 class SeismicUnavailableError(SparseIndexError):
@@ -236,13 +236,15 @@ class SeismicStage(SparseStage):
         """A seismic dataset of ``rows``: doc id = the row id as text, component = word id.
 
         Seismic takes float32 weights but stores them as float16 (largest finite 65,504,
-        smallest normal 6.1e-5). A power of two moves the largest weight to 2^14: no overflow,
-        no weight above 2^-28 of the largest in subnormals, the same ranking (one scale for
-        all rows), and the scaling itself is exact. The scores are recomputed from the float32
-        rows anyway."""
+        smallest normal 6.1e-5). A power of two moves the largest weight into (2^13, 2^14]: no
+        overflow, every weight above 2^-27 of the largest stays a normal float16, the ranking
+        is unchanged (one scale for all rows) and the scaling itself is exact. The scores are
+        recomputed from the float32 rows anyway."""
         largest = float(rows.data.max())
-        scale = np.float32(2.0 ** np.floor(np.log2(_FLOAT16_TOP / largest))) if largest > 0 \
-            else np.float32(1)
+        # (the exponent is clipped so that the scale itself is a finite float32)
+        exponent = np.clip(np.floor(np.log2(_FLOAT16_TOP / largest)), -126, 126) \
+            if largest > 0 else 0
+        scale = np.float32(2.0 ** exponent)
         dataset = (self._seismic.SeismicDatasetLV if self._large_vocabulary()
                    else self._seismic.SeismicDataset)(dim=len(self.words))
         dataset.add_documents_by_id([str(i) for i in self._ids],
