@@ -3,6 +3,7 @@
     python -m dicosa index FOLDER --out INDEX [--checkpoint CKPT | --config CFG]
                            [--backend local|exact|milvus --uri URI] [--stage-option K=V]
                            [--head LEXICAL.pt]   (a sparse word stage beside the dense one)
+                           [--sparse-backend exact|seismic --sparse-option K=V]
                            [--concepts HEAD.pt]  (concept codes for "A without B" searches)
     accelerate launch [--multi_gpu --num_processes P] -m dicosa index FOLDER --out INDEX ...
     torchrun --nproc_per_node P -m dicosa index FOLDER --out INDEX ...   (CPU processes)
@@ -84,8 +85,15 @@ def load_model(checkpoint: str | None, config: str | None,
 
 def _cmd_index(args: argparse.Namespace) -> int:
     from .parallel_index import PeerFailed, build_index
-    from .search.lexical_index import attach_lexical, load_lexical_head
+    from .search.lexical_index import attach_lexical, check_sparse_backend, load_lexical_head
 
+    sparse_options = _options(args.sparse_option) if args.sparse_option else None
+    if args.head is None and (args.sparse_backend or sparse_options):
+        raise ValueError("--sparse-backend and --sparse-option set up the sparse stage of a "
+                         "lexical head: add --head HEAD.pt")
+    if args.sparse_backend or sparse_options:
+        # seismic missing or a bad option fails before any video is encoded
+        check_sparse_backend(args.sparse_backend or "exact", sparse_options)
     model, source, frames = load_model(args.checkpoint, args.config, args.set)
     # A head of another model fails before anything is encoded.
     if args.head is not None:
@@ -109,8 +117,9 @@ def _cmd_index(args: argparse.Namespace) -> int:
     if index is None:  # not the main process: it reports for all
         return 0
     if args.head is not None:
-        lexical = attach_lexical(index, args.head)
-        print(f"sparse {lexical.head.kind} stage: {len(lexical.stage)} videos, "
+        lexical = attach_lexical(index, args.head, args.sparse_backend, sparse_options)
+        backend = "" if lexical.stage.backend == "exact" else f" ({lexical.stage.backend})"
+        print(f"sparse {lexical.head.kind} stage{backend}: {len(lexical.stage)} videos, "
               f"{len(lexical.head.words)} words")
     if args.concepts is not None:
         from .search.exclusion_index import attach_exclusion
@@ -385,6 +394,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a concepts head (heads train concepts): store each video's concept "
                         "code and record the head, so that search answers 'A without B' "
                         "without --concepts")
+    p.add_argument("--sparse-backend", choices=("exact", "seismic"), default=None,
+                   help="the --head's sparse stage: exact (scipy inverted index, the default) "
+                        "or seismic (approximate, for large collections; pip install "
+                        "pyseismic-lsr); search reopens the same one")
+    p.add_argument("--sparse-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a seismic setting, repeatable (e.g. heap_factor=0.8, query_cut=16, "
+                        "n_postings=6000; README, 'The seismic backend')")
     p.add_argument("--summary-head", metavar="HEAD.pt",
                    help="a summary head (heads train summary): the dense stage compares its "
                         "distilled vectors instead of the default 'confidence' summary")

@@ -7,7 +7,9 @@ word vectors) and a VDR head trained on them names those objects, so a bag-of-wo
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 
 import matplotlib
 
@@ -25,6 +27,7 @@ from dicosa.index import VideoIndex
 from dicosa.model import DiCoSA, VideoFeatures
 from dicosa.search.lexical_index import INFO_FILE, attach_lexical, explain_words
 from dicosa.search.query import QueryError
+from dicosa.search.seismic import SeismicStage
 
 from ._videos import write_frames
 from .conftest import loads, tiny_config
@@ -277,3 +280,79 @@ def test_searching_a_lexical_index_writes_nothing(model, trained, features, tmp_
     attach_lexical(reopened, head)
     assert reopened.search(QUERY, k=3, candidates=3, mode="bow")
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
+
+
+# -- the seismic backend ----------------------------------------------------------------------
+needs_seismic = pytest.mark.skipif(importlib.util.find_spec("seismic") is None,
+                                   reason="pyseismic-lsr is not installed")
+
+
+@needs_seismic
+def test_seismic_backend_reuses_the_stored_vectors_and_is_reopened(model, trained, features,
+                                                                   tmp_path, monkeypatch):
+    head = trained[1]
+    index, _ = new_index(model, features, head)
+    everything = len(index)  # C = every row: seismic's heap never fills, so it skips nothing
+    expected = [(h.id, h.stage_score) for h in index.search(QUERY, k=everything,
+                                                              candidates=everything, mode="bow")]
+    folder = index.save(tmp_path / "index")
+    path = save_head(head, tmp_path / "vdr.pt", model)
+
+    def no_recompute(*_):
+        pytest.fail("the stored vectors were computed again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(VDRHead, "encode_videos", no_recompute)
+        switched = VideoIndex.load(folder, model)
+        stage = attach_lexical(switched, path, backend="seismic",
+                               options={"heap_factor": 0.8}).stage
+    assert isinstance(stage, SeismicStage)
+    recorded = json.loads((folder / "manifest.json").read_text())["meta"]["lexical"]["sparse"]
+    assert recorded["backend"] == "seismic" and recorded["options"]["heap_factor"] == 0.8
+    assert len(list(folder.glob("sparse-lexical.*.seismic"))) == 1  # built and saved at once
+    found = switched.search(QUERY, k=everything, candidates=everything, mode="bow")
+    assert [(h.id, h.stage_score) for h in found] == expected  # the same rows, exact scores
+    # Reopened without naming a backend: the recorded one, from its files, writing nothing.
+    before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    with monkeypatch.context() as patch:
+        patch.setattr(SeismicStage, "_build", lambda self: pytest.fail("rebuilt"))
+        reopened = VideoIndex.load(folder, model)
+        again = attach_lexical(reopened, path).stage
+        assert [h.id for h in reopened.search(QUERY, k=3, candidates=3, mode="bow")]
+    assert isinstance(again, SeismicStage) and again.config.heap_factor == 0.8
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
+
+
+@needs_seismic
+def test_index_with_the_seismic_backend_on_the_command_line(model, trained, videos, tmp_path,
+                                                            capsys, monkeypatch):
+    monkeypatch.setattr(cli, "load_model", loads(model, {"config": "tiny"}))
+    head = save_head(trained[1], tmp_path / "vdr.pt", model)
+    out = tmp_path / "index"
+    assert cli.main(["index", str(videos), "--out", str(out), "--head", str(head),
+                     "--sparse-backend", "seismic", "--sparse-option", "query_cut=8",
+                     "--num-workers", "0"]) == 0
+    assert "sparse lexical stage (seismic): 4 videos" in capsys.readouterr().out
+    sparse = json.loads((out / "manifest.json").read_text())["meta"]["lexical"]["sparse"]
+    assert sparse["backend"] == "seismic" and sparse["options"]["query_cut"] == 8
+    index = VideoIndex.load(out, model)
+    stage = attach_lexical(index, head).stage
+    assert isinstance(stage, SeismicStage) and stage.config.query_cut == 8
+    word = trained[1].words[int(stage.vectors(index.ids[:1]).toarray()[0].argmax())]
+    assert cli.main(["search", str(out), word, "--mode", "lexical", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["mode"] == "lexical" and answer["results"]
+    assert {r["stage"] for r in answer["results"]} == {"lexical"}
+
+
+def test_sparse_backend_errors_are_one_sentence(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "seismic", None)  # pyseismic-lsr not installed
+    out = tmp_path / "index"
+    assert cli.main(["index", str(tmp_path), "--out", str(out), "--head", "vdr.pt",
+                     "--sparse-backend", "seismic"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the seismic sparse backend needs the pyseismic-lsr package")
+    assert "pip install pyseismic-lsr" in err and "\n" not in err and not out.exists()
+    assert cli.main(["index", str(tmp_path), "--out", str(out), "--sparse-backend",
+                     "seismic"]) == 2
+    assert capsys.readouterr().err.strip().endswith("add --head HEAD.pt")

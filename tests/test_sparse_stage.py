@@ -78,6 +78,17 @@ def test_a_video_sharing_no_word_is_never_a_candidate():
     np.testing.assert_allclose(found.scores[0, :2], [0.5, 0.1])
 
 
+def test_ties_at_the_kth_score_go_to_the_smaller_id():
+    stage = SparseStage(WORDS)
+    videos = np.zeros((6, len(WORDS)), dtype=np.float32)
+    videos[:, 1] = [0.5, 0.2, 0.5, 0.9, 0.5, 0.5]
+    stage.add(np.array([40, 10, 30, 50, 20, 60]), videos)
+    query = np.zeros((1, len(WORDS)), dtype=np.float32)
+    query[0, 1] = 1.0
+    assert stage.search(_queries(query), 3).ids.tolist() == [[50, 20, 30]]
+    assert stage.search(_queries(query), 5).ids.tolist() == [[50, 20, 30, 40, 60]]
+
+
 def test_remove_add_and_bad_rows(stage):
     videos = _sparse(60, 5, 0)
     stage.remove(np.arange(100, 130))

@@ -13,7 +13,9 @@
 - the search modes ``"lexical"`` (sparse stage only), ``"bow"`` (sparse stage, bag-of-words
   query) and ``"hybrid"`` (dense and sparse candidates united) in ``index.modes``;
 - the head's path and kind in ``index.meta["lexical"]``, so ``python -m dicosa search``
-  reattaches it.
+  reattaches it; with ``backend="seismic"`` (:mod:`dicosa.search.seismic`, approximate, for
+  large collections) also ``"sparse": {"backend", "options"}``, so it reopens the same backend.
+  Both backends keep the same rows file, so switching reuses the stored vectors.
 
 :func:`explain_words` then splits each hit's sparse score into words.
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,26 +36,28 @@ import torch
 from ..heads.base import HeadMismatchError, head_key, load_head
 from ..heads.lexical import LexicalHead, TokenStates, to_csr
 from ..model import TextFeatures, VideoFeatures
+from .seismic import SeismicConfig, SeismicStage, import_seismic, seismic_config
 from .sparse import SparseIndexError, SparseStage
 from .types import EncodedQueries
 
 if TYPE_CHECKING:
     from ..index import Hit, VideoIndex
 
-__all__ = ["LEXICAL_MODES", "IndexLexical", "attach_lexical", "explain_words",
-           "format_words", "load_lexical_head"]
+__all__ = ["LEXICAL_MODES", "SPARSE_BACKENDS", "IndexLexical", "attach_lexical",
+           "check_sparse_backend", "explain_words", "format_words", "load_lexical_head"]
 
 STAGE = "lexical"  # the SparseStage's name: its file is sparse-lexical.npz
 INFO_FILE = "lexical.json"
 LEXICAL_MODES = ("lexical", "bow", "hybrid")
+SPARSE_BACKENDS = ("exact", "seismic")
 _CHUNK = 256  # rows per head forward when computing video vectors
 
 log = logging.getLogger(__name__)
 
 
-class LexicalStage(SparseStage):
-    """The index's sparse stage: a :class:`SparseStage` that records, beside its file, which
-    head made its vectors (``lexical.json``), so that only that head reuses them."""
+class _HeadRecord:
+    """Records, beside a sparse stage's files, which head made its vectors (``lexical.json``),
+    so that only that head reuses them."""
 
     key = ""  # head_key of the head whose vectors the stage holds
 
@@ -66,12 +70,36 @@ class LexicalStage(SparseStage):
         info.write_text(json.dumps({"head": self.key, "rows": len(self)}, indent=1))
 
 
+class LexicalStage(_HeadRecord, SparseStage):
+    """The index's sparse stage on the exact inverted index."""
+
+
+class LexicalSeismicStage(_HeadRecord, SeismicStage):
+    """The index's sparse stage on seismic (approximate)."""
+
+
+def check_sparse_backend(backend: str, options: dict | None = None) -> SeismicConfig | None:
+    """The settings of sparse ``backend`` (None for exact), checked before any work: an
+    unknown backend, an option the backend does not take, or seismic not installed is one
+    sentence."""
+    if backend not in SPARSE_BACKENDS:
+        raise SparseIndexError(f"unknown sparse backend {backend!r}; known: "
+                               f"{', '.join(SPARSE_BACKENDS)}")
+    if backend == "exact":
+        if options:
+            raise SparseIndexError("the exact sparse backend takes no options (got "
+                                   f"{', '.join(sorted(options))})")
+        return None
+    import_seismic()
+    return seismic_config(options)
+
+
 @dataclass
 class IndexLexical:
     """What :func:`attach_lexical` registered: the head, its stage and the head's file."""
 
     head: LexicalHead
-    stage: LexicalStage
+    stage: LexicalStage | LexicalSeismicStage
     path: str | None
 
 
@@ -84,13 +112,20 @@ def load_lexical_head(path: str | os.PathLike, model: torch.nn.Module) -> Lexica
     return head
 
 
-def attach_lexical(index: VideoIndex, head: str | os.PathLike | LexicalHead) -> IndexLexical:
+def attach_lexical(index: VideoIndex, head: str | os.PathLike | LexicalHead,
+                   backend: str | None = None,
+                   options: dict | SeismicConfig | None = None) -> IndexLexical:
     """Let ``index`` search by words: the sparse stage, its query encoder and search modes.
 
     Args:
         index: an index with a model attached.
         head: a lexical head file (checked against the index's model) or a loaded head; a
             path is recorded in ``index.meta["lexical"]`` (and the manifest, in a folder).
+        backend: the sparse stage's engine: ``"exact"`` (scipy CSR inverted index, the
+            default) or ``"seismic"`` (approximate, ``pyseismic-lsr``; see
+            :mod:`dicosa.search.seismic`). None: what the index recorded, else exact.
+        options: seismic's settings (:class:`~dicosa.search.seismic.SeismicConfig` fields);
+            None: what the index recorded, else the defaults.
 
     Returns:
         What was registered (for :func:`explain_words`).
@@ -98,12 +133,16 @@ def attach_lexical(index: VideoIndex, head: str | os.PathLike | LexicalHead) -> 
     model = index._require_model()
     if any(stage.name == STAGE for stage in index.stages):
         raise ValueError("this index already has a lexical stage attached")
+    stored = (index.meta.get("lexical") or {}).get("sparse") or {}
+    backend = backend or stored.get("backend", "exact")
+    config = check_sparse_backend(backend, stored.get("options") if options is None
+                                  and backend == stored.get("backend") else options)
     path = None
     if isinstance(head, (str, os.PathLike)):
         path = str(Path(head).resolve())
         head = load_lexical_head(path, model)
     head = head.to("cpu").eval()
-    stage, held = _open_stage(index, head)
+    stage, held = _open_stage(index, head, config)
     index.add_first_stage(stage, videos=lambda ids, video: video_vectors(head, video),
                           indexed=held)
     index.query_encoders.append(lambda encoded: _encode_queries(index, head, encoded))
@@ -112,9 +151,12 @@ def attach_lexical(index: VideoIndex, head: str | os.PathLike | LexicalHead) -> 
         bow=_mode((STAGE,), "the query's own words (no network) against the sparse stage"),
         hybrid=_mode(("dense", STAGE), "dense and lexical candidates united"))
     recorded = {"head": path, "kind": head.kind} if path is not None else None
+    if recorded is not None and config is not None:
+        recorded["sparse"] = {"backend": stage.backend, "options": asdict(config)}
     # Only what changed is written: a search that reattaches the recorded head writes nothing.
     if index.directory is not None and (held is None
-                                        or not np.array_equal(np.sort(held), np.sort(stage.ids))):
+                                        or not np.array_equal(np.sort(held), np.sort(stage.ids))
+                                        or getattr(stage, "unsaved", False)):
         stage.save(index.directory)
     if recorded is not None and index.meta.get("lexical") != recorded:
         index.meta["lexical"] = recorded
@@ -129,14 +171,22 @@ def _mode(stages: tuple[str, ...], help: str):
     return SearchMode(stages, help)
 
 
-def _open_stage(index: VideoIndex, head: LexicalHead) -> tuple[LexicalStage, np.ndarray | None]:
-    """The stage this head stored in the index folder, with the rows it holds; else a new,
-    empty one (None: it holds nothing yet)."""
+def _open_stage(index: VideoIndex, head: LexicalHead, config: SeismicConfig | None
+                ) -> tuple[LexicalStage | LexicalSeismicStage, np.ndarray | None]:
+    """The stage this head stored in the index folder (in ``config``'s backend: seismic, or
+    exact for None), with the rows it holds; else a new, empty one (None: it holds nothing
+    yet)."""
     folder, key = index.directory, head_key(head)
-    stage, held = LexicalStage(head.words, STAGE), None
+
+    def new() -> LexicalStage | LexicalSeismicStage:
+        return (LexicalStage(head.words, STAGE) if config is None
+                else LexicalSeismicStage(head.words, STAGE, config))
+
+    stage, held = new(), None
     if folder is not None and _stored_key(folder) == key:
         try:
-            stage = LexicalStage.load(folder, STAGE)
+            stage = (LexicalStage.load(folder, STAGE) if config is None
+                     else LexicalSeismicStage.load(folder, STAGE, config))
             held = stage.ids
         except (FileNotFoundError, SparseIndexError) as exc:
             log.warning("computing the lexical vectors again: %s", exc)

@@ -29,6 +29,7 @@ from .types import Candidates, EncodedQueries
 __all__ = ["SparseIndexError", "SparseStage"]
 
 _FORMAT_VERSION = 1
+_ROW_KEYS = ("version", "ids", "words", "data", "indices", "indptr")
 
 
 class SparseIndexError(ValueError):
@@ -52,12 +53,17 @@ def _as_csr(videos: object, width: int) -> sp.csr_matrix:
 class SparseStage:
     """The lexical first stage (see the module docstring); implements ``FirstStage``."""
 
+    backend = "exact"  # what ``attach_lexical(..., backend=)`` names this stage
+
     def __init__(self, words: list[str], name: str = "lexical"):
         self.name = name
         self.words = list(words)
         self._ids = np.empty(0, dtype=np.int64)  # [n] store row ids
         self._rows = sp.csr_matrix((0, len(self.words)), dtype=np.float32)  # [n, |V|]
         self._postings: sp.csr_matrix | None = None  # [|V|, n], built on first search
+        # [n] argsort of _ids and _ids in that order, made when first needed
+        self._order: np.ndarray | None = None
+        self._sorted_ids: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -65,6 +71,13 @@ class SparseStage:
     @property
     def ids(self) -> np.ndarray:
         return self._ids.copy()
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the rows and ids (and the term-major copy, once a search made it)."""
+        held = [m for m in (self._rows, self._postings) if m is not None]
+        return self._ids.nbytes + sum(m.data.nbytes + m.indices.nbytes + m.indptr.nbytes
+                                      for m in held)
 
     def add(self, ids: np.ndarray, videos: object) -> None:
         """Index rows ``ids [n]`` with their sparse vectors ``videos [n, |V|]``."""
@@ -76,27 +89,35 @@ class SparseStage:
             raise SparseIndexError("row ids must be new and distinct (a row is indexed once)")
         self._ids = np.concatenate([self._ids, ids])
         self._rows = sp.vstack([self._rows, rows], format="csr")
-        self._postings = None
+        self._postings = self._order = None
 
     def remove(self, ids: np.ndarray) -> None:
         """Stop returning rows ``ids`` (unknown ids are ignored)."""
         keep = ~np.isin(self._ids, np.asarray(ids, dtype=np.int64))
         self._ids = self._ids[keep]
         self._rows = self._rows[keep]
-        self._postings = None
+        self._postings = self._order = None
 
-    def vectors(self, ids: np.ndarray) -> sp.csr_matrix:
-        """The stored sparse vectors ``[n, |V|]`` of rows ``ids [n]`` (SparseIndexError for a
-        row this stage does not hold)."""
+    def positions(self, ids: np.ndarray) -> np.ndarray:
+        """Where rows ``ids [n]`` are in the stored matrix (SparseIndexError for a row this
+        stage does not hold); the sort behind it is kept until the rows change, so a search
+        that looks up its candidates pays O(C log n), not a sort (or a copy) of every row."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        order = np.argsort(self._ids, kind="stable")
-        held = self._ids[order]  # [n] ascending
+        if self._order is None or self._sorted_ids is None:
+            self._order = np.argsort(self._ids, kind="stable")
+            self._sorted_ids = self._ids[self._order]
+        held = self._sorted_ids  # [n] ascending
         at = np.searchsorted(held, ids)
         found = at < len(held)
         found[found] = held[at[found]] == ids[found]
         if not found.all():
             raise SparseIndexError(f"row {int(ids[~found][0])} is not in the {self.name} stage")
-        return self._rows[order[at]]
+        return self._order[at]
+
+    def vectors(self, ids: np.ndarray) -> sp.csr_matrix:
+        """The stored sparse vectors ``[n, |V|]`` of rows ``ids [n]`` (SparseIndexError for a
+        row this stage does not hold)."""
+        return self._rows[self.positions(ids)]
 
     def scores(self, queries: sp.csr_matrix) -> sp.csr_matrix:
         """Exact dot products ``[Q, n]`` of ``queries [Q, |V|]`` with every indexed video,
@@ -124,6 +145,12 @@ class SparseStage:
             start, end = matched.indptr[q], matched.indptr[q + 1]
             cols, values = matched.indices[start:end], matched.data[start:end]
             keep = values > 0
+            if keep.sum() > k:
+                # Only rows scoring at least the k-th best can be among the k: sorting just
+                # them (ties at that score included) gives the same list as sorting every
+                # match, which at 100k rows was most of the search's time.
+                kth = np.partition(values[keep], -k)[-k]
+                keep &= values >= kth
             cols, values = cols[keep], values[keep]
             rows = self._ids[cols]
             order = np.lexsort((rows, -values))[:k]  # by score, then by id
@@ -137,18 +164,28 @@ class SparseStage:
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write ``sparse-<name>.npz`` into ``directory`` atomically, with the umask."""
+        self._write_rows(directory)
+
+    def _write_rows(self, directory: str | os.PathLike, **extra: np.ndarray) -> None:
+        """The rows file, plus ``extra`` arrays a subclass keeps beside them (the stage of
+        another backend reads the same file and ignores them)."""
         rows = self._rows
         buffer = io.BytesIO()
         np.savez(buffer, version=np.int64(_FORMAT_VERSION), ids=self._ids,
                  words=np.array(self.words, dtype=str), data=rows.data, indices=rows.indices,
-                 indptr=rows.indptr)
+                 indptr=rows.indptr, **extra)
         write_bytes_atomic(self._path(directory), buffer.getvalue())
 
     @classmethod
     def load(cls, directory: str | os.PathLike, name: str = "lexical") -> SparseStage:
         """The stage saved in ``directory`` (one-sentence SparseIndexError if damaged)."""
         stage = cls([], name)
-        path = stage._path(directory)
+        stage._read_rows(directory)
+        return stage
+
+    def _read_rows(self, directory: str | os.PathLike) -> dict[str, np.ndarray]:
+        """Fill this stage from its rows file; returns the file's other arrays."""
+        path = self._path(directory)
         try:
             with np.load(path, allow_pickle=False) as f:
                 if int(f["version"]) != _FORMAT_VERSION:
@@ -159,9 +196,11 @@ class SparseStage:
                 rows = sp.csr_matrix((f["data"], f["indices"], f["indptr"]),
                                      shape=(len(f["ids"]), len(words)), dtype=np.float32)
                 ids = f["ids"].astype(np.int64)
+                extra = {key: f[key] for key in f.files if key not in _ROW_KEYS}
         except (FileNotFoundError, SparseIndexError):
             raise
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
             raise SparseIndexError(f"{path} is not a readable sparse index ({exc})") from None
-        stage.words, stage._ids, stage._rows = words, ids, rows
-        return stage
+        self.words, self._ids, self._rows = words, ids, rows
+        self._postings = self._order = None
+        return extra
