@@ -43,6 +43,7 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     """
     from .checkpoint import load
     from .data.datasets import load_split
+    from .data.protocol import FrameProtocol
     from .data.synthetic import make_synthetic
     from .evaluation import evaluate, format_table
     from .index import VideoIndex
@@ -81,7 +82,7 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     caption = test.captions[0]
     figure_path = out / "factors.png"
     _, report = visualize_factors(model, video, caption, vocabulary=vocabulary,
-                                  save_path=figure_path)
+                                  save_path=figure_path, protocol=FrameProtocol.of(cfg.data))
     pair = report.pairs[0]
     print(f'"{caption}" vs {Path(video).name}: S = {pair.similarity:.3f}')
     for k in range(len(pair.cosines)):

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
+from .data.protocol import FrameProtocol
 from .model import DiCoSA, TextFeatures, VideoFeatures
 
 __all__ = ["DEFAULT_VOCABULARY", "FactorReport", "PairReport", "WordsReport",
@@ -138,6 +139,7 @@ def visualize_factors(
     num_names: int = 3,
     save_path: str | os.PathLike | None = None,
     device: torch.device | str | None = None,
+    protocol: FrameProtocol | None = None,
 ) -> tuple[Figure, FactorReport]:
     """Explain the DiCoSA score of one video against each text, factor by factor.
 
@@ -155,6 +157,9 @@ def visualize_factors(
         num_names: words per factor name.
         save_path: write the figure there as PNG.
         device: run on this device (the model is moved there); default the model's device.
+        protocol: how a video file's frames are picked and padded; pass the checkpoint's
+            (``FrameProtocol.of(cfg.data)``) so the model sees what it was trained on. Default
+            :class:`~dicosa.data.protocol.FrameProtocol` (segments, black padding).
 
     Returns:
         ``(figure, report)``. The figure has one subfigure per text, laid out as a grid of
@@ -173,7 +178,8 @@ def visualize_factors(
         model.to(device)
     device = next(model.parameters()).device
     tokenizer = tokenizer or get_tokenizer(model.config.arch, model.config.max_words)
-    frames, mask, video_name = _frames_of(model, video, frame_mask)
+    frames, mask, video_name = _frames_of(model, video, frame_mask,
+                                          protocol or FrameProtocol())
 
     was_training = model.training
     model.eval()
@@ -212,13 +218,14 @@ def visualize_factors(
 
 
 # -- inputs ----------------------------------------------------------------------------------
-def _frames_of(model: DiCoSA, video,
-               frame_mask: Tensor | None) -> tuple[Tensor, Tensor, str | None]:
+def _frames_of(model: DiCoSA, video, frame_mask: Tensor | None,
+               protocol: FrameProtocol) -> tuple[Tensor, Tensor, str | None]:
     """uint8 ``[N, 3, S, S]`` frames, bool ``[N]`` mask and the video's name."""
     if isinstance(video, (str, os.PathLike)):
         from .data.video import load_video
 
-        frames, mask = load_video(video, model.config.num_frames, model.image_size)
+        frames, mask = load_video(video, model.config.num_frames, model.image_size,
+                                  sampling=protocol.sampling, pad_colour=protocol.pad_colour)
         return frames, mask, str(video)
     if not isinstance(video, Tensor) or video.ndim != 4 or video.shape[1] != 3:
         raise ValueError("video must be a path or uint8 frames [N, 3, H, W], got "

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from dicosa.clip import get_tokenizer
+from dicosa.data.protocol import PAD_COLOURS, FrameProtocol
+from dicosa.data.video import load_video
 from dicosa.model import DiCoSA
 from dicosa.visualize import _AttentionCapture, _vocabulary_words, visualize_factors
 
@@ -174,6 +176,23 @@ def test_video_file_input(tmp_path, model):
     assert report.video == str(path)
     assert report.frames.shape == (model.config.num_frames, 3, 32, 32)
     assert report.frame_mask.all()
+
+
+def test_video_file_decoded_with_the_given_frame_protocol(tmp_path, model):
+    # 3 s at 10 fps: the released grid takes one frame per second and pads the rest with the
+    # mean colour, where the default takes segment centres of all 30 frames.
+    path = write_video(tmp_path / "clip.mp4", num_frames=30, fps=10)
+    n, size = model.config.num_frames, model.image_size
+    released, released_mask = load_video(path, n, size, sampling="released",
+                                          pad_colour=PAD_COLOURS["mean"])
+    segments, _ = load_video(path, n, size)
+    assert not torch.equal(released, segments)
+    _, report = visualize_factors(model, path, TEXTS[0],
+                                  protocol=FrameProtocol("released", "mean"))
+    assert np.array_equal(report.frames, released.numpy())
+    assert np.array_equal(report.frame_mask, released_mask.numpy())
+    _, default = visualize_factors(model, path, TEXTS[0])
+    assert np.array_equal(default.frames, segments.numpy())
 
 
 def test_bad_inputs(model):
