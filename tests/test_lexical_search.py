@@ -321,6 +321,11 @@ def test_seismic_backend_reuses_the_stored_vectors_and_is_reopened(model, traine
         assert [h.id for h in reopened.search(QUERY, k=3, candidates=3, mode="bow")]
     assert isinstance(again, SeismicStage) and again.config.heap_factor == 0.8
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
+    # Switched back to exact: recorded, and the seismic file is gone.
+    back = attach_lexical(VideoIndex.load(folder, model), path, backend="exact").stage
+    assert not isinstance(back, SeismicStage)
+    assert not list(folder.glob("*.seismic"))
+    assert "sparse" not in json.loads((folder / "manifest.json").read_text())["meta"]["lexical"]
 
 
 @needs_seismic

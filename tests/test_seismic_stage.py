@@ -191,6 +191,12 @@ def test_save_reopen_add_and_a_lost_index_file(rows, asked, tmp_path, monkeypatc
         again = SeismicStage.load(tmp_path)
     assert "rebuilding the seismic index" in caplog.text and again.unsaved
     np.testing.assert_array_equal(again.search(asked, 30).ids, found.ids)
+    # Saved by the exact backend (a switch back to exact): the seismic file goes with it.
+    again.save(tmp_path)
+    assert len(list(tmp_path.glob("*.seismic"))) == 1
+    SparseStage.load(tmp_path).save(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "sparse-lexical.npz"]
+    assert SeismicStage.load(tmp_path).unsaved  # and a switch to seismic again rebuilds
 
 
 def test_without_the_package_asking_for_seismic_is_one_sentence(monkeypatch):

@@ -154,7 +154,9 @@ def attach_lexical(index: VideoIndex, head: str | os.PathLike | LexicalHead,
     if recorded is not None and config is not None:
         recorded["sparse"] = {"backend": stage.backend, "options": asdict(config)}
     # Only what changed is written: a search that reattaches the recorded head writes nothing.
-    if index.directory is not None and (held is None
+    # A switch of backend saves, so that the files of the one left behind are removed.
+    switched = stage.backend != stored.get("backend", "exact")
+    if index.directory is not None and (held is None or switched
                                         or not np.array_equal(np.sort(held), np.sort(stage.ids))
                                         or getattr(stage, "unsaved", False)):
         stage.save(index.directory)

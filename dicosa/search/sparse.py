@@ -163,8 +163,12 @@ class SparseStage:
         return Path(directory) / f"sparse-{self.name}.npz"
 
     def save(self, directory: str | os.PathLike) -> None:
-        """Write ``sparse-<name>.npz`` into ``directory`` atomically, with the umask."""
+        """Write ``sparse-<name>.npz`` into ``directory`` atomically, with the umask; a seismic
+        index file of this stage left by the other backend is deleted (the rows file just
+        written no longer names it, so it could only take disk)."""
         self._write_rows(directory)
+        for stale in Path(directory).glob(f"sparse-{self.name}.*.seismic"):
+            stale.unlink(missing_ok=True)
 
     def _write_rows(self, directory: str | os.PathLike, **extra: np.ndarray) -> None:
         """The rows file, plus ``extra`` arrays a subclass keeps beside them (the stage of
