@@ -220,12 +220,10 @@ def _exclusion(index, args: argparse.Namespace):
             raise QueryError("--exclude needs a concepts head: add --concepts HEAD.pt (train "
                              "one with 'python -m dicosa heads train concepts')")
         return None
-    from .config import dataclass_from_dict
-    from .search.exclusion import ExclusionConfig
-    from .search.exclusion_index import attach_exclusion
+    from .search.exclusion_index import attach_exclusion, recorded_config
 
-    config = dataclass_from_dict(ExclusionConfig, _options(args.exclusion_set), "exclusion.")
-    return attach_exclusion(index, head, config)
+    # --exclusion-set changes the recorded settings (and is recorded): later searches keep it.
+    return attach_exclusion(index, head, recorded_config(index, **_options(args.exclusion_set)))
 
 
 def _attach_lexical(index, head: str | None):

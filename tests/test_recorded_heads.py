@@ -13,8 +13,10 @@ import torch
 import dicosa.__main__ as cli
 from dicosa.heads import save_head
 from dicosa.heads.lexical import VDRConfig, VDRHead
+from dicosa.index import VideoIndex
 from dicosa.model import DiCoSA
-from dicosa.search.exclusion_index import CODES_FILE
+from dicosa.search.exclusion import ExclusionConfig
+from dicosa.search.exclusion_index import CODES_FILE, recorded_config
 
 from ._scenes import trained_head
 from ._videos import write_frames
@@ -61,6 +63,34 @@ def test_index_records_the_concepts_head_and_search_reuses_it(built, tmp_path, c
     recorded = json.loads(capsys.readouterr().out)
     assert recorded["results"] == given["results"]
     assert all("matched" in r["explain"] for r in recorded["results"])  # the exclusion ran
+
+
+def test_exclusion_settings_are_recorded_and_kept(built, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "load_model", loads(built["model"], {"config": "tiny"}))
+    folder = shutil.copytree(built["index"], tmp_path / "index")
+    search = ["search", str(folder), QUERY, "-k", "3", "--json", "--explain"]
+
+    def recorded() -> dict:
+        return json.loads((folder / "manifest.json").read_text())["meta"]["concepts"]
+
+    assert cli.main(search) == 0
+    default = json.loads(capsys.readouterr().out)["results"]
+    # Every window counts as showing B: every candidate is demoted below the others' scores.
+    assert cli.main([*search, "--exclusion-set", "presence_threshold=-1e9",
+                     "--exclusion-set", "window=1"]) == 0
+    given = json.loads(capsys.readouterr().out)["results"]
+    assert [r["score"] for r in given] != [r["score"] for r in default]
+    assert recorded()["settings"] == {"presence_threshold": -1e9, "window": 1}
+    assert cli.main(search) == 0  # without the option: the recorded settings
+    assert json.loads(capsys.readouterr().out)["results"] == given
+    index = VideoIndex.load(folder, built["model"])
+    assert recorded_config(index, window=3) == ExclusionConfig(presence_threshold=-1e9, window=3)
+    # One key changed, the other kept; the default again drops a key from the record.
+    assert cli.main([*search, "--exclusion-set", "presence_threshold=inf"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"] == default
+    assert recorded()["settings"] == {"window": 1}
+    assert cli.main([*search, "--exclusion-set", "widow=1"]) == 2
+    assert "widow" in capsys.readouterr().err and recorded()["settings"] == {"window": 1}
 
 
 def test_search_head_replaces_a_moved_lexical_head(built, tmp_path, capsys, monkeypatch):

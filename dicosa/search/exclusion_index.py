@@ -13,7 +13,9 @@ needs and registers it:
 - the hook in ``index.hooks`` and its :meth:`~ExclusionRerank.prepare` in
   ``index.query_encoders``;
 - the head's path in ``index.meta["concepts"]`` (and the manifest), so that
-  ``python -m dicosa search`` reattaches it without ``--concepts``.
+  ``python -m dicosa search`` reattaches it without ``--concepts``, with the settings that
+  differ from :class:`~dicosa.search.exclusion.ExclusionConfig`'s defaults (the presence
+  threshold chosen on validation, say), so that they need not be passed on every search.
 
 :func:`explain_hits` then says, for each result of the last search, which concept dimensions
 matched A and which of B's were empty (``python -m dicosa search ... --explain``).
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
     from ..index import Hit, VideoIndex
 
 __all__ = ["ConceptCodes", "IndexExclusion", "attach_exclusion", "explain_hits",
-           "format_explanation"]
+           "format_explanation", "recorded_config"]
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +109,8 @@ def attach_exclusion(index: VideoIndex, head: str | os.PathLike | ConceptCodesHe
             :func:`~dicosa.heads.base.load_head`; its path is recorded in
             ``index.meta["concepts"]``, and the manifest in a folder) or a loaded head.
         config: K, t, C, the window and the presence threshold (the per-frame check is off
-            while the threshold is infinite, the default).
+            while the threshold is infinite, the default). None: the settings the index
+            recorded (:func:`recorded_config`); given with a head file, they are recorded.
 
     Returns:
         The registered hook (its :attr:`~IndexExclusion.last` call feeds :func:`explain_hits`).
@@ -128,20 +131,32 @@ def attach_exclusion(index: VideoIndex, head: str | os.PathLike | ConceptCodesHe
     def frames(ids: np.ndarray) -> VideoFeatures:
         return index.store.gather(np.asarray(ids)).to(index.device, dtype)
 
-    config = config or ExclusionConfig()
+    config = config or recorded_config(index)
     rerank = IndexExclusion(config, head=head, video_codes=codes, model=model,
                             video_frames=frames)
     index.hooks.append(rerank)
     index.query_encoders.append(
         lambda encoded: rerank.prepare(encoded, model, _on(index.tokenizer, index.device)))
-    _record(index, path)
+    _record(index, path, config)
     return rerank
 
 
-def _record(index: VideoIndex, path: str | None) -> None:
-    """Keep the head's file in ``index.meta["concepts"]``; the manifest is written only when
-    that changes (a search that reattaches the recorded head writes nothing)."""
-    recorded = {"head": path}
+def recorded_config(index: VideoIndex, **overrides) -> ExclusionConfig:
+    """The exclusion settings ``index`` recorded (defaults where it recorded none), with
+    ``overrides`` (``ExclusionConfig`` field names; unknown ones are one sentence) on top."""
+    from ..config import dataclass_from_dict
+
+    settings = (index.meta.get("concepts") or {}).get("settings") or {}
+    return dataclass_from_dict(ExclusionConfig, {**settings, **overrides}, "exclusion.")
+
+
+def _record(index: VideoIndex, path: str | None, config: ExclusionConfig) -> None:
+    """Keep the head's file and the settings that are not the defaults in
+    ``index.meta["concepts"]``; the manifest is written only when that changes (a search that
+    reattaches the recorded head with the recorded settings writes nothing)."""
+    default = asdict(ExclusionConfig())
+    settings = {k: v for k, v in asdict(config).items() if v != default[k]}
+    recorded = {"head": path, **({"settings": settings} if settings else {})}
     if path is None or index.meta.get("concepts") == recorded:
         return
     index.meta["concepts"] = recorded
