@@ -80,7 +80,11 @@ def test_exclusion_search_through_the_index(collection, tmp_path):
     assert any(has_b(collection, plain))  # the squares rank high for the plain query
     rerank = attach_exclusion(index, collection["head"], CONFIG)
     assert (folder / CODES_FILE).is_file()
-    assert VideoIndex.load(folder).meta["concepts"] == {"head": str(collection["head"])}
+    # The head and the settings that are not the defaults are recorded.
+    default = dataclasses.asdict(ExclusionConfig())
+    changed = {k: v for k, v in dataclasses.asdict(CONFIG).items() if v != default[k]}
+    assert changed and VideoIndex.load(folder).meta["concepts"] == {
+        "head": str(collection["head"]), "settings": changed}
     after = index.search(article(A), k=4)
     assert [h.id for h in after] == [h.id for h in plain]  # no exclusion: nothing changes
     np.testing.assert_allclose([h.score for h in after], [h.score for h in plain], rtol=1e-6)
