@@ -16,8 +16,10 @@
                            [--concepts HEAD.pt] [--exclude B ...] [--exclusion-set K=V]
                                               ("A without B" queries; --concepts once, then
                                               the index remembers the head)
-                           [--mul2vec HEAD.pt | --fusion] [--beta-semantic B] [--trust T]
-                                              (titles, text-only entries)
+                           [--mul2vec HEAD.pt | --fusion | --no-fusion] [--beta-semantic B]
+                           [--beta-title B] [--trust T]
+                                              (titles, text-only entries; recorded: later
+                                              searches fuse the same way)
                            [--explain]        (with --concepts, --mul2vec, --fusion or an
                                               index built with --head: the words shared)
     python -m dicosa heads train KIND --checkpoint CKPT --out HEAD.pt [--set key=value]
@@ -277,13 +279,21 @@ def _explained(rerank, results, args: argparse.Namespace) -> list[dict]:
 
 
 def _attach_fusion(index, args: argparse.Namespace):
-    """The fusion hook the search options ask for (--mul2vec HEAD or --fusion), or None."""
-    if args.mul2vec is None and not args.fusion:
+    """The fusion hook the search options ask for (--mul2vec HEAD or --fusion), else the one
+    the index recorded (None: neither, or --no-fusion). Weights not given on the command line
+    are the recorded ones while the kind (Mul2vec or late) stays the same."""
+    recorded = index.meta.get("fusion")
+    if args.no_fusion or (args.mul2vec is None and not args.fusion and recorded is None):
         return None
     from .search.fusion import attach_fusion
 
-    return attach_fusion(index, args.mul2vec, beta_semantic=args.beta_semantic,
-                         beta_title=args.beta_title, trust=args.trust)
+    head = args.mul2vec
+    if head is None and not args.fusion:
+        head = _recorded_head(index, "fusion", "--mul2vec")  # None: late fusion recorded
+    same_kind = recorded is not None and (recorded.get("head") is None) == (head is None)
+    weights = {name: recorded.get(name) if getattr(args, name) is None and same_kind
+               else getattr(args, name) for name in ("beta_semantic", "beta_title", "trust")}
+    return attach_fusion(index, head, **weights)
 
 
 def _fusion_parts(index, fusion, args: argparse.Namespace, results) -> list[dict] | None:
@@ -416,8 +426,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight of the Mul2vec part (default 0.2)")
     p.add_argument("--beta-title", type=float, default=None,
                    help="weight of the title part (default 0.2 without a head, 0 with one)")
-    p.add_argument("--trust", type=float, default=0.5,
-                   help="how far a missing part follows the part a row has")
+    p.add_argument("--trust", type=float, default=None,
+                   help="how far a missing part follows the part a row has (default 0.5)")
+    p.add_argument("--no-fusion", action="store_true",
+                   help="search without the fusion the index recorded (the record stays)")
     p.add_argument("--explain", action="store_true",
                    help="why each result ranks where it does: the concept dimensions it "
                         "matched (with --concepts), its score parts, dicosa / semantic / "

@@ -128,6 +128,34 @@ def test_cli_titles_round_trip(folder, tmp_path, capsys, monkeypatch):
     assert np.isfinite([p["fused"] for p in result["fusion"]]).all()
     assert main(["search", str(out), TITLE, "-k", "2", "--fusion", "--explain", *TINY]) == 0
     assert "fusion parts" in capsys.readouterr().out
+    recorded_fusion_is_kept(out, result, capsys)
+
+
+def recorded_fusion_is_kept(out, fused: dict, capsys) -> None:
+    """The index remembers the last fusion asked for; weights not given keep their values."""
+    def recorded() -> dict:
+        return json.loads((out / "manifest.json").read_text())["meta"]["fusion"]
+
+    # The last search above gave --fusion alone: the weights given before are kept.
+    assert recorded() == {"head": None, "beta_semantic": 0.0, "beta_title": 5.0, "trust": 1.0}
+    search = ["search", str(out), TITLE, "-k", "3", "--candidates", "2", "--json", *TINY]
+    assert main([*search, "--explain"]) == 0  # no fusion option: the recorded one
+    again = json.loads(capsys.readouterr().out)
+    assert again["results"] == fused["results"] and again["fusion"] == fused["fusion"]
+    assert main([*search, "--fusion", "--trust", "0"]) == 0  # one weight changed
+    capsys.readouterr()
+    assert recorded() == {"head": None, "beta_semantic": 0.0, "beta_title": 5.0, "trust": 0.0}
+    assert main([*search, "--no-fusion"]) == 0
+    plain = json.loads(capsys.readouterr().out)["results"]
+    assert not any(r["path"].endswith("broken.mp4") for r in plain)  # text-only: not found
+    assert recorded()["trust"] == 0.0  # --no-fusion leaves the record alone
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["meta"]["fusion"]["head"] = str(out / "gone.pt")  # a Mul2vec head that moved
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert main(search) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: the fusion head recorded in the index, {out / 'gone.pt'}, is missing; "
+        "pass --mul2vec HEAD.pt with its new location")
 
 
 def test_mul2vec_fusion_finds_the_text_only_row_and_decomposes(index, model):
@@ -148,6 +176,23 @@ def test_mul2vec_fusion_finds_the_text_only_row_and_decomposes(index, model):
     for hit, part in zip(hits, parts, strict=True):
         assert part["fused"] == pytest.approx(part["dicosa"] + 0.3 * part["semantic"], abs=1e-5)
         assert part["fused"] == pytest.approx(hit.score, abs=1e-5)
+
+
+def test_a_mul2vec_head_file_is_recorded_with_its_weights(index, model, tmp_path):
+    from dicosa.heads import save_head
+    from dicosa.heads.mul2vec import Mul2vecConfig, Mul2vecHead
+
+    torch.manual_seed(0)
+    head = Mul2vecHead(Mul2vecConfig(), dim=model.embed_dim, vocab=["a"], num_docs=1,
+                       num_entities=1).eval()
+    path = save_head(head, tmp_path / "m2v.pt", model)
+    folder = shutil.copytree(index.directory, tmp_path / "index")
+    attach_fusion(VideoIndex.load(folder, model), path, trust=0.25)
+    assert VideoIndex.load(folder).meta["fusion"] == {
+        "head": str(path.resolve()), "beta_semantic": 0.2, "beta_title": 0.0, "trust": 0.25}
+    before = (folder / "manifest.json").stat().st_mtime_ns
+    attach_fusion(VideoIndex.load(folder, model), head)  # an object: nothing recorded
+    assert (folder / "manifest.json").stat().st_mtime_ns == before
 
 
 def test_titles_are_encoded_once_and_kept_beside_the_index(index, model, tmp_path,

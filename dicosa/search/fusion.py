@@ -35,6 +35,10 @@ The titles' text vectors are encoded once and kept in the index folder
 (``fusion.titles.npy``, float16, extended as rows arrive); the other arrays are recomputed on
 each attach (a pass over the store's proxies and, with a head, one small MLP), and all of them
 are held in RAM: fusion costs ~(D + K)·4 bytes per row of memory (2 GiB at 1M rows, D=512).
+
+:func:`attach_fusion` given a head file (or no head: late fusion) records the choice in
+``index.meta["fusion"]`` (``{"head": path or None, "beta_semantic", "beta_title", "trust"}``,
+and the manifest), so that ``python -m dicosa search`` fuses the same way without the options.
 """
 
 from __future__ import annotations
@@ -440,7 +444,7 @@ def _flag(value) -> bool:
 
 
 def attach_fusion(index, head=None, *, beta_semantic: float | None = None,
-                  beta_title: float | None = None, trust: float = DEFAULT_TRUST
+                  beta_title: float | None = None, trust: float | None = None
                   ) -> FusionRerank:
     """Wire fused scoring into ``index``: a first stage that finds text-only rows and the
     :class:`FusionRerank` hook (appended to ``index.hooks``); returns the hook.
@@ -451,14 +455,23 @@ def attach_fusion(index, head=None, *, beta_semantic: float | None = None,
             :class:`TitleStage`, the default where no head is trained.
         beta_semantic, beta_title: default :data:`DEFAULT_BETA_SEMANTIC` with a head (and no
             title term), :data:`DEFAULT_BETA_TITLE` without one.
+        trust: how far a missing part follows the part a row has (default
+            :data:`DEFAULT_TRUST`).
+
+    With a head file or no head, the choice and the weights are recorded in
+    ``index.meta["fusion"]`` (and the manifest of an index in a folder); a head object is not.
 
     Rows added later join the fusion arrays when the first stage receives them (their titles
     encoded then). Attach once per index: each call registers another first stage.
     """
+    path = None
     if isinstance(head, (str, os.PathLike)):
         from ..heads.base import load_head
 
-        head = load_head(head, index._require_model(), kind="mul2vec")
+        path = str(Path(head).resolve())
+        head = load_head(path, index._require_model(), kind="mul2vec")
+    record = head is None or path is not None
+    trust = DEFAULT_TRUST if trust is None else trust
     if head is not None:
         beta_semantic = DEFAULT_BETA_SEMANTIC if beta_semantic is None else beta_semantic
         beta_title = 0.0 if beta_title is None else beta_title
@@ -474,7 +487,19 @@ def attach_fusion(index, head=None, *, beta_semantic: float | None = None,
         stage = TitleStage(hook.rows.title_text.shape[1])
         index.add_first_stage(stage, videos=lambda ids, _: hook.rows.title_text[ids])
     index.hooks.append(hook)
+    if record:
+        _record(index, {"head": path, "beta_semantic": beta_semantic,
+                        "beta_title": beta_title, "trust": trust})
     return hook
+
+
+def _record(index, fusion: dict) -> None:
+    """``index.meta["fusion"] = fusion``; the manifest is written only when that changes."""
+    if index.meta.get("fusion") == fusion:
+        return
+    index.meta["fusion"] = fusion
+    if index.directory is not None:
+        index._write_manifest()
 
 
 @torch.no_grad()
