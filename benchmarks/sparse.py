@@ -10,6 +10,11 @@ few words in most videos, most words in few), 20-400 non-zeros per video (log-no
 weigh little, as with learned sparse encoders). A query is the 2-27 heaviest words of a
 random video (weights times log-normal noise) plus three random words: 5-30 non-zeros.
 
+After the sweep, ``--added`` of the collection (default 1%, under the default
+``pending_fraction`` of 5%) is added again as new rows (copies of random rows under new ids):
+the time of that add and the single-query latency with the added rows waiting outside the
+seismic index (scored exactly beside it, no rebuild) are reported under ``after_add``.
+
 Memory: the exact stage holds the float32 rows and their term-major copy (nbytes); the
 seismic stage holds the same rows (rescoring, explanations, rebuilds) plus its index, whose
 size is given as its saved file. ``peak_rss_gib`` is the process's peak after each phase.
@@ -61,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(e.g. n_postings=6000)")
     p.add_argument("--threads", type=int, default=1,
                    help="seismic's build threads and torch's (0: seismic uses every core)")
+    p.add_argument("--added", type=float, default=0.01,
+                   help="rows added after the build, as a share of the collection")
     p.add_argument("--smoke", action="store_true", help="tiny sizes")
     p.add_argument("--out", default="benchmarks/results/sparse.json")
     args = p.parse_args(argv)
@@ -186,9 +193,33 @@ def measure(n: int, args: argparse.Namespace, work: Path) -> dict:
                          "build_settings": config.build_settings(),
                          "memory_gib": round((stage.nbytes + index_bytes) / 2**30, 3),
                          "index_file_gib": round(index_bytes / 2**30, 3),
-                         "search": searched}
+                         "search": searched,
+                         "after_add": after_add(stage, config, rows, singles, args)}
     result["peak_rss_gib"]["seismic"] = peak_rss_gib()
     return result
+
+
+def after_add(stage: SeismicStage, config, rows: sp.csr_matrix,
+              singles: list[EncodedQueries], args: argparse.Namespace) -> dict:
+    """Add ``--added`` of the collection as new rows, then time single queries (C = the
+    largest) with them waiting outside the seismic index."""
+    stage.set_config(config)
+    n = rows.shape[0]
+    count = max(1, int(n * args.added))
+    copies = np.random.default_rng(3).choice(n, count, replace=False)
+    start = time.perf_counter()
+    stage.add(np.arange(n, n + count, dtype=np.int64), rows[copies])
+    add_s = time.perf_counter() - start
+    rebuilt = stage._stale  # True: past pending_fraction, the next search rebuilds
+    latencies = []
+    for query in singles:
+        begin = time.perf_counter()
+        stage.search(query, max(args.candidates))
+        latencies.append((time.perf_counter() - begin) * 1000)
+    return {"rows_added": count, "add_s": round(add_s, 3), "rebuild_at_next_search": rebuilt,
+            "C": max(args.candidates),
+            "latency_ms_p50": round(float(np.percentile(latencies, 50)), 2),
+            "latency_ms_p99": round(float(np.percentile(latencies, 99)), 2)}
 
 
 def main(argv: list[str] | None = None) -> dict:

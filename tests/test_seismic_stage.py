@@ -199,6 +199,36 @@ def test_save_reopen_add_and_a_lost_index_file(rows, asked, tmp_path, monkeypatc
     assert SeismicStage.load(tmp_path).unsaved  # and a switch to seismic again rebuilds
 
 
+@needs_seismic
+def test_added_rows_are_searched_exactly_until_they_pass_pending_fraction(
+        rows, asked, tmp_path, monkeypatch, caplog):
+    exact, approx = pair(rows[:3000], **EXHAUSTIVE, pending_fraction=0.05)
+    approx.build()
+    new = slice(3000, 3100)  # 100 rows: 3.3% of the 3,000 built
+    with monkeypatch.context() as patch:
+        patch.setattr(SeismicStage, "_build", lambda self: pytest.fail("rebuilt"))
+        for stage in (exact, approx):
+            stage.add(IDS[new], rows[new])
+        found = approx.search(asked, 30)
+        np.testing.assert_array_equal(found.ids, exact.search(asked, 30).ids)
+        assert np.isin(found.ids, IDS[new]).any()  # the waiting rows are found
+        approx.save(tmp_path)
+        reopened = SeismicStage.load(tmp_path)  # they still wait, and are still found
+        np.testing.assert_array_equal(reopened.search(asked, 30).ids, found.ids)
+        assert not reopened.unsaved
+    # 100 more: 6.7% wait, past the fraction; one rebuild puts them all in the index.
+    more = slice(3100, 3200)
+    for stage in (exact, reopened):
+        stage.add(IDS[more], rows[more])
+    with caplog.at_level(logging.INFO, logger="dicosa.search.seismic"):
+        caplog.clear()
+        found = reopened.search(asked, 30)
+        reopened.search(asked, 30)
+    assert caplog.text.count("built the seismic index") == 1
+    np.testing.assert_array_equal(found.ids, exact.search(asked, 30).ids)
+    assert len(reopened._pending_rows()[0]) == 0
+
+
 def test_without_the_package_asking_for_seismic_is_one_sentence(monkeypatch):
     monkeypatch.setitem(sys.modules, "seismic", None)  # import seismic now fails
     with pytest.raises(SeismicUnavailableError) as caught:

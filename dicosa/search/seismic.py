@@ -14,9 +14,11 @@ What this module adds around it:
 - **exact scores**: seismic stores the weights as float16; the candidates it returns (plus
   ``slack`` more) are rescored from the float32 rows, so ``Candidates.scores`` equal the exact
   stage's and the order among candidates is exact (ties to the smaller id);
-- **adds rebuild**: seismic has no incremental insert, so rows added since the last build make
-  the index stale, and the next ``search`` or ``save`` rebuilds it from every row (logged, with
-  its time): one rebuild per batch of adds, but a rebuild over the whole collection;
+- **adds are searched exactly until they are many**: seismic has no incremental insert, so rows
+  added since the last build wait outside it and every search scores them exactly (a
+  term-major matrix of just those rows) beside seismic's candidates; once they exceed
+  ``pending_fraction`` of the built rows, the next ``search`` or ``save`` rebuilds the index
+  from every row (logged, with its time). Adding one video to a large index costs no rebuild;
 - **removals are tombstones**: removed rows leave the rows at once and are filtered from
   seismic's answers, which are over-fetched by the number of tombstones so that ``k`` live rows
   still come back; past ``rebuild_fraction`` of the built rows the index is rebuilt;
@@ -101,6 +103,7 @@ class SeismicConfig:
     # at the k-th place fall on the right side
     # -- maintenance ---------------------------------------------------------------------
     rebuild_fraction: float = 0.2  # rebuild once removed rows exceed this share of the built
+    pending_fraction: float = 0.05  # ... or once added rows waiting outside it exceed this
     num_threads: int = 0  # seismic's threads for build and batch search (0: every core)
 
     def __post_init__(self) -> None:
@@ -114,9 +117,9 @@ class SeismicConfig:
             raise SparseIndexError("seismic max_fraction must be positive and centroid_fraction"
                                    " and summary_energy in (0, 1]")
         if self.heap_factor < 0 or self.slack < 0 or self.num_threads < 0 \
-                or not 0 < self.rebuild_fraction <= 1:
-            raise SparseIndexError("seismic heap_factor, slack and num_threads must be >= 0 and "
-                                   "rebuild_fraction in (0, 1]")
+                or not 0 < self.rebuild_fraction <= 1 or not 0 <= self.pending_fraction <= 1:
+            raise SparseIndexError("seismic heap_factor, slack and num_threads must be >= 0, "
+                                   "rebuild_fraction in (0, 1] and pending_fraction in [0, 1]")
 
     def build_settings(self) -> dict:
         """The settings the built index depends on."""
@@ -172,24 +175,43 @@ class SeismicStage(SparseStage):
         self._index = None  # the seismic index over _built, None when stale or empty
         self._built = np.empty(0, dtype=np.int64)  # [b] ascending: the rows it holds
         self._tombstones = np.empty(0, dtype=np.int64)  # [t] ascending: built, since removed
-        self._stale = False  # rows were added (or settings changed) since the build
+        self._pending: tuple[np.ndarray, sp.csc_matrix] | None = None  # added since the build
+        self._stale = False  # the index must be rebuilt before the next search
         self._build_id: str | None = None  # names the index's file; None: not built
         self._saved_id: str | None = None  # the build whose file is in the folder
 
     # -- rows ------------------------------------------------------------------------------
     def add(self, ids: np.ndarray, videos: object) -> None:
-        """Index rows ``ids [n]``; the seismic index is rebuilt at the next search or save
-        (seismic cannot insert), so adding in batches costs one rebuild."""
+        """Index rows ``ids [n]``: searched exactly beside the seismic index until they
+        exceed ``pending_fraction`` of its rows, then the next search or save rebuilds it
+        (seismic cannot insert)."""
         super().add(ids, videos)
-        self._stale = True
+        self._check_rebuild()
 
     def remove(self, ids: np.ndarray) -> None:
         """Stop returning rows ``ids``: gone from the rows now, filtered from seismic's
         answers until the rebuild that ``rebuild_fraction`` triggers."""
         super().remove(ids)
+        self._check_rebuild()
+
+    def _check_rebuild(self) -> None:
+        """Refresh the tombstones and the rows waiting outside the index; mark the index
+        stale when either is past its fraction of the built rows."""
         self._tombstones = np.setdiff1d(self._built, self._ids)  # both ascending, unique
-        if len(self._tombstones) > self.config.rebuild_fraction * max(len(self._built), 1):
+        self._pending = None
+        built = max(len(self._built), 1)
+        waiting = len(self._ids) - (len(self._built) - len(self._tombstones))
+        if len(self._tombstones) > self.config.rebuild_fraction * built \
+                or waiting > self.config.pending_fraction * built:
             self._stale = True
+
+    def _pending_rows(self) -> tuple[np.ndarray, sp.csc_matrix]:
+        """The ids added since the build and their rows ``[p, |V|]``, term-major so that a
+        query reads only its words' columns (kept until the next add or remove)."""
+        if self._pending is None:
+            ids = np.setdiff1d(self._ids, self._built)
+            self._pending = (ids, self._rows[self.positions(ids)].tocsc())
+        return self._pending
 
     @property
     def unsaved(self) -> bool:
@@ -227,6 +249,7 @@ class SeismicStage(SparseStage):
                     num_threads=cfg.num_threads)
         self._built = np.sort(self._ids)
         self._tombstones = np.empty(0, dtype=np.int64)
+        self._pending = None
         self._stale = False
         self._build_id = uuid.uuid4().hex[:12]
         log.info("built the seismic index of the %s stage: %d rows, %d non-zeros, %.1f s",
@@ -286,11 +309,20 @@ class SeismicStage(SparseStage):
         return Candidates(out_ids, out_scores, str(queries.extra.get("lexical_mode", self.name)))
 
     def _candidates(self, query: sp.csr_matrix, k: int) -> np.ndarray:
-        """Live row ids seismic proposes for one query ``[1, |V|]``: at least ``k + slack``
-        of them where seismic finds that many, tombstones filtered out."""
-        if self._index is None or not query.nnz:
+        """Live row ids for one query ``[1, |V|]``: seismic's (at least ``k + slack`` where it
+        finds that many, tombstones filtered out) and the best ``k + slack`` of the rows added
+        since the build, scored exactly."""
+        if not query.nnz:
             return np.empty(0, dtype=np.int64)
         want = k + self.config.slack
+        pending, rows = self._pending_rows()
+        if len(pending):
+            scores = rows[:, query.indices] @ query.data  # [p]
+            best = np.flatnonzero(scores > 0)
+            best = best[np.argsort(-scores[best], kind="stable")[:want]]
+            pending = pending[best]
+        if self._index is None:
+            return pending
         # Every tombstone could be among the answers: asking for that many more guarantees
         # `want` live rows whenever seismic finds them (the tombstones are bounded by
         # rebuild_fraction of the built rows).
@@ -304,7 +336,7 @@ class SeismicStage(SparseStage):
         ids = np.fromiter((int(doc) for _, _, doc in found), dtype=np.int64, count=len(found))
         if len(self._tombstones):
             ids = ids[~np.isin(ids, self._tombstones, assume_unique=True)]
-        return ids
+        return np.concatenate([ids, pending])
 
     def _rescore(self, query: sp.csr_matrix, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Exact float32 dot products of ``query [1, |V|]`` with rows ``ids``; rows scoring 0
@@ -375,7 +407,5 @@ class SeismicStage(SparseStage):
                 return
         self._index, self._built = index, built
         self._build_id = self._saved_id = info["build"]
-        self._stale = bool(len(np.setdiff1d(self._ids, built)))  # rows the build lacks
-        self._tombstones = np.setdiff1d(built, self._ids)
-        if len(self._tombstones) > self.config.rebuild_fraction * max(len(built), 1):
-            self._stale = True
+        self._stale = False
+        self._check_rebuild()  # rows added or removed since the build, as before the save
