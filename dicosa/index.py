@@ -26,7 +26,8 @@ On-disk format (one folder)::
     shard-00000.csv            one metadata row per video of that shard
     first_stage.json, dense.*  the dense first stage's own files (search/dense.py)
 
-``manifest.json`` holds ``format`` (``"dicosa-video-index"``), ``version`` (2), ``fingerprint``
+``manifest.json`` holds ``format`` (``"dicosa-video-index"``), ``version`` (2, or 3 when the
+frame protocol is not ``segments``/``black``: see below), ``fingerprint``
 (``weights_sha256`` and the ``config`` fields that change features or scores), the store's
 fields (``num_frames``, ``dim``, ``next_id``, ``removed`` row ids, ``shards``:
 ``[{"name", "first_id", "count", "proxy"}]``), ``num_videos`` (live rows), ``first_stage``
@@ -35,7 +36,9 @@ stage was last saved; a stage that lags is rebuilt from the stored proxies when 
 ``skipped`` (``[{"path", "reason"}]``), ``frames`` (``{"sampling", "padding"}``: the frame
 protocol every video was decoded with, :class:`~dicosa.data.protocol.FrameProtocol`; a
 manifest without it was written before it was recorded, when indexes always decoded
-``segments``/``black``) and ``meta`` (free-form). Only shards listed in the
+``segments``/``black``; an index with another protocol is version 3, so that a dicosa from
+before the field refuses it instead of adding videos decoded the wrong way) and ``meta``
+(free-form). Only shards listed in the
 manifest belong to the index, so an interrupted write leaves at most an orphan file that the
 next shard overwrites; a build into a folder that already holds an index resumes it. Version-1
 folders (no proxies, no first stage) open as they are and are upgraded on their next write.
@@ -80,7 +83,8 @@ __all__ = ["FORMAT", "Hit", "SearchMode", "VideoIndex", "fingerprint_mismatch", 
 log = logging.getLogger(__name__)
 
 FORMAT = "dicosa-video-index"
-VERSION = 2
+VERSION = 3  # written only for a frame protocol other than segments/black (else 2)
+READABLE = (1, 2, 3)
 MANIFEST = "manifest.json"
 SUMMARY_HEAD = "summary_head.pt"  # the "distilled" summary's head (dicosa/heads/summary.py)
 DEFAULT_BACKEND = "local"  # faiss HNSW, in the index folder
@@ -656,7 +660,7 @@ class VideoIndex:
         tokenizer: Callable[[list[str]], Tensor] | None = None,
         device: torch.device | str | None = None,
     ) -> VideoIndex:
-        """Open an index written by :meth:`build` or :meth:`save` (format version 1 or 2).
+        """Open an index written by :meth:`build` or :meth:`save` (format version 1-3).
 
         The store is memory-mapped; the dense first stage is opened from its files, or
         rebuilt from the stored proxies when it lags the store (an interrupted build) or the
@@ -682,9 +686,9 @@ class VideoIndex:
                              "index'") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise ValueError(f"{path} is not a {FORMAT} manifest")
-        if manifest.get("version") not in (1, VERSION):
+        if manifest.get("version") not in READABLE:
             raise ValueError(f"{path}: index format version {manifest.get('version')} is not "
-                             f"supported (this dicosa reads versions 1 and {VERSION}); "
+                             f"supported (this dicosa reads versions 1 to {VERSION}); "
                              "rebuild the index with 'python -m dicosa index'")
         spec = manifest.get("first_stage") or {"backend": DEFAULT_BACKEND}
         frames = manifest.get("frames") or _UNRECORDED_FRAMES.as_dict()
@@ -714,7 +718,8 @@ class VideoIndex:
             store["dim"] = self.model.embed_dim if self.model is not None else None
         write_text_atomic(self.directory / MANIFEST, json.dumps({
             "format": FORMAT,
-            "version": VERSION,
+            # 2 where the format is unchanged: older dicosa versions read it as before.
+            "version": 2 if self.frames == _UNRECORDED_FRAMES else VERSION,
             "fingerprint": self._fingerprint,
             "num_videos": len(self),
             **store,

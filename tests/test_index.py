@@ -203,8 +203,9 @@ def test_the_index_decodes_with_the_frame_protocol_it_records(model, tmp_path, m
     out = tmp_path / "index"
     built = _build(model, clips[:1], out, frame_sampling="released", frame_padding="mean")
     assert built.frames == FrameProtocol("released", "mean")
-    assert json.loads((out / "manifest.json").read_text())["frames"] == {
-        "sampling": "released", "padding": "mean"}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["frames"] == {"sampling": "released", "padding": "mean"}
+    assert manifest["version"] == 3  # a dicosa that ignores "frames" refuses it
     VideoIndex.load(out, model).add(clips[1:2], num_workers=0, progress=False)  # reopened
     resumed = _build(model, clips, out)  # a resumed build keeps the recorded protocol
     assert resumed.frames == FrameProtocol("released", "mean") and len(resumed) == 3
