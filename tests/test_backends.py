@@ -12,7 +12,7 @@ from dicosa.errors import USER_ERRORS
 from dicosa.functional import video_proxy
 from dicosa.model import TextFeatures, VideoFeatures
 from dicosa.search.backends import make_first_stage, open_first_stage
-from dicosa.search.dense import ExactStage, FaissConfig, FaissStage, StageError
+from dicosa.search.dense import ExactStage, FaissConfig, FaissStage, StageError, top_k
 from dicosa.search.query import parse_query
 from dicosa.search.types import EncodedQueries, FirstStage
 
@@ -73,6 +73,20 @@ def test_exact_is_cosine_top_k(data):
 
 
 @pytest.mark.paths  # numpy against a naive reference / another engine
+@pytest.mark.parametrize("k", [1, 7, 40, 64, 100])
+def test_top_k_equals_a_stable_full_sort(k):
+    # Few distinct values: many ties at the k-th place, where the order must still be the
+    # stable sort's (smaller position first); NaN ranks last, as -inf.
+    rng = np.random.default_rng(k)
+    scores = rng.integers(0, 5, (6, 64)).astype(np.float32)
+    scores[0, :10] = np.nan
+    scores[1] = 0.0  # every row tied
+    scores[2, ::3] = -np.inf
+    cleaned = np.where(np.isnan(scores), -np.inf, scores)
+    expected = np.argsort(-cleaned, axis=1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(top_k(scores, k), expected)
+
+
 def test_video_features_are_reduced_to_their_proxy():
     g = torch.Generator().manual_seed(0)
     frames = torch.randn(5, 4, DIM, generator=g)

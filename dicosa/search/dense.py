@@ -98,6 +98,22 @@ def pad_candidates(ids: np.ndarray, scores: np.ndarray, k: int, stage: str) -> C
     return Candidates(ids=ids, scores=scores, stage=stage)
 
 
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions ``[Q, min(k, n)]`` of the ``k`` best of each row of ``scores [Q, n]``, best
+    first, ties to the smaller position (a stable descending argsort's first ``k``; NaN
+    counts as -inf), without sorting all n: only the rows scoring at least the k-th best."""
+    scores = np.where(np.isnan(scores), -np.inf, scores)
+    count = min(k, scores.shape[1])
+    if count == scores.shape[1]:
+        return np.argsort(-scores, axis=1, kind="stable")
+    kth = -np.partition(-scores, count - 1, axis=1)[:, count - 1]  # [Q] the k-th best score
+    out = np.empty((len(scores), count), dtype=np.int64)
+    for q, row in enumerate(scores):
+        keep = np.flatnonzero(row >= kth[q])  # every row tied with the k-th best too
+        out[q] = keep[np.argsort(-row[keep], kind="stable")[:count]]
+    return out
+
+
 def check_k(k: int) -> int:
     if int(k) < 1:
         raise StageError(f"k must be at least 1, got {k}")
@@ -144,10 +160,7 @@ class ExactStage:
         if top == 0:
             return pad_candidates(np.zeros((len(scores), 0)), np.zeros((len(scores), 0)), k,
                                   self.name)
-        part = np.argpartition(-scores, top - 1, axis=1)[:, :top]  # [Q, top] unordered
-        part_scores = np.take_along_axis(scores, part, axis=1)
-        order = np.argsort(-part_scores, axis=1, kind="stable")
-        best = np.take_along_axis(part, order, axis=1)
+        best = top_k(scores, top)  # [Q, top]
         return pad_candidates(self.ids[best], np.take_along_axis(scores, best, axis=1), k,
                               self.name)
 

@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .dense import top_k
 from .row_cache import RowCache
 from .types import Candidates, EncodedQueries
 
@@ -289,14 +290,7 @@ class SemanticStage:
     def search(self, queries: EncodedQueries, k: int) -> Candidates:
         theta = query_topics(queries, self.head).numpy()  # [Q, K]
         scores = theta @ self.vectors.T  # [Q, n]
-        count = min(k, len(self.ids))
-        ids = np.full((len(queries), k), -1, dtype=np.int64)
-        best = np.full((len(queries), k), -np.inf, dtype=np.float32)
-        if count:
-            top = np.argsort(-scores, axis=1, kind="stable")[:, :count]
-            ids[:, :count] = self.ids[top]
-            best[:, :count] = np.take_along_axis(scores, top, axis=1)
-        return Candidates(ids, best, self.name)
+        return _top_candidates(self.ids, scores, len(queries), k, self.name)
 
     def save(self, directory: str | os.PathLike) -> None:
         from ..checkpoint import write_bytes_atomic
@@ -350,7 +344,7 @@ def _top_candidates(ids: np.ndarray, scores: np.ndarray, num_queries: int, k: in
     out = np.full((num_queries, k), -1, dtype=np.int64)
     best = np.full((num_queries, k), -np.inf, dtype=np.float32)
     if count:
-        top = np.argsort(-scores, axis=1, kind="stable")[:, :count]
+        top = top_k(scores, count)  # [Q, count]
         out[:, :count] = ids[top]
         best[:, :count] = np.take_along_axis(scores, top, axis=1)
     return Candidates(out, best, name)
