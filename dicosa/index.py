@@ -38,10 +38,12 @@ protocol every video was decoded with, :class:`~dicosa.data.protocol.FrameProtoc
 manifest without it was written before it was recorded, when indexes always decoded
 ``segments``/``black``; an index with another protocol is version 3, so that a dicosa from
 before the field refuses it instead of adding videos decoded the wrong way) and ``meta``
-(free-form). Only shards listed in the
-manifest belong to the index, so an interrupted write leaves at most an orphan file that the
-next shard overwrites; a build into a folder that already holds an index resumes it. Version-1
-folders (no proxies, no first stage) open as they are and are upgraded on their next write.
+(free-form; dicosa keeps there ``model``, what built the index, and ``lexical``,
+``concepts`` and ``fusion``, the heads and settings ``python -m dicosa search`` reattaches).
+Only shards listed in the manifest belong to the index, so an interrupted write leaves at
+most an orphan file that the next shard overwrites; a build into a folder that already
+holds an index resumes it. Version-1 folders (no proxies, no first stage) open as they are
+and are upgraded on their next write.
 
 A multi-process build (:mod:`dicosa.parallel_index`) adds ``parts/rank-R/``: each process's
 own shards and manifest (an index without a first stage). The merged ``manifest.json`` lists
