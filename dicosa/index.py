@@ -59,7 +59,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -180,8 +180,11 @@ class Hit:
     stage: str  # what proposed it: a first stage ("dense", "lexical", "bow", "dense+lexical"),
     #             "all" (every row reranked, candidates >= len(index)) or "exhaustive"
     #             (candidates=None)
-    stage_score: float | None  # the first stage's own score; None for "all"/"exhaustive"
+    stage_score: float | None  # the first listed stage's own score; None for "all"/"exhaustive"
     id: int  # the store row id
+    # every proposing stage's own score, e.g. {"dense": 0.31, "lexical": 2.7} for
+    # "dense+lexical" (their scales differ); None for "all"/"exhaustive"
+    stage_scores: dict[str, float] | None = field(default=None, hash=False)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -872,7 +875,7 @@ class VideoIndex:
         clock.lap("encode_s")
         if candidates is not None:
             candidates = max(candidates, k)  # fewer than k could not fill the answer
-        ids, stage, stage_scores = self._candidates(encoded, candidates, mode)
+        ids, stage, stage_scores, by_stage = self._candidates(encoded, candidates, mode)
         clock.lap("first_stage_s")
         if isinstance(stage, str) and stage == "exhaustive":
             scores = self._exhaustive(encoded.text, ids[0], chunk).expand(len(texts), -1)
@@ -884,7 +887,7 @@ class VideoIndex:
         for hook in hooks if hooks is not None else self.hooks:
             scores = hook(encoded, ids, scores)
         clock.lap("hooks_s")
-        results = self._top(scores, dicosa, ids, stage, stage_scores, k)
+        results = self._top(scores, dicosa, ids, (stage, stage_scores, by_stage), k)
         clock.lap("top_s")
         stats = {**clock.times, "stage": stage if isinstance(stage, str) else "first stage",
                  "mode": mode, "candidates": [int((row >= 0).sum()) for row in ids]}
@@ -907,7 +910,9 @@ class VideoIndex:
         return [r for r in stages if r.stage.name in wanted or r.stage.name not in named]
 
     def _candidates(self, encoded: EncodedQueries, candidates: int | None, mode: str | None):
-        """``(ids [Q, C] int64 with -1 pads, stage: str or [Q, C] labels, stage scores)``."""
+        """``(ids [Q, C] int64 with -1 pads, stage: str or [Q, C] labels, the first listed
+        stage's scores [Q, C], and {stage: score} per candidate [Q, C] where several stages
+        searched)`` (the last three None or a label for every row reranked)."""
         stages = self._searched(mode)
         # Reranking every row is what the dense stage would propose anyway once C covers the
         # index; a sparse stage alone proposes only rows sharing a word, so it still runs.
@@ -916,14 +921,14 @@ class VideoIndex:
         if candidates is None or covered or not stages:
             label = "exhaustive" if candidates is None else "all"
             live = self.store.live()  # not per two-stage query: 3.5 ms at 1M rows
-            return np.broadcast_to(live, (len(encoded), len(live))), label, None
+            return np.broadcast_to(live, (len(encoded), len(live))), label, None, None
         dense = (EncodedQueries(encoded.queries, TextFeatures(self._dense_summary().queries(
             encoded.text.text)), encoded.extra) if any(r.dense for r in stages) else None)
         found = [r.stage.search(dense if r.dense else encoded, candidates) for r in stages]
         if len(found) == 1:
             ids = found[0].ids.copy()
             ids[~self.store.is_live(ids)] = -1  # a stage that lags never returns a removed row
-            return ids, found[0].stage, found[0].scores
+            return ids, found[0].stage, found[0].scores, None
         return _union(found, self.store)
 
     def _without_text_only(self, ids: np.ndarray, scores: Tensor) -> Tensor:
@@ -954,8 +959,11 @@ class VideoIndex:
             out[q, c] = pair_scores(model, pairs, video).cpu()
         return out
 
-    def _top(self, scores: Tensor, dicosa: Tensor, ids: np.ndarray, stage, stage_scores,
+    def _top(self, scores: Tensor, dicosa: Tensor, ids: np.ndarray, proposed: tuple,
              k: int) -> list[list[Hit]]:
+        """The k best hits per query; ``proposed``: :meth:`_candidates`' stage labels, first
+        stage scores and per-stage scores."""
+        stage, stage_scores, by_stage = proposed
         top = scores.topk(min(k, scores.shape[1]), dim=1)
         picked = []
         for q, (cols, vals) in enumerate(zip(top.indices.tolist(), top.values.tolist(),
@@ -967,34 +975,41 @@ class VideoIndex:
         paths = iter(self.store.paths(hit_ids))
         results = []
         for q, row in enumerate(picked):
-            results.append([Hit(
-                path=next(paths), score=v, dicosa=float(dicosa[q, c]), id=int(ids[q, c]),
-                stage=stage if isinstance(stage, str) else str(stage[q, c]),
-                stage_score=None if stage_scores is None else float(stage_scores[q, c]))
-                for c, v in row])
+            hits = []
+            for c, v in row:
+                label = stage if isinstance(stage, str) else str(stage[q, c])
+                first = None if stage_scores is None else float(stage_scores[q, c])
+                parts = (by_stage[q, c] if by_stage is not None
+                         else None if first is None else {label: first})
+                hits.append(Hit(path=next(paths), score=v, dicosa=float(dicosa[q, c]),
+                                id=int(ids[q, c]), stage=label, stage_score=first,
+                                stage_scores=parts))
+            results.append(hits)
         return results
 
 
 def _union(found: list[Candidates], store: FrameStore):
-    """United candidate lists of several stages: ids [Q, C], labels ("dense+lexical"), and
-    the first listed stage's score of each row."""
+    """United candidate lists of several stages: ids [Q, C], labels ("dense+lexical"), the
+    first listed stage's score of each row and every proposing stage's ({stage: score})."""
     rows = []
     for q in range(len(found[0].ids)):
-        merged: dict[int, tuple[list[str], float]] = {}
+        merged: dict[int, dict[str, float]] = {}  # row id -> {stage: its score}, in order
         for cand in found:
             for i, s in zip(cand.ids[q].tolist(), cand.scores[q].tolist(), strict=True):
                 if i >= 0:
-                    merged.setdefault(i, ([], s))[0].append(cand.stage)
+                    merged.setdefault(i, {})[cand.stage] = s
         rows.append(merged)
     width = max(1, max(len(r) for r in rows))
     ids = np.full((len(rows), width), -1, dtype=np.int64)
     labels = np.full((len(rows), width), "", dtype=object)
     scores = np.full((len(rows), width), -np.inf, dtype=np.float32)
+    by_stage = np.full((len(rows), width), None, dtype=object)
     for q, merged in enumerate(rows):
-        for c, (i, (names, s)) in enumerate(merged.items()):
-            ids[q, c], labels[q, c], scores[q, c] = i, "+".join(names), s
+        for c, (i, parts) in enumerate(merged.items()):
+            ids[q, c], labels[q, c], by_stage[q, c] = i, "+".join(parts), parts
+            scores[q, c] = next(iter(parts.values()))
     ids[~store.is_live(ids)] = -1
-    return ids, labels, scores
+    return ids, labels, scores, by_stage
 
 
 class _Clock:

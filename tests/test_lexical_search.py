@@ -132,6 +132,18 @@ def test_hybrid_unites_dense_and_lexical_candidates_with_stage_labels(model, tra
         assert label == expected
     assert found(None) == (hybrid, count)  # no mode: every registered stage
     assert set(dense.values()) == {"dense"}
+    # Each proposing stage's own score, as that stage alone gives it; the first is stage_score.
+    alone = {mode: {h.id: h.stage_score for h in index.search(QUERY, k=size, candidates=size,
+                                                              mode=mode)}
+             for mode in ("dense", "lexical")}
+    both = 0
+    for hit in index.search(QUERY, k=size, candidates=size, mode="hybrid"):
+        assert list(hit.stage_scores) == hit.stage.split("+")
+        assert hit.stage_score == next(iter(hit.stage_scores.values()))
+        for name, score in hit.stage_scores.items():
+            assert score == pytest.approx(alone[name][hit.id], rel=1e-6)
+        both += len(hit.stage_scores) == 2
+    assert both  # some row was proposed by both stages
 
 
 def test_stored_vectors_are_reused_extended_and_removed_rows_never_return(
