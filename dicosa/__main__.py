@@ -283,6 +283,11 @@ def _attach_fusion(index, args: argparse.Namespace):
     the index recorded (None: neither, or --no-fusion). Weights not given on the command line
     are the recorded ones while the kind (Mul2vec or late) stays the same."""
     recorded = index.meta.get("fusion")
+    if args.no_fusion and (args.mul2vec is not None or args.fusion):
+        from .search.query import QueryError
+
+        raise QueryError("--no-fusion searches without fusion: drop --mul2vec/--fusion, or "
+                         "--no-fusion")
     if args.no_fusion or (args.mul2vec is None and not args.fusion and recorded is None):
         return None
     from .search.fusion import attach_fusion

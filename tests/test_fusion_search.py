@@ -149,6 +149,8 @@ def recorded_fusion_is_kept(out, fused: dict, capsys) -> None:
     plain = json.loads(capsys.readouterr().out)["results"]
     assert not any(r["path"].endswith("broken.mp4") for r in plain)  # text-only: not found
     assert recorded()["trust"] == 0.0  # --no-fusion leaves the record alone
+    assert main([*search, "--no-fusion", "--fusion"]) == 2
+    assert "--no-fusion searches without fusion" in capsys.readouterr().err
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["meta"]["fusion"]["head"] = str(out / "gone.pt")  # a Mul2vec head that moved
     (out / "manifest.json").write_text(json.dumps(manifest))
