@@ -536,6 +536,16 @@ class VideoIndex:
         """The first stages, the dense one first."""
         return [r.stage for r in self._stages()]
 
+    def remember(self, key: str, value: dict) -> None:
+        """Keep ``value`` as ``meta[key]`` (a head and settings that ``python -m dicosa search``
+        reattaches), writing the manifest of an index in a folder only when it changes: a
+        search that reattaches what the index recorded writes nothing."""
+        if self.meta.get(key) == value:
+            return
+        self.meta[key] = value
+        if self.directory is not None:
+            self._write_manifest()
+
     def add_first_stage(self, stage: FirstStage,
                         videos: Callable[[np.ndarray, VideoFeatures], object] | None = None,
                         *, indexed: np.ndarray | None = None) -> None:

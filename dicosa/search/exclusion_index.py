@@ -157,11 +157,8 @@ def _record(index: VideoIndex, path: str | None, config: ExclusionConfig) -> Non
     default = asdict(ExclusionConfig())
     settings = {k: v for k, v in asdict(config).items() if v != default[k]}
     recorded = {"head": path, **({"settings": settings} if settings else {})}
-    if path is None or index.meta.get("concepts") == recorded:
-        return
-    index.meta["concepts"] = recorded
-    if index.directory is not None:
-        index._write_manifest()
+    if path is not None:
+        index.remember("concepts", recorded)
 
 
 def _on(tokenizer, device):

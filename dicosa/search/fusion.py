@@ -482,18 +482,9 @@ def attach_fusion(index, head=None, *, beta_semantic: float | None = None,
         index.add_first_stage(stage, videos=lambda ids, _: hook.rows.title_text[ids])
     index.hooks.append(hook)
     if record:
-        _record(index, {"head": path, "beta_semantic": beta_semantic,
-                        "beta_title": beta_title, "trust": trust})
+        index.remember("fusion", {"head": path, "beta_semantic": beta_semantic,
+                                  "beta_title": beta_title, "trust": trust})
     return hook
-
-
-def _record(index, fusion: dict) -> None:
-    """``index.meta["fusion"] = fusion``; the manifest is written only when that changes."""
-    if index.meta.get("fusion") == fusion:
-        return
-    index.meta["fusion"] = fusion
-    if index.directory is not None:
-        index._write_manifest()
 
 
 @torch.no_grad()

@@ -160,10 +160,8 @@ def attach_lexical(index: VideoIndex, head: str | os.PathLike | LexicalHead,
                                         or not np.array_equal(np.sort(held), np.sort(stage.ids))
                                         or getattr(stage, "unsaved", False)):
         stage.save(index.directory)
-    if recorded is not None and index.meta.get("lexical") != recorded:
-        index.meta["lexical"] = recorded
-        if index.directory is not None:
-            index._write_manifest()
+    if recorded is not None:
+        index.remember("lexical", recorded)
     return IndexLexical(head, stage, path)
 
 

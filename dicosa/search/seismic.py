@@ -50,6 +50,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..config import ConfigError, dataclass_from_dict
+from .dense import top_k
 from .sparse import SparseIndexError, SparseStage
 from .types import Candidates, EncodedQueries
 
@@ -318,9 +319,8 @@ class SeismicStage(SparseStage):
         pending, rows = self._pending_rows()
         if len(pending):
             scores = rows[:, query.indices] @ query.data  # [p]
-            best = np.flatnonzero(scores > 0)
-            best = best[np.argsort(-scores[best], kind="stable")[:want]]
-            pending = pending[best]
+            best = top_k(scores[None], want)[0]
+            pending = pending[best[scores[best] > 0]]
         if self._index is None:
             return pending
         # Every tombstone could be among the answers: asking for that many more guarantees
