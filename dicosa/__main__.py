@@ -505,6 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="config override, repeatable")
     p.set_defaults(func=_cmd_demo)
+    from .serve.cli import add_serve_parser  # the service (extra dicosa[serve]); issue 23
+
+    add_serve_parser(commands)
     return parser
 
 

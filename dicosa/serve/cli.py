@@ -23,11 +23,15 @@ import os
 import secrets
 import sys
 
-__all__ = ["LOOPBACK_NAMES", "add_serve_parser", "main", "run_serve"]
+__all__ = ["LOOPBACK_NAMES", "MissingExtra", "add_serve_parser", "main", "run_serve"]
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]", "::1")
 ENV_KEY = "DICOSA_API_KEY"
 log = logging.getLogger("dicosa.serve")
+
+
+class MissingExtra(ValueError):
+    """The optional dependencies of the service are not installed (one sentence)."""
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
@@ -65,8 +69,8 @@ def run_serve(args: argparse.Namespace) -> int:
         from .app import Settings, create_app
         from .engine import Engine
     except ImportError as exc:
-        raise ImportError(f"'python -m dicosa serve' needs FastAPI and uvicorn ({exc.name} is "
-                          "missing): pip install 'dicosa[serve]'") from None
+        raise MissingExtra(f"'python -m dicosa serve' needs FastAPI and uvicorn ({exc.name} is "
+                           "missing): pip install 'dicosa[serve]'") from None
     key = _api_key(args.api_key)
     for warning in binding_warnings(args.host, key):
         log.warning(warning)
@@ -126,6 +130,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (*USER_ERRORS, ImportError) as exc:
+    except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

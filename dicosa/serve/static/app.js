@@ -49,6 +49,7 @@ function go(next, replace = false) {
   const url = `${location.pathname}${p.toString() ? "?" + p : ""}`;
   if (replace) history.replaceState(null, "", url);
   else history.pushState(null, "", url);
+  window.scrollTo(0, 0);
   show();
 }
 
