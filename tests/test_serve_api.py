@@ -378,7 +378,7 @@ def test_concurrent_searches_get_their_own_answers(engine):
     (no shared search parameters), and some ran together."""
     alone = {}
     for i, q in enumerate(QUERIES):
-        alone[q] = engine.search(_request(q, k=3 + i % 3, offset=i % 2))
+        alone[q] = engine.search(_request(q, k=3 + i % 3, offset=i % 2)).body
     app = create_app(engine, Settings(reload_interval_s=0, max_batch=8, batch_wait_s=0.05))
     with TestClient(app, raise_server_exceptions=False) as c:
         barrier = threading.Barrier(len(QUERIES))

@@ -103,7 +103,7 @@ def test_results_render_with_thumbnails_timelines_and_details(browser, base, col
     engine = collection[0]
     open_page(browser, base, q="a red circle")
     shown = order(browser)
-    expected = engine.search(_request("a red circle", PAGE))["hits"]
+    expected = engine.search(_request("a red circle", PAGE)).body["hits"]
     assert shown == [h["id"] for h in expected]
     assert "Results 1–12" in browser.find_element(By.ID, "status").text
     first = browser.find_element(By.CSS_SELECTOR, "#results li.hit")
@@ -124,7 +124,7 @@ def test_results_render_with_thumbnails_timelines_and_details(browser, base, col
 def test_timeline_click_plays_the_video_from_that_frame(browser, base, collection):
     engine, _ = collection
     open_page(browser, base, q="a green cross")
-    hit = engine.search(_request("a green cross", PAGE))["hits"][0]
+    hit = engine.search(_request("a green cross", PAGE)).body["hits"][0]
     frame = 2
     wanted = hit["moment"]["frames"][frame]["time"]
     assert wanted == pytest.approx(2.5)  # slot 2 of 40 frames at 10 fps: frame 25

@@ -49,7 +49,7 @@ from starlette.exceptions import HTTPException
 
 from .. import __version__
 from .batching import Batcher
-from .engine import Engine, SearchRequest
+from .engine import Answer, Engine, SearchRequest
 from .errors import BAD_REQUESTS, NotReady, ServeError, UnknownVideo
 from .media import ThumbnailError, Thumbnails, file_response
 from .security import COOKIE, Guard, safe_next
@@ -359,37 +359,34 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
                  thumbnails: Thumbnails, batcher: Batcher) -> None:
     limits = settings.limits
 
-    def links(engine: Engine, answer: dict) -> dict:
-        """The media links of each hit (tokens in them when a key is set), and the page's
-        best moments started decoding."""
+    def links(answer: Answer) -> dict:
+        """The answer's body with the media links of each hit (tokens in them when a key is
+        set); the page's best moments start decoding."""
         wanted = []
-        for hit in answer["hits"]:
+        for hit, file in zip(answer.body["hits"], answer.files, strict=True):
+            if file is None:  # its file is gone or may not be served
+                hit.update(video=None, thumbnail=None, media_type=None, media_token=None)
+                continue
             vid = hit["id"]
             token = f"token={guard.media_token(vid)}" if guard.enabled else ""
             best = (hit["moment"] or {}).get("best") or {}
             t = best.get("time") or 0.0
-            try:
-                wanted.append((engine.video(vid), t))
-            except UnknownVideo:
-                # its file is gone or may not be served
-                hit.update(video=None, thumbnail=None, media_type=None, media_token=None)
-                continue
+            wanted.append((file, t))
             hit["video"] = f"/api/videos/{vid}/stream" + (f"?{token}" if token else "")
             hit["thumbnail"] = f"/api/videos/{vid}/thumb?t={t:g}" + (f"&{token}" if token
                                                                         else "")
-            hit["media_type"] = wanted[-1][0].media_type
+            hit["media_type"] = file.media_type
             hit["media_token"] = token or None  # for links to its other moments
         thumbnails.prefetch(wanted)
-        return answer
+        return answer.body
 
-    def run_search(request: SearchRequest) -> dict:
+    def run_search(request: SearchRequest) -> Response:
         started = time.perf_counter()
         engine = service.engine
         engine.check(request)
-        answer = engine.answer(request, batcher.rank(engine, request))
-        answer = links(engine, answer)
+        answer = links(engine.answer(request, batcher.rank(engine, request)))
         answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
-        return answer
+        return _JSON(answer)  # as it is: FastAPI's encoder pass over it costs milliseconds
 
     @app.get("/api/health", tags=["service"])
     def health() -> dict:
@@ -410,18 +407,18 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         return {**service.engine.info(), "limits": vars(limits), "version": __version__,
                 "api_key": guard.enabled}
 
-    @app.get("/api/search", tags=["search"])
+    @app.get("/api/search", tags=["search"], response_model=None)
     def search(q: str, exclude: Annotated[list[str] | None, Query()] = None, k: int = 10,
                offset: int = 0, candidates: int = 1000, mode: str | None = None,
-               explain: bool = False) -> dict:
+               explain: bool = False) -> Response:
         """Rank the videos for ``q`` ("A without B" leaves B out, as ``exclude`` does): the
         page ``[offset, offset + k)`` with each hit's frame weights, their times and the best
         moment, the time per stage, and (``explain``) the words and concepts behind each."""
         return run_search(_checked(limits, q, exclude or [], k, offset, candidates, mode,
                                    explain))
 
-    @app.post("/api/search", tags=["search"])
-    def search_body(body: SearchBody) -> dict:
+    @app.post("/api/search", tags=["search"], response_model=None)
+    def search_body(body: SearchBody) -> Response:
         """:func:`search` with the parameters in a JSON body."""
         return run_search(_checked(limits, body.q, body.exclude, body.k, body.offset,
                                    body.candidates, body.mode, body.explain))
@@ -431,16 +428,17 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         """A video's name, title, duration and frame rate (never its path)."""
         return service.engine.details(video_id)
 
-    @app.get("/api/videos/{video_id}/similar", tags=["videos"])
-    def similar(video_id: str, k: int = 10, offset: int = 0, candidates: int = 1000) -> dict:
+    @app.get("/api/videos/{video_id}/similar", tags=["videos"], response_model=None)
+    def similar(video_id: str, k: int = 10, offset: int = 0,
+                candidates: int = 1000) -> Response:
         """More like this: the videos whose frames are most like this video's, with moments."""
         request = _checked(limits, "similar", [], k, offset, candidates, None, False)
         started = time.perf_counter()
         engine = service.engine
-        answer = links(engine, engine.similar(video_id, k=request.k, offset=request.offset,
-                                              candidates=request.candidates))
+        answer = links(engine.similar(video_id, k=request.k, offset=request.offset,
+                                      candidates=request.candidates))
         answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
-        return answer
+        return _JSON(answer)
 
     @app.get("/api/videos/{video_id}/stream", tags=["videos"],
              response_class=Response, responses={206: {"description": "a byte range"}})

@@ -33,7 +33,7 @@ from ..search.query import Query, parse_query
 from ..search.types import EncodedQueries
 from .errors import ServeError, UnknownVideo
 
-__all__ = ["MEDIA_TYPES", "Engine", "Ranked", "SearchRequest", "VideoFile"]
+__all__ = ["MEDIA_TYPES", "Answer", "Engine", "Ranked", "SearchRequest", "VideoFile"]
 
 MANIFEST = "manifest.json"
 _SCORE_CHUNK = 1024  # videos per DiCoSA.score call of "more like this"
@@ -86,6 +86,14 @@ class VideoFile:
     media_type: str
     size: int
     mtime: float
+
+
+@dataclass
+class Answer:
+    """A page of hits as the service answers it, and each hit's file to link to."""
+
+    body: dict  # JSON: the query, the times, the hits (never a path)
+    files: list[VideoFile | None]  # per hit; None: its file may not be served
 
 
 @dataclass
@@ -208,13 +216,13 @@ class Engine:
                        times, str(stats["stage"]), truncated[q], len(texts))
                 for q, hits in enumerate(results)]
 
-    def answer(self, request: SearchRequest, ranked: Ranked) -> dict:
+    def answer(self, request: SearchRequest, ranked: Ranked) -> Answer:
         """The page ``[offset, offset + k)`` of ``ranked``: hits with their moments (and
         explanations when asked), and the time each step took."""
         started = time.perf_counter()
         page = ranked.hits[request.offset:request.depth]
         ids = np.array([h.id for h in page], dtype=np.int64)
-        rows = self.index.store.rows(ids)
+        rows = self.index.store.rows(ids)  # the one metadata read of the page
         found = self.moments(ranked.text, ids, rows)
         times = {**ranked.times, "moments_s": time.perf_counter() - started}
         explained = [{} for _ in page]
@@ -223,10 +231,10 @@ class Engine:
             explained = self._explain(request, ranked, page)
             times["explain_s"] = time.perf_counter() - started
         hits = [_hit(request.offset + i + 1, hit, row, moment, why)
-                for i, (hit, (_, row), moment, why) in enumerate(
-                    zip(page, rows.iterrows(), found, explained, strict=True))]
+                for i, (hit, row, moment, why) in enumerate(
+                    zip(page, rows.to_dict("records"), found, explained, strict=True))]
         query = ranked.encoded.queries[ranked.position] if ranked.encoded is not None else None
-        return {
+        return Answer({
             "query": {"q": request.text, "exclude": list(request.exclude),
                       "text": query.text if query else None,
                       "without": list(query.exclude) if query else [],
@@ -242,9 +250,9 @@ class Engine:
             "times_ms": {key[:-2]: round(1000 * value, 3) for key, value in times.items()},
             "notes": self._notes(query),
             "hits": hits,
-        }
+        }, [self._file(h.id, h.path) for h in page])
 
-    def search(self, request: SearchRequest) -> dict:
+    def search(self, request: SearchRequest) -> Answer:
         """:meth:`check`, :meth:`rank` alone and :meth:`answer`: one request, unbatched."""
         self.check(request)
         ranked = self.rank([request.text], depth=request.depth,
@@ -255,7 +263,7 @@ class Engine:
     # -- more like this -------------------------------------------------------------------
     @torch.inference_mode()
     def similar(self, video_id: object, *, k: int = 10, offset: int = 0,
-                candidates: int = 1000) -> dict:
+                candidates: int = 1000) -> Answer:
         """Videos like video ``video_id``: its dense proxy (the masked frame mean, Eq. 1 at
         τ → ∞) asks as a query would: the dense stage proposes, DiCoSA's score ranks (the
         seed itself left out), and the moments are the frames most like the seed."""
@@ -277,7 +285,7 @@ class Engine:
         request = SearchRequest(f"more like video {seed}", k=k, offset=offset,
                                 candidates=candidates, mode="dense")
         answer = self.answer(request, Ranked(hits, text, ids, None, 0, times, stage))
-        answer["query"].update(like=seed, q=None, mode=None)
+        answer.body["query"].update(like=seed, q=None, mode=None)
         return answer
 
     def _similar_candidates(self, text: Tensor, count: int) -> tuple[np.ndarray, str, np.ndarray]:
@@ -369,16 +377,22 @@ class Engine:
         """The file of video ``video_id`` if it may be served: its row's path, resolved, a
         regular file with a video extension inside the media roots (module docstring)."""
         number = self.live_id(video_id)
-        recorded = Path(self.index.store.paths(np.array([number]))[0])
+        file = self._file(number, self.index.store.paths(np.array([number]))[0])
+        if file is None:
+            raise UnknownVideo(video_id)
+        return file
+
+    def _file(self, number: int, path: str) -> VideoFile | None:
+        recorded = Path(path)
         try:
             real = recorded.resolve(strict=True)
+            roots = self.media_roots or (recorded.parent.resolve(),)
+            if (not any(real.is_relative_to(root) for root in roots) or not real.is_file()
+                    or real.suffix.lower() not in VIDEO_EXTENSIONS):
+                return None
+            stat = real.stat()
         except (OSError, RuntimeError):
-            raise UnknownVideo(video_id) from None
-        roots = self.media_roots or (recorded.parent.resolve(),)
-        if (not any(real.is_relative_to(root) for root in roots) or not real.is_file()
-                or real.suffix.lower() not in VIDEO_EXTENSIONS):
-            raise UnknownVideo(video_id)
-        stat = real.stat()
+            return None
         return VideoFile(number, real, MEDIA_TYPES.get(real.suffix.lower(),
                                                        "application/octet-stream"),
                          stat.st_size, stat.st_mtime)
@@ -457,7 +471,7 @@ def _exclusion(e, head) -> dict:
     return out
 
 
-def _row_facts(row: pd.Series) -> dict:
+def _row_facts(row: dict | pd.Series) -> dict:
     duration = _finite(row["duration"])
     title = row["title"] if isinstance(row["title"], str) else ""
     return {"name": Path(str(row["path"])).name, "title": title, "duration": duration,
@@ -472,7 +486,7 @@ def _finite(value) -> float | None:
     return round(number, 4) if math.isfinite(number) else None
 
 
-def _hit(rank: int, hit: Hit, row: pd.Series, moment: dict | None, explained: dict) -> dict:
+def _hit(rank: int, hit: Hit, row: dict, moment: dict | None, explained: dict) -> dict:
     out = {"rank": rank, "id": hit.id, **_row_facts(row), "score": hit.score,
            "dicosa": hit.dicosa, "stage": hit.stage, "stage_score": hit.stage_score,
            "stage_scores": hit.stage_scores, "moment": moment}
