@@ -92,7 +92,13 @@ class Batcher:
                     self._queue.put(None)  # stop after this batch
                     break
                 (batch if other.key() == first.key() else held).append(other)
-            self._run(batch)
+            try:
+                self._run(batch)
+            except Exception as exc:  # a fault here must not leave requests waiting forever
+                log.exception("the batching thread failed")
+                for waiting in batch:
+                    if not waiting.future.done():
+                        waiting.future.set_exception(exc)
 
     def _run(self, batch: list[_Waiting]) -> None:
         started = time.perf_counter()

@@ -29,6 +29,7 @@ import simplejpeg
 from starlette.responses import Response, StreamingResponse
 
 from .engine import VideoFile
+from .errors import UnknownVideo
 
 __all__ = ["RangeNotSatisfiable", "ThumbnailError", "Thumbnails", "decode_thumbnail",
            "file_response", "parse_range"]
@@ -100,7 +101,10 @@ def file_response(file: VideoFile, headers: dict[str, str]) -> Response:
                         headers={**common, "Content-Range": f"bytes */{file.size}"})
     first, last = span if span is not None else (0, file.size - 1)
     length = max(0, last - first + 1)
-    handle = open(file.path, "rb")  # noqa: SIM115 (closed by the stream)
+    try:
+        handle = open(file.path, "rb")  # noqa: SIM115 (closed by the stream)
+    except OSError:  # removed or made unreadable since it was checked
+        raise UnknownVideo(file.id) from None
     out = {**common, "Content-Length": str(length)}
     if span is not None:
         out["Content-Range"] = f"bytes {first}-{last}/{file.size}"
