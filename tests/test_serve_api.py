@@ -312,8 +312,9 @@ def test_the_api_key_guards_every_endpoint_media_included(engine):
             response = c.get(url)
             assert response.status_code == 401, url
             error_of(response)
-        page = c.get("/", headers={"Accept": "text/html"}, follow_redirects=False)
-        assert page.status_code == 303 and page.headers["location"].startswith("/login")
+        page = c.get("/?q=a+dog", headers={"Accept": "text/html"}, follow_redirects=False)
+        assert page.status_code == 303
+        assert page.headers["location"] == "/login?next=%2F%3Fq%3Da%2Bdog"  # back to the search
         assert c.get("/login").status_code == 200
         assert c.get("/api/info", headers={"X-API-Key": key}).status_code == 200
         assert c.get("/api/info", headers={"Authorization": f"Bearer {key}"}).status_code == 200
@@ -472,3 +473,35 @@ def test_videos_added_by_another_writer_are_searched_after_a_reload(built, tmp_p
     assert seen and all(status == 200 for status, _, _ in seen)
     assert {(videos, hits) for _, videos, hits in seen} <= {(len(CLIPS), len(CLIPS)),
                                                             (len(CLIPS) + 3, len(CLIPS) + 3)}
+
+
+def test_a_failed_batch_is_run_again_one_search_at_a_time():
+    """A search that fails fails alone: its batch is run again search by search."""
+    from dicosa.serve.batching import Batcher
+    from dicosa.serve.engine import Ranked
+
+    calls = []
+
+    class Stub:
+        def rank(self, texts, *, depth, candidates, exclude=(), mode=None):
+            calls.append(list(texts))
+            if "bad" in texts:
+                raise ValueError("no good")
+            return [Ranked([], torch.zeros(1, 2), np.zeros(0, np.int64), None, q, {}, t)
+                    for q, t in enumerate(texts)]
+
+    stub, batcher = Stub(), Batcher(max_batch=4, max_wait_s=0.2)
+    barrier = threading.Barrier(3)
+
+    def ask(text):
+        barrier.wait()
+        try:
+            return batcher.rank(stub, _request(text)).stage
+        except ValueError as exc:
+            return str(exc)
+
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(ask, ["one", "bad", "two"]))
+    batcher.close()
+    assert answers == ["one", "no good", "two"]
+    assert any(len(c) > 1 for c in calls) and ["bad"] in calls and ["one"] in calls

@@ -211,6 +211,28 @@ def test_empty_and_error_states_are_plain_words(browser, base):
     assert browser.switch_to.active_element.get_attribute("id") == "q"
 
 
+def test_with_an_api_key_the_login_cookie_lets_the_page_and_its_video_in(browser, collection):
+    key = "the key of this test"
+    with served(create_app(collection[0], Settings(api_key=key, reload_interval_s=0))) as url:
+        browser.get(f"{url}/?q=a+red+circle")
+        WebDriverWait(browser, WAIT).until(lambda d: "/login" in d.current_url)
+        field = browser.find_element(By.NAME, "key")
+        field.send_keys("a wrong key", Keys.ENTER)
+        WebDriverWait(browser, WAIT).until(lambda d: "failed=1" in d.current_url)
+        assert browser.find_element(By.ID, "failed").is_displayed()
+        browser.find_element(By.NAME, "key").send_keys(key, Keys.ENTER)
+        WebDriverWait(browser, WAIT).until(lambda d: "q=a+red+circle" in d.current_url
+                                           and "/login" not in d.current_url)
+        wait_settled(browser)
+        assert order(browser)
+        bar = browser.find_elements(By.CSS_SELECTOR, "#results li.hit .timeline .frame")[1]
+        click(browser, bar)
+        WebDriverWait(browser, WAIT).until(lambda d: d.execute_script(
+            "const v = document.getElementById('player');"
+            "return v.readyState >= 1 && !v.seeking && v.currentTime > 1;"))
+        browser.delete_all_cookies()
+
+
 def _request(q: str, k: int):
     from dicosa.serve.engine import SearchRequest
 

@@ -271,7 +271,8 @@ def _install_guards(app: FastAPI, settings: Settings, guard: Guard) -> None:
         if path not in _OPEN_PATHS and not guard.allows(
                 path, request.headers, request.cookies, request.query_params):
             if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
-                return RedirectResponse(f"/login?next={quote(str(request.url.path))}", 303)
+                back = path + (f"?{request.url.query}" if request.url.query else "")
+                return RedirectResponse(f"/login?next={quote(back, safe='')}", 303)
             return _error(401, "this server needs its API key: send X-API-Key, or log in at "
                                "/login", {"WWW-Authenticate": "Bearer"})
         response = await call_next(request)
