@@ -103,14 +103,14 @@ def write_clip(path: Path, objects: list[str], visible: dict | None) -> Path:
     return path
 
 
-def scene_index(folder: Path) -> tuple[VideoIndex, list[list[str]], object, object]:
+def scene_index(folder: Path) -> tuple[VideoIndex, list[list[str]]]:
     """The collection's clips in ``folder`` and an in-memory index of their features with
-    the concepts and lexical heads attached: ``(index, scenes, exclusion, lexical)``."""
+    the concepts and lexical plugins attached: ``(index, scenes)``."""
     from dicosa.heads.features import HeadData
     from dicosa.heads.lexical import VDRConfig, VDRHead
+    from dicosa.plugins.exclusion import attach_exclusion
+    from dicosa.plugins.lexical import attach_lexical
     from dicosa.search.exclusion import ExclusionConfig
-    from dicosa.search.exclusion_index import attach_exclusion
-    from dicosa.search.lexical_index import attach_lexical
 
     scenes, visible = collection()
     features = split(scenes, [scene_video(s, visible=visible.get(i), seed=100 + i)
@@ -127,9 +127,9 @@ def scene_index(folder: Path) -> tuple[VideoIndex, list[list[str]], object, obje
     index.add_features(type(features)(features.frames.half(), features.frame_mask), rows)
     config = ExclusionConfig(top_k_results=5, mass_fraction=0.5, candidates=12, window=1,
                              presence_threshold=0.5)
-    exclusion = attach_exclusion(index, trained_head()[1], config)
+    attach_exclusion(index, trained_head()[1], config)
     words = HeadData(scene_features(48, seed=0), scene_features(24, seed=1))
     head = VDRHead.fit(model, words, VDRConfig(distractors=20, epochs=60, video_k=6),
                        progress=False)
-    lexical = attach_lexical(index, head)
-    return index, scenes, exclusion, lexical
+    attach_lexical(index, head)
+    return index, scenes

@@ -26,8 +26,8 @@ pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient
 
-from dicosa.__main__ import load_model
 from dicosa.index import VideoIndex
+from dicosa.loading import load_model
 from dicosa.model import TextFeatures
 from dicosa.serve.app import Limits, Service, Settings, create_app
 from dicosa.serve.cli import allowed_hosts, binding_warnings
@@ -358,7 +358,7 @@ def test_tokens_expire():
 
 
 def test_loopback_by_default_and_host_names_checked(engine):
-    from dicosa.__main__ import build_parser
+    from dicosa.cli import build_parser
 
     args = build_parser().parse_args(["serve", "INDEX"])
     assert args.host == "127.0.0.1" and args.port == 8000 and args.api_key is None
@@ -411,7 +411,7 @@ def run_cli(*args: str, **kwargs) -> subprocess.Popen:
 
 
 def test_serve_command_reports_a_bad_index_in_one_sentence(tmp_path, capsys):
-    from dicosa.__main__ import main
+    from dicosa.cli import main
 
     assert main(["serve", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
@@ -487,8 +487,7 @@ def test_a_failed_batch_is_run_again_one_search_at_a_time():
             calls.append(list(texts))
             if "bad" in texts:
                 raise ValueError("no good")
-            return [Ranked([], torch.zeros(1, 2), np.zeros(0, np.int64), None, q, {}, t)
-                    for q, t in enumerate(texts)]
+            return [Ranked([], torch.zeros(1, 2), np.zeros(0, np.int64), {}, t) for t in texts]
 
     stub, batcher = Stub(), Batcher(max_batch=4, max_wait_s=0.2)
     barrier = threading.Barrier(3)

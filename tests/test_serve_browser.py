@@ -45,8 +45,8 @@ WAIT = 30  # seconds: a loaded 2-core machine is slow
 
 @pytest.fixture(scope="module")
 def collection(tmp_path_factory):
-    index, scenes, exclusion, lexical = scene_index(tmp_path_factory.mktemp("clips"))
-    return Engine(index, lexical=lexical, exclusion=exclusion), scenes
+    index, scenes = scene_index(tmp_path_factory.mktemp("clips"))
+    return Engine(index), scenes
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,10 @@
 """The service's view of one opened index: search, "more like this", the moment, media files.
 
-The routes (``app.py``) call only this module, so the index API beneath may change without
-them: today it adapts :class:`~dicosa.index.VideoIndex` (``VideoIndex.load``, the model the
-manifest recorded, the heads it recorded reattached as ``python -m dicosa search`` does, and
-``search_with_stats``).
+The routes (``app.py``) call only this module. It opens an index with
+:func:`~dicosa.index.open_index` (the model and every plugin the manifest recorded), searches
+with :meth:`VideoIndex.query` (whose :class:`~dicosa.index.SearchResult` carries the encoded
+query, the candidates and ``explain``), and adds what the page needs: each hit's frame weights
+and times (:mod:`dicosa.search.moment`), paging, and the files it may serve.
 
 An :class:`Engine` is a snapshot: nothing in it changes once it is open, and every request
 passes its parameters along (no shared search settings), so any number of requests use one at
@@ -17,7 +18,7 @@ import datetime
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,16 +27,18 @@ import torch
 from torch import Tensor
 
 from ..data.datasets import VIDEO_EXTENSIONS
-from ..index import Hit, VideoIndex
+from ..index import Hit, SearchResult, VideoIndex, open_index
 from ..model import DiCoSA, TextFeatures
 from ..search.moment import frame_times, frame_weights, moments
 from ..search.query import Query, parse_query
 from ..search.types import EncodedQueries
 from .errors import ServeError, UnknownVideo
 
-__all__ = ["MEDIA_TYPES", "Answer", "Engine", "Ranked", "SearchRequest", "VideoFile"]
+__all__ = ["EXPLAINED_AS", "MEDIA_TYPES", "Answer", "Engine", "Ranked", "SearchRequest",
+           "VideoFile"]
 
-MANIFEST = "manifest.json"
+# The API's name for each plugin's explanation of a hit (the page reads these).
+EXPLAINED_AS = {"lexical": "words", "concepts": "exclusion", "fusion": "fusion"}
 _SCORE_CHUNK = 1024  # videos per DiCoSA.score call of "more like this"
 # What <video> is told a file is; Chromium plays webm (VP8/VP9/AV1) and H.264 mp4.
 MEDIA_TYPES = {".mp4": "video/mp4", ".m4v": "video/mp4", ".webm": "video/webm",
@@ -69,12 +72,16 @@ class Ranked:
     hits: list[Hit]
     text: Tensor  # [1, D] the query's DiCoSA text vector (a video's proxy for "more like this")
     candidates: np.ndarray  # [C] the row ids reranked
-    encoded: EncodedQueries | None  # the batch it was encoded in (None: "more like this")
-    position: int  # its row in that batch
     times: dict[str, float]  # seconds per stage of the search it ran in
     stage: str
-    truncated: bool = False  # the query had more tokens than the model reads
+    result: SearchResult | None = None  # the index's answer (None: "more like this")
     batch: int = 1  # queries searched together with it
+
+    @classmethod
+    def of(cls, result: SearchResult, batch: int) -> Ranked:
+        q = result.position
+        return cls(result.hits, result.encoded.text.text[q:q + 1],
+                   result.ids[result.ids >= 0], dict(result.times), result.stage, result, batch)
 
 
 @dataclass(frozen=True)
@@ -96,36 +103,27 @@ class Answer:
     files: list[VideoFile | None]  # per hit; None: its file may not be served
 
 
-@dataclass
-class _Opened:
-    lexical: object = None
-    exclusion: object = None
-    fusion: object = None
-    notes: list[str] = field(default_factory=list)
-
-
 class Engine:
-    """One index with its model and heads, searched by the service (see the module doc).
+    """One index with its model and plugins, searched by the service (see the module doc).
 
     Args:
-        index: an index with its model attached.
-        lexical, exclusion, fusion: what :func:`~dicosa.search.lexical_index.attach_lexical`,
-            :func:`~dicosa.search.exclusion_index.attach_exclusion` and
-            :func:`~dicosa.search.fusion.attach_fusion` returned for it (None: no such head).
+        index: an index with its model attached and its plugins in ``index.plugins``
+            (``"lexical"``: words, ``"concepts"``: "A without B", ``"fusion"``: titles).
         media_roots: folders whose videos may be streamed; empty: each video's own folder as
             its row names it (a file reached through a link to elsewhere is refused).
     """
 
-    def __init__(self, index: VideoIndex, *, lexical=None, exclusion=None, fusion=None,
+    def __init__(self, index: VideoIndex, *,
                  media_roots: tuple[str | os.PathLike, ...] = ()):
+        if index.model is None:
+            raise ValueError("the service needs an index with its model attached")
         self.index = index
-        self.model: DiCoSA = index._require_model()
-        self.lexical, self.exclusion, self.fusion = lexical, exclusion, fusion
+        self.model: DiCoSA = index.model
+        self.plugins = dict(index.plugins)
         self.directory = index.directory
         self.media_roots = tuple(Path(r).resolve() for r in media_roots)
-        self.default_mode = "hybrid" if lexical is not None and "hybrid" in index.modes \
-            else "dense"
-        self.stamp = manifest_stamp(self.directory)
+        self.default_mode = ("hybrid" if "lexical" in self.plugins and "hybrid" in index.modes
+                             else "dense")
         self.opened_at = datetime.datetime.now(datetime.timezone.utc)
         self._dtype = next(self.model.parameters()).dtype
         if len(index):  # lazily made parts (the dense summary, codes) made now, not racing
@@ -137,14 +135,8 @@ class Engine:
              device: str | None = None, media_roots: tuple[str | os.PathLike, ...] = ()
              ) -> Engine:
         """Open the index in ``directory`` with the model its manifest recorded (or
-        ``model``: reopening after a change reuses the weights) and the heads it recorded."""
-        index = VideoIndex.load(directory, device=device)
-        if model is None:
-            model = _recorded_model(index)
-        index.attach(model)
-        heads = _attach_recorded_heads(index)
-        return cls(index, lexical=heads.lexical, exclusion=heads.exclusion, fusion=heads.fusion,
-                   media_roots=media_roots)
+        ``model``: reopening after a change reuses the weights) and its recorded plugins."""
+        return cls(open_index(directory, model, device=device), media_roots=media_roots)
 
     def reopen(self) -> Engine:
         """The same index opened again (another process may have added videos)."""
@@ -152,8 +144,8 @@ class Engine:
                            media_roots=self.media_roots)
 
     def changed(self) -> bool:
-        """Whether the manifest on disk is not the one this snapshot opened."""
-        return self.directory is not None and manifest_stamp(self.directory) != self.stamp
+        """Whether another writer committed since this snapshot was opened."""
+        return self.index.changed()
 
     # -- facts ----------------------------------------------------------------------------
     def info(self) -> dict:
@@ -165,10 +157,11 @@ class Engine:
             "model": {"source": Path(named).name if named else None, "arch": config.arch,
                       "frames": config.num_frames, "dim": self.model.embed_dim,
                       "max_words": config.max_words},
-            "heads": {"lexical": getattr(getattr(self.lexical, "head", None), "kind", None),
-                      "concepts": self.exclusion is not None,
-                      "fusion": None if self.fusion is None else
-                      "mul2vec" if (index.meta.get("fusion") or {}).get("head") else "late"},
+            "heads": {"lexical": getattr(getattr(self.plugins.get("lexical"), "head", None),
+                                         "kind", None),
+                      "concepts": "concepts" in self.plugins,
+                      "fusion": None if "fusion" not in self.plugins else
+                      "late" if self.plugins["fusion"].late else "mul2vec"},
             "modes": {name: mode.help for name, mode in index.modes.items()},
             "default_mode": self.default_mode,
             "backend": index.stage_spec.get("backend"),
@@ -185,36 +178,22 @@ class Engine:
         if request.mode is not None and request.mode not in self.index.modes:
             raise ServeError(f"this index has no '{request.mode}' search mode; it has "
                              f"{', '.join(self.index.modes)}")
-        if request.exclude and self.exclusion is None:
+        if request.exclude and "concepts" not in self.plugins:
             raise ServeError("this index has no concepts head, so it cannot leave things out; "
                              "index it with --concepts HEAD.pt to search 'A without B'")
         return query
 
-    @torch.inference_mode()
     def rank(self, texts: list[str], *, depth: int, candidates: int,
              exclude: tuple[str, ...] = (), mode: str | None = None) -> list[Ranked]:
         """The ``depth`` best hits of each text, searched together (one batch)."""
         mode = mode or self.default_mode
         if not len(self.index):
             empty = torch.zeros(1, self.model.embed_dim)
-            return [Ranked([], empty, np.zeros(0, np.int64), None, q, {}, "none")
-                    for q in range(len(texts))]
-        seen: dict[str, object] = {}
-
-        def capture(encoded: EncodedQueries, ids: np.ndarray, scores: Tensor) -> Tensor:
-            seen["encoded"], seen["ids"] = encoded, np.array(ids)  # this call's own copy
-            return scores
-
-        hooks = [*self.index.hooks, capture]
-        results, stats = self.index.search_with_stats(
-            list(texts), k=depth, candidates=max(candidates, depth), hooks=hooks,
-            exclude=list(exclude), mode=mode)
-        times = {key: value for key, value in stats.items() if key.endswith("_s")}
-        encoded, ids = seen["encoded"], seen["ids"]
-        truncated = self._truncated(encoded.queries)
-        return [Ranked(hits, encoded.text.text[q:q + 1], ids[q][ids[q] >= 0], encoded, q,
-                       times, str(stats["stage"]), truncated[q], len(texts))
-                for q, hits in enumerate(results)]
+            return [Ranked([], empty, np.zeros(0, np.int64), {}, "none")
+                    for _ in texts]
+        results = self.index.query(list(texts), k=depth, candidates=max(candidates, depth),
+                                   exclude=list(exclude), mode=mode)
+        return [Ranked.of(result, len(texts)) for result in results]
 
     def answer(self, request: SearchRequest, ranked: Ranked) -> Answer:
         """The page ``[offset, offset + k)`` of ``ranked``: hits with their moments (and
@@ -226,14 +205,16 @@ class Engine:
         found = self.moments(ranked.text, ids, rows)
         times = {**ranked.times, "moments_s": time.perf_counter() - started}
         explained = [{} for _ in page]
-        if request.explain and ranked.encoded is not None and page:
+        if request.explain and ranked.result is not None and page:
             started = time.perf_counter()
-            explained = self._explain(request, ranked, page)
+            explained = [self._explain(ranked.result, request.offset + i)
+                         for i in range(len(page))]
             times["explain_s"] = time.perf_counter() - started
         hits = [_hit(request.offset + i + 1, hit, row, moment, why)
                 for i, (hit, row, moment, why) in enumerate(
                     zip(page, rows.to_dict("records"), found, explained, strict=True))]
-        query = ranked.encoded.queries[ranked.position] if ranked.encoded is not None else None
+        result = ranked.result
+        query = result.encoded.queries[result.position] if result is not None else None
         return Answer({
             "query": {"q": request.text, "exclude": list(request.exclude),
                       "text": query.text if query else None,
@@ -244,7 +225,7 @@ class Engine:
             "videos": len(self.index),
             "reranked": len(ranked.candidates),
             "stage": ranked.stage,
-            "truncated": ranked.truncated,
+            "truncated": bool(result is not None and result.truncated),
             "batch": ranked.batch,
             "more": len(ranked.hits) >= request.depth and len(ranked.candidates) > request.depth,
             "times_ms": {key[:-2]: round(1000 * value, 3) for key, value in times.items()},
@@ -284,19 +265,20 @@ class Engine:
         times = {"first_stage_s": found - clock, "rerank_s": time.perf_counter() - found}
         request = SearchRequest(f"more like video {seed}", k=k, offset=offset,
                                 candidates=candidates, mode="dense")
-        answer = self.answer(request, Ranked(hits, text, ids, None, 0, times, stage))
+        answer = self.answer(request, Ranked(hits, text, ids, times, stage))
         answer.body["query"].update(like=seed, q=None, mode=None)
         return answer
 
     def _similar_candidates(self, text: Tensor, count: int) -> tuple[np.ndarray, str, np.ndarray]:
         """``(ids [C], stage, the stage's scores [C])`` for a seed's proxy ``text``."""
         index = self.index
-        dense = next((s for s in index.stages if s.name == "dense"), None)
+        stages = index.searcher().stages
+        dense = stages.dense_stage()
         if dense is None or count >= len(index):
             ids = index.store.live()
             return ids, "all", np.zeros(len(ids), np.float32)
         # The dense stage compares summary vectors: the seed asks in the query's form of them.
-        vectors = TextFeatures(index._dense_summary().queries(text))
+        vectors = TextFeatures(stages.summary().queries(text))
         found = dense.search(EncodedQueries([Query("more like this")], vectors,
                                             {"mode": "dense"}), count)
         ids, scores = found.ids[0], found.scores[0]
@@ -324,43 +306,22 @@ class Engine:
                 for m in moments(weights, times, video.frame_mask)]
 
     # -- explanations ---------------------------------------------------------------------
-    def _explain(self, request: SearchRequest, ranked: Ranked, page: list[Hit]) -> list[dict]:
-        out: list[dict] = [{} for _ in page]
-        mode = request.mode or self.default_mode
-        if self.lexical is not None:
-            from ..search.lexical_index import explain_words
-
-            for entry, words in zip(out, explain_words(self.index, self.lexical, request.text,
-                                                       page, mode), strict=True):
-                entry["words"] = words
-        query = ranked.encoded.queries[ranked.position]
-        if self.exclusion is not None and query.exclude:
-            ids = np.array([h.id for h in page], dtype=np.int64)
-            why = self.exclusion.explain(ranked.encoded, ranked.position, ranked.candidates, ids)
-            for entry, e in zip(out, why, strict=True):
-                entry["exclusion"] = _exclusion(e, self.exclusion.head)
-        if self.fusion is not None:
-            from ..search.fusion import explain_hits
-
-            for entry, parts in zip(out, explain_hits(self.index, self.fusion, request.text,
-                                                      page), strict=True):
-                entry["fusion"] = {k: v for k, v in parts.items() if k not in ("id", "path")}
+    def _explain(self, result: SearchResult, i: int) -> dict:
+        """The plugins' explanations of hit ``i`` under the names the API gives them
+        (:data:`EXPLAINED_AS`), concept dimensions named by their words, no file paths."""
+        out = {EXPLAINED_AS.get(key, key): said for key, said in result.explain(i).items()}
+        if "exclusion" in out and "concepts" in self.plugins:
+            out["exclusion"] = _named_dimensions(out["exclusion"],
+                                                 self.plugins["concepts"].head)
+        if "fusion" in out:
+            out["fusion"] = {k: v for k, v in out["fusion"].items() if k not in ("id", "path")}
         return out
 
     def _notes(self, query: Query | None) -> list[str]:
-        if query is not None and query.exclude and self.exclusion is None:
+        if query is not None and query.exclude and "concepts" not in self.plugins:
             return [f"'{', '.join(query.exclude)}' was not left out: this index has no "
                     "concepts head"]
         return []
-
-    def _truncated(self, queries: list[Query]) -> list[bool]:
-        """Whether each query's text has more tokens than the model reads (max_words)."""
-        tokenizer = self.index.tokenizer
-        length = getattr(tokenizer, "keywords", {}).get("context_length")
-        if length is None or not callable(getattr(tokenizer, "func", None)):
-            return [False] * len(queries)  # a tokenizer of another kind: cannot tell
-        tokens = tokenizer.func([q.text for q in queries], context_length=4 * length)
-        return ((tokens != 0).sum(dim=1) > length).tolist()
 
     # -- videos ---------------------------------------------------------------------------
     def live_id(self, video_id: object) -> int:
@@ -404,71 +365,13 @@ class Engine:
         return {"id": number, **_row_facts(row)}
 
 
-def manifest_stamp(directory: Path | None) -> tuple[int, int, int] | None:
-    """What changes when the manifest is rewritten (atomically: a new file each time)."""
-    if directory is None:
-        return None
-    try:
-        stat = (Path(directory) / MANIFEST).stat()
-    except FileNotFoundError:
-        return None
-    return (stat.st_mtime_ns, stat.st_size, stat.st_ino)
-
-
-def _recorded_model(index: VideoIndex) -> DiCoSA:
-    from ..__main__ import load_model
-
-    source = index.meta.get("model")
-    if not source:
-        raise ServeError(f"the index at {index.directory} does not record the model it was "
-                         "built with; rebuild it with 'python -m dicosa index'")
-    return load_model(source.get("checkpoint"), source.get("config"),
-                      source.get("overrides", ()))[0]
-
-
-def _attach_recorded_heads(index: VideoIndex) -> _Opened:
-    """The lexical, concepts and fusion heads the manifest recorded, reattached."""
-    opened = _Opened()
-    meta = index.meta
-    lexical = (meta.get("lexical") or {}).get("head")
-    if lexical:
-        from ..search.lexical_index import attach_lexical
-
-        opened.lexical = attach_lexical(index, _existing(lexical, "lexical"))
-    concepts = (meta.get("concepts") or {}).get("head")
-    if concepts:
-        from ..search.exclusion_index import attach_exclusion, recorded_config
-
-        opened.exclusion = attach_exclusion(index, _existing(concepts, "concepts"),
-                                            recorded_config(index))
-    fusion = meta.get("fusion")
-    if fusion:
-        from ..search.fusion import attach_fusion
-
-        head = fusion.get("head")
-        opened.fusion = attach_fusion(
-            index, _existing(head, "fusion") if head else None,
-            **{k: fusion.get(k) for k in ("beta_semantic", "beta_title", "trust")})
-    return opened
-
-
-def _existing(path: str, key: str) -> str:
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"the {key} head the index recorded, {path}, is missing; "
-                                "search it once with 'python -m dicosa search' and the head's "
-                                "new location to record that")
-    return path
-
-
-def _exclusion(e, head) -> dict:
-    """An :class:`~dicosa.search.exclusion.ExclusionExplanation` with its dimensions named."""
+def _named_dimensions(explained: dict, head) -> dict:
+    """An exclusion explanation with each concept dimension as ``{"dimension", "words"}``."""
     def named(dims) -> list[dict]:
         return [{"dimension": int(d), "words": head.dimension_words(int(d))} for d in dims]
 
-    out = asdict(e)
-    out["matched_words"] = named(d for d, _ in e.matched)
-    out["excluded_empty_words"] = named(e.excluded_empty)
-    return out
+    return {**explained, "matched_words": named(d for d, _ in explained["matched"]),
+            "excluded_empty_words": named(explained["excluded_empty"])}
 
 
 def _row_facts(row: dict | pd.Series) -> dict:
