@@ -131,6 +131,8 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     _stage(f"done in {time.perf_counter() - started:.0f} s; outputs")
     for name, path in outputs.items():
         print(f"  {name:<11}{path}")
+    print(f"look at the results in a browser: python -m dicosa serve {out / 'index'}  (then "
+          "open http://127.0.0.1:8000/)")
     return outputs
 
 
