@@ -22,22 +22,12 @@ import yaml
 
 from .clip import load_clip
 from .config import Config, ModelConfig, config_from_dict
+from .errors import CheckpointError, NoSpaceError
 from .model import DiCoSA
 
 FORMAT_VERSION = 1
 # The content digest is stored under this key (absent in files written before it existed).
 DIGEST_KEY = "sha256"
-
-
-class CheckpointError(ValueError):
-    """A file that cannot be used as a checkpoint: not one, damaged, or of another version."""
-
-
-class NoSpaceError(OSError):
-    """A checkpoint could not be written for lack of space; the previous file is intact."""
-
-    def __str__(self) -> str:  # the sentence alone, without OSError's "[Errno 28]" prefix
-        return self.strerror
 
 
 def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> Path:

@@ -22,14 +22,12 @@ from typing import Any, Literal
 
 import yaml
 
+from .errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 Variant = Literal["released", "paper"]
 Protocol = Literal["dicosa", "released"]
-
-
-class ConfigError(ValueError):
-    """A configuration key or value that cannot be used."""
 
 
 @dataclass(frozen=True)

@@ -31,23 +31,19 @@ from pathlib import Path
 from torch import Tensor
 
 from .checkpoint import (
-    CheckpointError,
     file_sha256,
     offline_model,
     read_checkpoint_file,
     save_checkpoint,
 )
 from .config import Config, ModelConfig, load_config
+from .errors import ConversionError
 
 __all__ = ["RELEASED_CONFIG", "ConversionError", "convert_checkpoint", "convert_released"]
 
 RELEASED_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "msrvtt-released.yaml"
 
 _TEMPORAL = re.compile(r"transformerClip\.resblocks\.(\d+)\.(.+)")
-
-
-class ConversionError(CheckpointError):
-    """A state dict that is not (or not entirely) the released code's DiCoSA."""
 
 
 def _listed(label: str, keys: list[str], limit: int = 12) -> str:

@@ -50,6 +50,7 @@ from .clip import get_tokenizer
 from .config import Config, ConfigError, TrainConfig, load_config
 from .data.datasets import RetrievalSplit, load_split, split_off_validation
 from .data.loader import TrainDataset
+from .errors import NonFiniteLossError
 from .evaluation import evaluate_model, selection_score
 from .model import DiCoSA
 from .optim import build_optimizer, lr_factor, set_learning_rates
@@ -80,10 +81,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or infinite; the state of that step was not saved."""
 
 
 # ---------------------------------------------------------------- configuration
