@@ -14,10 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from dicosa.config import ConfigError
+from dicosa.config import ConfigError, resolve_config
 from dicosa.errors import USER_ERRORS
 from dicosa.evaluation import dataset_for_split, evaluate, summary
-from dicosa.training import resolve_config
 
 
 def main(argv: list[str] | None = None) -> None:

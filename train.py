@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dicosa.config import ConfigError
+from dicosa.config import ConfigError, resolve_config
 from dicosa.errors import USER_ERRORS
-from dicosa.training import resolve_config, train
+from dicosa.training import train
 
 
 def main(argv: list[str] | None = None) -> None:

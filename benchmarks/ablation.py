@@ -24,7 +24,7 @@ from pathlib import Path
 
 from common import environment, report
 
-from dicosa.config import Config, load_config, replace
+from dicosa.config import Config, find_config, load_config, replace
 from dicosa.data.synthetic import make_synthetic
 from dicosa.evaluation import evaluate
 from dicosa.training import train
@@ -83,8 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.workdir or tmp)
-        cfg = load_config(Path(__file__).parents[1] / args.config
-                          if not Path(args.config).exists() else args.config)
+        cfg = load_config(find_config(args.config))
         num_train, num_test = (24, 8) if args.smoke else (300, 100)
         data = make_synthetic(work / "data", num_train=num_train, num_test=num_test,
                               size=32, seconds=1.0, seed=0)

@@ -217,8 +217,11 @@ def file_sha256(path: str | Path, block: int = 1 << 20) -> str:
 
 
 def git_sha() -> str | None:
-    """The commit of the source tree, with ``-dirty`` when it has local changes."""
+    """The commit of the source tree, with ``-dirty`` when it has local changes; None for an
+    installed copy (whose folder may lie inside some other repository)."""
     root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():  # a folder in a clone, a file in a worktree
+        return None
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
