@@ -1,9 +1,11 @@
 """Errors a user can act on: the command lines print them as one sentence, no traceback.
 
-Every error class a user may meet is defined here, and this module imports nothing of
-dicosa's, so that catching :data:`USER_ERRORS` loads no model, training or search code. The
-modules that raise them import them from here (and keep them importable under their old
-names, e.g. ``dicosa.config.ConfigError``).
+This module imports nothing of dicosa's, so that catching :data:`USER_ERRORS` loads no
+model, training or search code. The error classes of configs, checkpoints, CLIP weights,
+data, heads, training and files are defined here; the modules that raise them import them
+from here, and they stay importable from those modules too (``dicosa.config.ConfigError``).
+The search engine's errors (``StoreError``, ``StageError``, ``QueryError``, ...) are
+``ValueError`` subclasses kept beside their code, caught as ``ValueError``.
 """
 
 from __future__ import annotations
@@ -17,20 +19,16 @@ __all__ = [
     "ConfigError",
     "ConversionError",
     "HeadMismatchError",
-    "MilvusError",
+    "IndexBusyError",
     "NoSpaceError",
     "NonFiniteLossError",
     "PretrainedWeightsError",
-    "QueryError",
-    "SeismicUnavailableError",
-    "SparseIndexError",
-    "StageError",
-    "StoreError",
+    "StorageError",
     "VideoDecodeError",
 ]
 
 
-# ---------------------------------------------------------------- configuration and files
+# ---------------------------------------------------------------- configs, checkpoints, heads
 
 
 class ConfigError(ValueError):
@@ -90,38 +88,27 @@ class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or infinite; the state of that step was not saved."""
 
 
-# ---------------------------------------------------------------- search
+# ---------------------------------------------------------------- files and indexes
 
 
-class QueryError(ValueError):
-    """A query that cannot be searched (empty text, an empty exclusion)."""
+class StorageError(OSError):
+    """A file could not be written or read for a filesystem reason; the message is one
+    sentence (without OSError's ``[Errno N]`` prefix)."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
 
 
-class StoreError(ValueError):
-    """A store file that is missing, damaged or does not match its manifest."""
-
-
-class StageError(ValueError):
-    """A first stage cannot do what was asked (wrong width, duplicate ids, unknown backend,
-    unreachable server); the message is one sentence."""
-
-
-class MilvusError(StageError):
-    """Milvus cannot be reached or refused an operation; one sentence."""
-
-
-class SparseIndexError(ValueError):
-    """Rows or files that do not fit the sparse index (one sentence)."""
-
-
-class SeismicUnavailableError(SparseIndexError):
-    """The optional ``pyseismic-lsr`` package is not installed (one sentence)."""
+class IndexBusyError(RuntimeError):
+    """Another process (or thread) is writing the index and the caller asked not to wait."""
 
 
 # FileNotFoundError covers missing annotation files (AnnotationError) and checkpoints;
-# ValueError covers configs, checkpoints, heads, indexes and queries that do not fit (every
-# ValueError subclass above), and bad arguments; NoSpaceError a full disk while writing.
+# ValueError covers configs, checkpoints, heads, indexes, stages and queries that do not fit
+# (the ValueError subclasses here and the search engine's: StoreError, StageError, QueryError,
+# ...), and bad arguments; NoSpaceError and StorageError a full disk or another filesystem
+# failure while writing.
 USER_ERRORS: tuple[type[BaseException], ...] = (
     ConfigError, FileNotFoundError, FileExistsError, ValueError, VideoDecodeError,
-    PretrainedWeightsError, NonFiniteLossError, NoSpaceError,
+    PretrainedWeightsError, NonFiniteLossError, NoSpaceError, StorageError, IndexBusyError,
 )

@@ -25,12 +25,16 @@ import torch
 
 from ..checkpoint import write_bytes_atomic, write_text_atomic
 from ..config import dataclass_from_dict
-from ..errors import StageError
 from ..functional import video_proxy
 from ..model import VideoFeatures
 from .types import Candidates, EncodedQueries
 
 __all__ = ["ExactStage", "FaissConfig", "FaissStage", "StageError", "proxy_vectors"]
+
+
+class StageError(ValueError):
+    """A first stage cannot do what was asked (wrong width, duplicate ids, unknown backend,
+    unreachable server); the message is one sentence."""
 
 
 # -- inputs ---------------------------------------------------------------------------------

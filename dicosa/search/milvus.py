@@ -23,7 +23,6 @@ import torch
 
 from ..checkpoint import write_text_atomic
 from ..config import dataclass_from_dict
-from ..errors import MilvusError
 from ..model import VideoFeatures
 from .dense import STAGE_FILE, StageError, check_k, pad_candidates, proxy_vectors, query_vectors
 from .dense import row_ids as as_row_ids
@@ -34,6 +33,10 @@ __all__ = ["MilvusConfig", "MilvusError", "MilvusStage"]
 ID_FIELD, VECTOR_FIELD = "id", "proxy"
 FRAMES_FIELD, MASK_FIELD = "frames", "frame_mask"  # with frames > 0: float16 [N·D], bitmask
 MAX_TOPK = 16384  # Milvus's limit on k per search
+
+
+class MilvusError(StageError):
+    """Milvus cannot be reached or refused an operation; one sentence."""
 
 
 @dataclass(frozen=True)

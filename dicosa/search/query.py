@@ -19,13 +19,15 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..errors import QueryError
-
 __all__ = ["EXCLUSION_MARKERS", "Query", "QueryError", "parse_query"]
 
 EXCLUSION_MARKERS = ("without", "but not", "excluding", "except")
 _MARKER = re.compile(r"\b(?:" + "|".join(m.replace(" ", r"\s+") for m in EXCLUSION_MARKERS)
                      + r")\b", re.IGNORECASE)
+
+
+class QueryError(ValueError):
+    """A query that cannot be searched (empty text, an empty exclusion)."""
 
 
 @dataclass(frozen=True)

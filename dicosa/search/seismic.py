@@ -50,7 +50,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..config import ConfigError, dataclass_from_dict
-from ..errors import SeismicUnavailableError
 from .dense import top_k
 from .sparse import SparseIndexError, SparseStage
 from .types import Candidates, EncodedQueries
@@ -63,6 +62,10 @@ log = logging.getLogger(__name__)
 INSTALL = "pip install pyseismic-lsr (or pip install 'dicosa[seismic]')"
 _U16_COMPONENTS = 65_535  # SeismicIndex stores word ids as u16; larger vocabularies need LV
 _FLOAT16_TOP = 2.0 ** 14  # the largest weight is scaled to at most this for float16
+
+
+class SeismicUnavailableError(SparseIndexError):
+    """The optional ``pyseismic-lsr`` package is not installed (one sentence)."""
 
 
 def import_seismic() -> ModuleType:

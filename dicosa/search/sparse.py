@@ -24,13 +24,16 @@ import scipy.sparse as sp
 import torch
 
 from ..checkpoint import write_bytes_atomic
-from ..errors import SparseIndexError
 from .types import Candidates, EncodedQueries
 
 __all__ = ["SparseIndexError", "SparseStage"]
 
 _FORMAT_VERSION = 1
 _ROW_KEYS = ("version", "ids", "words", "data", "indices", "indptr")
+
+
+class SparseIndexError(ValueError):
+    """Rows or files that do not fit the sparse index (one sentence)."""
 
 
 def _as_csr(videos: object, width: int) -> sp.csr_matrix:

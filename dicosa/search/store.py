@@ -39,7 +39,6 @@ import torch
 from safetensors.torch import save as save_safetensors
 
 from ..checkpoint import write_bytes_atomic, write_text_atomic
-from ..errors import StoreError
 from ..functional import video_proxy
 from ..model import VideoFeatures
 
@@ -51,6 +50,10 @@ COLUMNS = ("path", "duration", "fps", "num_frames", "valid_frames", "title", "te
            "frames_lost")
 _NUMERIC = ("duration", "fps")
 _DTYPES = {"F16": np.float16, "F32": np.float32, "BOOL": np.bool_, "I64": np.int64}
+
+
+class StoreError(ValueError):
+    """A store file that is missing, damaged or does not match its manifest."""
 
 
 @dataclass
