@@ -32,7 +32,7 @@ from dicosa.training import train
 
 def settings(variant: str) -> dict[str, dict]:
     """Model overrides per ablation row. The loss weights are named by what they weigh, since
-    the released variant puts α on the diagonal term and β off it (README)."""
+    the released variant puts α on the diagonal term and β off it (docs/training.md)."""
     decouple, align = ("alpha", "beta") if variant == "paper" else ("beta", "alpha")
     factors = {"use_factors": True, "use_adaptive_pooling": False}
     return {

@@ -51,7 +51,7 @@ class ModelConfig:
     logit_scale_max: float = 100.0  # 1/τ' of Eq. 10
     alpha: float = 0.01
     beta: float = 0.005
-    # Ablation switches (README "ablations"); the defaults are the full method.
+    # Ablation switches (benchmarks/ablation.py); the defaults are the full method.
     use_factors: bool = True
     use_adaptive_pooling: bool = True
     grad_checkpointing: bool = False
@@ -256,8 +256,8 @@ def dataclass_from_dict(cls: type, values: Mapping[str, Any], where: str = "") -
     return _build(cls, values, where)
 
 
-# Every switch that makes a run follow the authors' released code (README, "The released
-# protocol"); the variant's own differences come with model.variant.
+# Every switch that makes a run follow the authors' released code (docs/training.md, "The
+# released protocol"); the variant's own differences come with model.variant.
 PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
     "dicosa": {},
     "released": {
