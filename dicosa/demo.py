@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import replace
+from .config import replace, resolve_config
 
 __all__ = ["run_demo"]
 
@@ -47,7 +47,7 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     from .data.synthetic import make_synthetic
     from .evaluation import evaluate, format_table
     from .index import VideoIndex
-    from .training import resolve_config, train
+    from .training import train
     from .visualize import visualize_factors
 
     out = Path(out_dir)
