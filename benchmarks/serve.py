@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backend", default="local")
     p.add_argument("--summary", default="confidence", help="confidence or mean")
     p.add_argument("--stage-option", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--work", default="/work/artifacts/serve-bench",
+    p.add_argument("--work", default="benchmarks/results/serve-bench",
                    help="where the indexes go (not the repository)")
     p.add_argument("--keep", action="store_true", help="keep the indexes after the run")
     p.add_argument("--reuse", action="store_true", help="serve an index a --keep run left")
