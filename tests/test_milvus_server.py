@@ -77,6 +77,10 @@ def test_round_trip_matches_exact_at_the_promised_recall(milvus_server, data, tm
     milvus = open_first_stage(tmp_path)
     assert exact_like(milvus, exact, queries) >= PROMISED and len(milvus) == len(exact)
     assert np.array_equal(milvus.row_ids(), np.sort(exact.ids))
+    found = np.unique(milvus.search(queries, 5).ids[:, 0])
+    milvus.remove(found)  # a search right after a remove (Strong) never returns it
+    exact.remove(found)
+    assert not np.isin(milvus.search(queries, 50).ids, found).any()
     with pytest.raises(StageError) as err:
         milvus.add(ids[1:2], vectors[1:2])
     assert "never reused" in one_sentence(err)
