@@ -192,3 +192,26 @@ def test_server_killed_mid_ingest(own_server, data, tmp_path, monkeypatch):
     assert exact_like(stage, exact, queries) >= PROMISED
     stage.close()
 
+
+
+def test_benchmark_smoke_through_the_server(milvus_server, tmp_path):
+    """benchmarks/search.py --smoke with the local backend and Milvus side by side."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "benchmarks" / "search.py"
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--quality-videos", "0", "--out", str(out),
+         "--backend", "local", "milvus", "--uri", milvus_server.uri,
+         "--milvus-pid", str(milvus_server.pid)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    latency = json.loads(out.read_text())["latency"]
+    assert set(latency) == {"local", "milvus"}
+    for result in latency.values():
+        assert result["videos"] == 3000 and result["first_stage_recall@10_vs_exact"] >= PROMISED
+        assert 0 < result["two_stage"]["100"]["p50_ms"] <= result["two_stage"]["100"]["p99_ms"]
+    assert latency["milvus"]["milvus"]["server_memory_gib"]["rss_gib"] > 0.05
+    assert "brute_force" in latency["local"]
