@@ -505,6 +505,9 @@ class VideoIndex:
         existing = self._stages()  # before: a stage made afterwards is filled from the store
         ids = append()
         for registered in existing:
+            drop_from = getattr(registered.stage, "drop_from", None)
+            if drop_from is not None and len(ids):  # rows an interrupted add left on a server
+                drop_from(int(ids.min()))
             registered.stage.add(ids, self._stage_input(registered, ids))
         self._dense_stage()  # made now, from the store, if the width was unknown until now
         return ids

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 from dicosa.search.backends import make_first_stage, open_first_stage
 from dicosa.search.dense import ExactStage, StageError
@@ -215,3 +216,50 @@ def test_benchmark_smoke_through_the_server(milvus_server, tmp_path):
         assert 0 < result["two_stage"]["100"]["p50_ms"] <= result["two_stage"]["100"]["p99_ms"]
     assert latency["milvus"]["milvus"]["server_memory_gib"]["rss_gib"] > 0.05
     assert "brute_force" in latency["local"]
+
+
+def test_index_add_after_an_interrupted_add(milvus_server, tmp_path, monkeypatch):
+    """A VideoIndex on the server whose add failed after some inserts (the server kept them,
+    the manifest never recorded them): reopened, it searches only recorded rows, and its next
+    add replaces the leftovers instead of refusing their ids as reused."""
+    from dicosa.index import VideoIndex
+    from dicosa.model import DiCoSA, VideoFeatures
+    from dicosa.search.milvus import MilvusStage
+    from tests.conftest import tiny_config
+
+    torch.manual_seed(0)
+    model = DiCoSA.from_config(tiny_config()).eval()
+
+    def videos(n: int, name: str):
+        frames = torch.randn(n, 4, model.embed_dim).half()
+        return VideoFeatures(frames, torch.ones(n, 4, dtype=torch.bool)), [
+            {"path": f"{name}{i}"} for i in range(n)]
+
+    index = VideoIndex(model, device="cpu", backend="milvus", uri=milvus_server.uri,
+                       stage_options={"collection": "interrupted", "insert_bytes": 100 * 512})
+    index.save(tmp_path)
+    index.add_features(*videos(300, "a"))
+    index.save(tmp_path)
+    calls = []
+
+    def insert_twice(self, *args, **kwargs):
+        if len(calls) == 2:
+            raise ConnectionError("the network went away")
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    stage = index.stages[0]
+    original = type(stage.client).insert
+    monkeypatch.setattr(type(stage.client), "insert", insert_twice)
+    with pytest.raises(MilvusError):
+        index.add_features(*videos(300, "b"))
+    monkeypatch.undo()
+    assert len(stage) == 300 + 200  # two inserts of 100 rows went through
+
+    index = VideoIndex.load(tmp_path, model)
+    assert len(index) == 300 and isinstance(index.stages[0], MilvusStage)
+    hits = index.search("a red circle", k=10, candidates=100)
+    assert len(hits) == 10 and all(h.id < 300 for h in hits)
+    index.add_features(*videos(300, "c"))
+    index.save(tmp_path)
+    assert np.array_equal(index.stages[0].row_ids(), index.ids)

@@ -458,21 +458,39 @@ class MilvusStage:
     def row_ids(self) -> np.ndarray:
         """Every row id in the collection, sorted (what an interrupted build holds: add the
         rest to resume it)."""
-        # Windows of MAX_QUERY consecutive ids: each holds at most MAX_QUERY rows, what one
-        # query may return, unless an id is there twice (which the count below shows).
+        ids = self._ids_from(0)  # row ids are non-negative
+        if len(ids) != len(self) or (len(ids) and (np.diff(ids) == 0).any()):
+            raise MilvusError(f"Milvus at {self.uri} holds some row id of collection "
+                              f"{self.collection!r} more than once")
+        return ids
+
+    def drop_from(self, first_id: int) -> int:
+        """Delete every row whose id is ``first_id`` or more; returns how many there were.
+
+        The rows of an add interrupted after some inserts (the server acknowledged them, the
+        index never recorded them) stay in the collection; the index hands out their ids
+        again, so its next add calls this first with the first new id (under the writer lock:
+        a reader must not, a writer may be adding those rows)."""
+        stale = self._ids_from(int(first_id))
+        if len(stale):
+            log.warning("Milvus at %s: deleting %d rows (ids %d to %d) that an interrupted add "
+                        "left in collection %r", self.uri, len(stale), stale[0], stale[-1],
+                        self.collection)
+            self.remove(np.unique(stale))
+        return len(stale)
+
+    def _ids_from(self, low: int) -> np.ndarray:
+        """The ids ``>= low`` in the collection, sorted, read in windows of MAX_QUERY
+        consecutive ids (each holds at most MAX_QUERY rows, what one query may return,
+        unless an id is there twice, which :meth:`row_ids` checks)."""
         found: list[int] = []
-        low = 0  # row ids are non-negative
         while self._count(f"{ID_FIELD} >= {low}"):
             window = f"{ID_FIELD} >= {low} and {ID_FIELD} < {low + MAX_QUERY}"
             found += [row[ID_FIELD] for row in self._call(
                 "query", self.collection, filter=window, output_fields=[ID_FIELD],
                 limit=MAX_QUERY)]
             low += MAX_QUERY
-        ids = np.sort(np.asarray(found, dtype=np.int64))
-        if len(ids) != len(self) or (len(ids) and (np.diff(ids) == 0).any()):
-            raise MilvusError(f"Milvus at {self.uri} holds some row id of collection "
-                              f"{self.collection!r} more than once")
-        return ids
+        return np.sort(np.asarray(found, dtype=np.int64))
 
     @classmethod
     def open(cls, directory: str | os.PathLike, info: dict, uri: str | None = None,
