@@ -21,10 +21,18 @@ up after ``MilvusConfig.index_wait`` seconds with one sentence; a search after
 (and ``index.add`` then ``index.search``) search only indexed segments, at the recall the
 index type promises. Segments smaller than the server's
 ``indexCoord.segment.minSegmentNumRowsToEnableIndex`` (``index_min_rows``, 1,024 by default)
-are never indexed: Milvus searches them exhaustively below about 1,000 rows and through the
-interim index above, until its compaction merges them into indexed ones. Another process
-searching while a writer ingests sees the rows the writer inserted so far, some not yet
-indexed. milvus-lite indexes as it inserts: its stages only flush.
+are never indexed, so nothing is waited for there: Milvus searches them exhaustively or
+through the interim index (a segment of 300 rows was searched exactly, one of 900 at recall
+0.92) until its compaction merges them into indexed ones. Another process searching while a
+writer ingests sees the rows the writer inserted so far, some not yet indexed. milvus-lite
+indexes as it inserts: its stages only flush.
+
+Consistency: a search within ``strong_for`` seconds of this stage's own add or remove is
+Strong (it sees that write); later ones are Bounded (``MilvusConfig.strong_for``). Faults:
+every request is retried for at most ``timeout`` seconds, then fails in one sentence naming
+the server; rows whose insert the server acknowledged survive a crash of the server, and
+:meth:`MilvusStage.row_ids` / :meth:`MilvusStage.drop_from` let a writer resume or undo an
+add the index never recorded. docs/milvus.md: running against a server or a cluster.
 """
 
 from __future__ import annotations
@@ -348,6 +356,9 @@ class MilvusStage:
 
     def _check_new(self, ids: np.ndarray) -> None:
         """Milvus keeps both rows when a primary key is inserted twice: refuse instead."""
+        if not len(ids) or not self._count(
+                f"{ID_FIELD} >= {int(ids.min())} and {ID_FIELD} <= {int(ids.max())}"):
+            return  # one query for the usual case: new ids above every held one
         for start in range(0, len(ids), 1000):
             chunk = ids[start:start + 1000].tolist()
             found = self._call("query", self.collection, filter=f"{ID_FIELD} in {chunk}",
