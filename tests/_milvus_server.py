@@ -8,9 +8,10 @@ The embedded etcd would listen on etcd's default ports (2379, 2380) whatever the
 ``etcd_port`` says, so two servers on one machine collide: it gets a config file of its own
 (``etcd.config.path``) with free ports.
 
-``fast=True`` makes the server's coordinators look for new work every second instead of every
-5-10 s (``queryCoord.updateNextTargetInterval``, ``checkHandoffInterval``): a flushed segment is
-then loaded, and its index handed to the query node, within seconds; and the sessions of a
+``fast=True`` makes the server's query coordinator look for new segments and indexes every
+second (``queryCoord.updateNextTargetInterval``, ``checkHandoffInterval``, ...): a flushed
+segment is then loaded, and its index handed to the query node, within 1-3 s instead of 15-20 s
+each with the shipped settings; and the sessions of a
 killed server's components expire after 10 s instead of 30 s (until then a restarted server
 waits for them before it serves the collection again). The states a segment goes through
 (growing, sealed without index, indexed) are the same; only the waits are shorter.
