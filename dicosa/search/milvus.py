@@ -419,10 +419,10 @@ class MilvusStage:
     # -- freshness ----------------------------------------------------------------------
     def index_progress(self) -> IndexProgress:
         """What the server has indexed and serves indexed now (a server, not milvus-lite)."""
-        described = self._call("describe_index", self.collection, VECTOR_FIELD) or {}
-        rows, indexed = int(described.get("total_rows", 0)), int(described.get("indexed_rows", 0))
         from pymilvus.grpc_gen.common_pb2 import SegmentState
 
+        described = self._call("describe_index", self.collection, VECTOR_FIELD) or {}
+        rows, indexed = int(described.get("total_rows", 0)), int(described.get("indexed_rows", 0))
         # The query nodes' segments; MilvusClient has no call for it, its connection has.
         segments = self._guard("list the loaded segments", lambda: self.client._get_connection()
                                .get_query_segment_info(self.collection,
