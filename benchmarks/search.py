@@ -386,7 +386,7 @@ def first_stage_recall(index: VideoIndex, texts: list[str]) -> float | None:
 
     if not texts:
         return None
-    summary = index._dense_summary()
+    summary = index.dense_summary()
     with torch.inference_mode():
         encoded = index.encode_queries(texts)
         dense = EncodedQueries(encoded.queries, TextFeatures(summary.queries(encoded.text.text)),
@@ -396,7 +396,7 @@ def first_stage_recall(index: VideoIndex, texts: list[str]) -> float | None:
     best_scores = np.full((len(texts), 0), -np.inf, np.float32)
     for ids, proxies in index.store.iter_proxies():
         exact = ExactStage(summary.dim, normalize=summary.normalize)
-        exact.add(ids, index._summary_vectors(ids, proxies))
+        exact.add(ids, index.summary_vectors(ids, proxies))
         part = exact.search(dense, 10)
         best_ids = np.concatenate([best_ids, part.ids], axis=1)
         best_scores = np.concatenate([best_scores, part.scores], axis=1)

@@ -302,6 +302,15 @@ class VideoIndex(Transactional, PluginHost, Searching):
         """The first stages, the dense one first."""
         return [r.stage for r in self._stages.all()]
 
+    def dense_summary(self):
+        """What the dense stage compares per video and per query
+        (:class:`~dicosa.search.proxy.Summary`)."""
+        return self._stages.summary()
+
+    def summary_vectors(self, ids: np.ndarray, proxies: np.ndarray | None = None) -> np.ndarray:
+        """The dense stage's vectors of rows ``ids`` (from their stored proxies or frames)."""
+        return self._stages.summary_vectors(ids, proxies)
+
     @property
     def stage_spec(self) -> dict:
         """The dense stage's settings (the manifest's ``first_stage``)."""
