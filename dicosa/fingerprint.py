@@ -19,6 +19,9 @@ __all__ = ["fingerprint_mismatch", "model_fingerprint"]
 # Model config fields that change neither features nor scores: where the weights came from
 # (the weights themselves are hashed), memory settings and loss weights.
 _NOT_FINGERPRINTED = ("pretrained", "grad_checkpointing", "alpha", "beta")
+# Fields added after fingerprints were first stored, left out at the value that reproduces
+# the features of before: an index or head of an older dicosa still matches its model.
+_LEFT_OUT_AT = {"normalize_features": False}
 
 
 def model_fingerprint(model: nn.Module) -> dict:
@@ -29,7 +32,8 @@ def model_fingerprint(model: nn.Module) -> dict:
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     config = {k: v for k, v in dataclasses.asdict(model.config).items()
-              if k not in _NOT_FINGERPRINTED}
+              if k not in _NOT_FINGERPRINTED
+              and not (k in _LEFT_OUT_AT and _LEFT_OUT_AT[k] == v)}
     return {"weights_sha256": digest.hexdigest(), "config": json.loads(json.dumps(config))}
 
 
