@@ -167,6 +167,10 @@ class ConceptHead(nn.Module):
 class DiCoSA(nn.Module):
     """CLIP towers + temporal transformer + concept head; ``forward(batch)`` returns the losses."""
 
+    # The fingerprint of the checkpoint a model was loaded from without some of its weights
+    # (dicosa.checkpoint.load(towers="text")); None: it is computed from the weights held.
+    recorded_fingerprint: dict | None = None
+
     def __init__(self, clip: CLIP, config: ModelConfig):
         super().__init__()
         self.config = config
