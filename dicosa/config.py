@@ -145,6 +145,12 @@ class TrainConfig:
     # parameters before the all-gather (towers, temporal transformer) get 1/W of it under W
     # processes, as with the released all-gather (its backward keeps the local slice only).
     tower_grad: Literal["full", "released"] = "full"
+    # After training, fit the distilled first-stage summary of best.pt on the training split
+    # (dicosa/heads/summary.py) and keep it beside it as best.summary.pt, where index finds
+    # it. Minutes on a CPU for MSR-VTT-sized splits (the run log's "summary" event says).
+    fit_summary: bool = True
+    # key=value settings of that summary head (as ``heads train summary --set``).
+    summary_options: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
