@@ -80,3 +80,36 @@ def test_fewer_videos_than_k_pad_and_bad_input_is_one_sentence(tmp_path):
         stage.add(np.arange(2), (vectors, mask))
     with pytest.raises(StageError, match="6 frames per video but the stage holds 4"):
         stage.add(np.arange(2), (np.zeros((2, 6, 8)), np.ones((2, 6), bool)))
+
+
+def test_a_summary_per_frame_ranks_videos_by_their_best_frame_summary(tmp_path):
+    """Summary.frames feeds the stage: each frame is the summary of a one-frame video, and a
+    video's stage score is its best frame's inner product with the summary's query."""
+    from dicosa.model import DiCoSA, VideoFeatures
+    from dicosa.search.proxy import Summary
+
+    from .conftest import tiny_config
+
+    torch.manual_seed(0)
+    model = DiCoSA.from_config(tiny_config()).eval()
+    g = torch.Generator().manual_seed(3)
+    video = VideoFeatures(torch.randn(30, 4, model.embed_dim, generator=g),
+                          torch.rand(30, 4, generator=g) > 0.3)
+    video.frame_mask[:, 0] = True
+    summary = Summary(model, "confidence")
+    summary.calibrate(video.frames.mean(1).numpy())
+    vectors, mask = summary.frames(video)
+    assert vectors.shape == (30, 4, summary.dim)
+    one = summary.videos(video.frames[7, 2:3].numpy())  # frame 2 of video 7, alone
+    np.testing.assert_allclose(vectors[7, 2], one[0], rtol=1e-5, atol=1e-6)
+    stage = FramesStage.create("exact", tmp_path, summary.dim, 4, normalize=False)
+    stage.add(np.arange(30), (vectors, mask))
+    text = torch.randn(2, model.embed_dim, generator=g)
+    queries = summary.queries(text).float()
+    encoded = EncodedQueries([None] * 2, TextFeatures(text), {"frames": queries})
+    found = stage.search(encoded, 5)
+    for q in range(2):
+        want_ids, want_scores = _best_frame_top(queries[q].numpy(), vectors, mask,
+                                                np.arange(30), 5)
+        np.testing.assert_array_equal(found.ids[q], want_ids)
+        np.testing.assert_allclose(found.scores[q], want_scores, rtol=1e-4, atol=1e-5)
