@@ -233,7 +233,7 @@ def latency(args, work: Path) -> dict:
         start = time.perf_counter()
         with torch.inference_mode():
             encoded = index.encode_queries([text])
-            index._exhaustive(encoded.text, ids, chunk=1024)
+            index.searcher().exhaustive(encoded.text, ids, chunk=1024)
         times.append(time.perf_counter() - start)
     brute_ms = float(np.median(times)) * 1000
     result = {

@@ -11,7 +11,7 @@ from .config import (
     TrainConfig,
     load_config,
 )
-from .index import VideoIndex
+from .index import IndexPlugin, SearchResult, VideoIndex, open_index
 from .model import DiCoSA, TextFeatures, VideoFeatures
 from .visualize import FactorReport, visualize_factors, visualize_words
 
@@ -23,7 +23,9 @@ __all__ = [
     "DiCoSA",
     "EvalConfig",
     "FactorReport",
+    "IndexPlugin",
     "ModelConfig",
+    "SearchResult",
     "TextFeatures",
     "TrainConfig",
     "VideoFeatures",
@@ -32,6 +34,7 @@ __all__ = [
     "load",
     "load_clip",
     "load_config",
+    "open_index",
     "visualize_factors",
     "visualize_words",
 ]

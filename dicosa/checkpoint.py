@@ -23,6 +23,7 @@ from torch import nn
 
 from .clip import load_clip
 from .config import Config, ModelConfig, config_from_dict
+from .files import write_bytes_atomic, write_text_atomic  # noqa: F401 (re-exported)
 from .fingerprint import fingerprint_config, weights_sha256
 from .model import DiCoSA
 
@@ -97,26 +98,6 @@ class _RecordingWriter:
 
     def flush(self) -> None:
         self.fh.flush()
-
-
-def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
-    """Write a file whole or not at all (temporary name, then rename), with the process's
-    umask: files created by tempfile-style helpers (safetensors' ``save_file``) are 0600, so
-    an index built by one user could not be read by another."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write a small text file (the config beside a checkpoint) with the same guarantee."""
-    return write_bytes_atomic(path, text.encode())
 
 
 def content_sha256(state: Mapping[str, Any]) -> str:

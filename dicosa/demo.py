@@ -118,7 +118,7 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
                                index.store.gather(index.ids[row:row + 1]))
 
     _stage("7/7 an exclusion query (\"A without B\")")
-    from .search.exclusion_demo import run_exclusion_demo
+    from .demo_exclusion import run_exclusion_demo
 
     exclusion_path = run_exclusion_demo(index, checkpoint, data, out, quick=quick)
 

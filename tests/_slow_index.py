@@ -9,18 +9,18 @@ import time
 import torch
 
 from dicosa.__main__ import main
-from dicosa.index import VideoIndex
+from dicosa.index import ingest
 
-_encode = VideoIndex._encode
+_encode = ingest.encode_batch
 
 
-def _slow_encode(self, batch):
+def _slow_encode(model, device, batch):
     time.sleep(float(os.environ.get("DICOSA_TEST_ENCODE_DELAY", "0")))
-    return _encode(self, batch)
+    return _encode(model, device, batch)
 
 
 if __name__ == "__main__":
-    VideoIndex._encode = _slow_encode
+    ingest.encode_batch = _slow_encode
     code = main()
     print(f"process group open after the command: {torch.distributed.is_initialized()}")
     sys.exit(code)

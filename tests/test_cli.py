@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dicosa.__main__ import load_model, main
+from dicosa.__main__ import main
 from dicosa.data.protocol import FrameProtocol
 from dicosa.data.synthetic import make_synthetic
 from dicosa.index import VideoIndex
+from dicosa.loading import load_model
 
 from .conftest import tiny_checkpoint
 

@@ -16,11 +16,12 @@ import pytest
 import torch
 
 import dicosa.__main__ as cli
+import dicosa.loading as loading
 from dicosa.heads.base import save_head
 from dicosa.index import VideoIndex
 from dicosa.model import DiCoSA, TextFeatures
+from dicosa.plugins.exclusion import CODES_FILE, attach_exclusion, explain_hits
 from dicosa.search.exclusion import ExclusionConfig
-from dicosa.search.exclusion_index import CODES_FILE, attach_exclusion, explain_hits
 
 from ._scenes import OBJECTS, article, random_scenes, split, text_vectors, trained_head
 from ._scenes import video as scene_video
@@ -88,12 +89,17 @@ def test_exclusion_search_through_the_index(collection, tmp_path):
     after = index.search(article(A), k=4)
     assert [h.id for h in after] == [h.id for h in plain]  # no exclusion: nothing changes
     np.testing.assert_allclose([h.score for h in after], [h.score for h in plain], rtol=1e-6)
-    for hits in (index.search(f"{article(A)} without {article(B)}", k=4),
-                 index.search(article(A), k=4, exclude=[article(B)]),
-                 index.search(article(A), k=4, candidates=20, exclude=[article(B)])):
+    for result in (index.query(f"{article(A)} without {article(B)}", k=4),
+                   index.query(article(A), k=4, exclude=[article(B)]),
+                   index.query(article(A), k=4, candidates=20, exclude=[article(B)])):
+        hits = result.hits
         assert not any(has_b(collection, hits))
         assert sorted(h.id for h in hits) == [0, 1, 2, 3]
-    explained = explain_hits(rerank, hits)
+    explained = explain_hits(rerank, result)
+    for i, whole in enumerate(explained):  # one hit at a time: the same, up to batch rounding
+        alone = result.explain(i)["concepts"]
+        assert alone.pop("presence") == pytest.approx(whole.pop("presence"), abs=1e-5)
+        assert alone == whole
     assert len(explained) == 4 and all(e["matched"] and e["matched_words"] for e in explained)
     assert not any(e["demoted"] for e in explained)
 
@@ -121,7 +127,7 @@ def test_codes_are_reused_on_reopening_and_extended_for_new_rows(collection, mon
 
 
 def test_exclusion_on_the_command_line(collection, capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(cli, "load_model", loads(collection["model"]))
+    monkeypatch.setattr(loading, "load_model", loads(collection["model"]))
     monkeypatch.setattr("dicosa.clip.get_tokenizer", lambda *a: tokenize)
     folder = shutil.copytree(collection["index"], tmp_path / "index")  # searches record heads
     base = ["search", str(folder), article(A), "-k", "4", "--config", "x"]
@@ -176,7 +182,7 @@ def test_exclusion_on_the_command_line(collection, capsys, monkeypatch, tmp_path
 
 
 def test_demo_pair_has_a_with_and_without_b():
-    from dicosa.search.exclusion_demo import exclusion_pair
+    from dicosa.demo_exclusion import exclusion_pair
 
     objects = {"v0": {"red circle", "blue square"}, "v1": {"red circle"}, "v2": {"red circle"},
                "v3": {"blue square"}, "v4": {"green cross", "white cross"},

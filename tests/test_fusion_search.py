@@ -12,7 +12,8 @@ from dicosa.__main__ import main
 from dicosa.data.synthetic import make_synthetic
 from dicosa.index import VideoIndex
 from dicosa.model import DiCoSA, VideoFeatures
-from dicosa.search.fusion import TITLES_FILE, attach_fusion, explain_hits, read_titles
+from dicosa.plugins.fusion import TITLES_FILE, attach_fusion, explain_hits
+from dicosa.search.fusion import read_titles
 
 from .conftest import tiny_config
 
@@ -90,8 +91,9 @@ def test_text_only_row_is_found_by_its_title_through_fusion(index):
 def test_fused_scores_decompose_into_their_parts(index):
     hook = attach_fusion(index, beta_title=0.7, trust=0.5)
     try:
-        hits = index.search("a red square", k=len(index), candidates=len(index))
-        parts = explain_hits(index, hook, "a red square", hits)
+        result = index.query("a red square", k=len(index), candidates=len(index))
+        hits = result.hits
+        parts = explain_hits(hook, result)
     finally:
         index.hooks.remove(hook)
     assert len(parts) == len(hits)
@@ -170,8 +172,9 @@ def test_mul2vec_fusion_finds_the_text_only_row_and_decomposes(index, model):
     try:
         hits = index.search(TITLE, k=2, candidates=2)  # the semantic stage must propose it
         assert hits[0].path.endswith("broken.mp4") and "semantic" in hits[0].stage
-        hits = index.search(TITLE, k=len(index), candidates=len(index))
-        parts = explain_hits(index, hook, TITLE, hits)
+        result = index.query(TITLE, k=len(index), candidates=len(index))
+        hits = result.hits
+        parts = explain_hits(hook, result)
     finally:
         index.hooks.remove(hook)
     assert "title" not in parts[0]  # Mul2vec fusion: β_title = 0 by default
@@ -222,8 +225,8 @@ def test_titles_are_encoded_once_and_kept_beside_the_index(index, model, tmp_pat
                                "text_only": False, "frames_lost": 0.0, "valid_frames": 4}])
     assert sum(encoded) == 6 and len(hook.rows) == copy.store.next_id
     np.testing.assert_array_equal(hook.rows.title_text[:len(first)], first)
-    hits = copy.search("a late pink star", k=len(copy), candidates=len(copy))
+    result = copy.query("a late pink star", k=len(copy), candidates=len(copy))
     titles = {h.path: part["title"] for h, part in
-              zip(hits, explain_hits(copy, hook, "a late pink star", hits), strict=True)}
+              zip(result.hits, explain_hits(hook, result), strict=True)}
     assert titles["/late.mp4"] == pytest.approx(1.0, abs=1e-2)  # the query is its title
     assert max(titles, key=titles.get) == "/late.mp4"

@@ -81,7 +81,7 @@ def test_scores_are_the_model_score_of_the_stored_features(videos, model, featur
 
     meta = index.metadata
     assert list(meta.columns) == ["path", "duration", "fps", "num_frames", "valid_frames",
-                                  "title", "text_only", "frames_lost"]
+                                  "title", "text_only", "frames_lost", "size", "mtime"]
     assert (meta["num_frames"] == 8).all() and meta["duration"].tolist() == [1.0] * NUM_VIDEOS
     assert (meta["valid_frames"] == model.config.num_frames).all()
 
@@ -227,19 +227,21 @@ def test_the_index_decodes_with_the_frame_protocol_it_records(model, tmp_path, m
 @pytest.mark.paths
 def test_interrupted_build_keeps_written_shards(videos, model, tmp_path, monkeypatch):
     out = tmp_path / "index"
-    encode = VideoIndex._encode
+    from dicosa.index import ingest
+
+    encode = ingest.encode_batch
     calls = []
 
-    def interrupted(self, batch):
+    def interrupted(model, device, batch):
         calls.append(1)
         if len(calls) == 4:
             raise KeyboardInterrupt
-        return encode(self, batch)
+        return encode(model, device, batch)
 
-    monkeypatch.setattr(VideoIndex, "_encode", interrupted)
+    monkeypatch.setattr(ingest, "encode_batch", interrupted)
     with pytest.raises(KeyboardInterrupt):
         _build(model, videos, out, batch_size=1, shard_size=2)
-    monkeypatch.setattr(VideoIndex, "_encode", encode)
+    monkeypatch.setattr(ingest, "encode_batch", encode)
 
     # Shards 0 (videos 0-1) and the encoded-but-unflushed video 2 survive the interrupt.
     partial = VideoIndex.load(out, model)

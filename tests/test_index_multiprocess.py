@@ -19,12 +19,12 @@ import psutil
 import pytest
 import torch
 
-from dicosa.__main__ import load_model
 from dicosa.data.protocol import PAD_COLOURS, FrameProtocol
 from dicosa.data.synthetic import make_synthetic
 from dicosa.data.video import load_video
 from dicosa.index import VideoIndex
-from dicosa.parallel_index import PARTS, Launch, _block, build_index
+from dicosa.index.parallel import PARTS, Launch, _block, build_index
+from dicosa.loading import load_model
 
 from ._videos import write_video
 from .conftest import spy_encoder

@@ -20,12 +20,13 @@ import pytest
 import torch
 
 import dicosa.__main__ as cli
+import dicosa.loading as loading
 from dicosa import visualize_words
 from dicosa.heads import save_head
 from dicosa.heads.lexical import D2SConfig, D2SHead, VDRConfig, VDRHead
 from dicosa.index import VideoIndex
 from dicosa.model import DiCoSA, VideoFeatures
-from dicosa.search.lexical_index import INFO_FILE, attach_lexical, explain_words
+from dicosa.plugins.lexical import INFO_FILE, attach_lexical, explain_words
 from dicosa.search.query import QueryError
 from dicosa.search.seismic import SeismicStage
 
@@ -184,8 +185,10 @@ def test_stored_vectors_are_reused_extended_and_removed_rows_never_return(
 
 def test_explanations_sum_to_the_sparse_score(model, trained, features):
     index, lexical = new_index(model, features, trained[1])
-    hits = index.search(QUERY, k=4, candidates=4, mode="bow")
-    explained = explain_words(index, lexical, QUERY, hits, "bow")
+    result = index.query(QUERY, k=4, candidates=4, mode="bow")
+    hits = result.hits
+    explained = explain_words(lexical, result)
+    assert [result.explain(i)["lexical"] for i in range(len(hits))] == explained
     for hit, e in zip(hits, explained, strict=True):
         assert sum(e["words"].values()) == pytest.approx(hit.stage_score, rel=1e-4)
         assert e["sparse_score"] == pytest.approx(hit.stage_score, rel=1e-4)
@@ -235,7 +238,7 @@ def videos(tmp_path_factory):
 def test_index_with_a_head_and_search_by_words_on_the_command_line(model, trained, videos,
                                                                    tmp_path, capsys,
                                                                    monkeypatch):
-    monkeypatch.setattr(cli, "load_model", loads(model, {"config": "tiny"}))
+    monkeypatch.setattr(loading, "load_model", loads(model, {"config": "tiny"}))
     head = save_head(trained[1], tmp_path / "vdr.pt", model)
     out = tmp_path / "index"
     assert cli.main(["index", str(videos), "--out", str(out), "--head", str(head),
@@ -264,7 +267,7 @@ def test_index_with_a_head_and_search_by_words_on_the_command_line(model, traine
 
 def test_command_line_errors_are_one_sentence(model, trained, videos, tmp_path, capsys,
                                               monkeypatch):
-    monkeypatch.setattr(cli, "load_model", loads(model, {"config": "tiny"}))
+    monkeypatch.setattr(loading, "load_model", loads(model, {"config": "tiny"}))
     out = tmp_path / "plain"
     assert cli.main(["index", str(videos), "--out", str(out), "--num-workers", "0"]) == 0
     capsys.readouterr()
@@ -343,7 +346,7 @@ def test_seismic_backend_reuses_the_stored_vectors_and_is_reopened(model, traine
 @needs_seismic
 def test_index_with_the_seismic_backend_on_the_command_line(model, trained, videos, tmp_path,
                                                             capsys, monkeypatch):
-    monkeypatch.setattr(cli, "load_model", loads(model, {"config": "tiny"}))
+    monkeypatch.setattr(loading, "load_model", loads(model, {"config": "tiny"}))
     head = save_head(trained[1], tmp_path / "vdr.pt", model)
     out = tmp_path / "index"
     assert cli.main(["index", str(videos), "--out", str(out), "--head", str(head),

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 import dicosa.__main__ as cli
+import dicosa.loading as loading
 from dicosa.heads import save_head
 from dicosa.heads.lexical import VDRConfig, VDRHead
 from dicosa.index import VideoIndex
 from dicosa.model import DiCoSA
+from dicosa.plugins.exclusion import CODES_FILE, recorded_config
 from dicosa.search.exclusion import ExclusionConfig
-from dicosa.search.exclusion_index import CODES_FILE, recorded_config
 
 from ._scenes import trained_head
 from ._videos import write_frames
@@ -42,7 +43,7 @@ def built(tmp_path_factory):
              "concepts": save_head(trained_head()[1], folder / "concepts.pt", model)}
     out = folder / "index"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cli, "load_model", loads(model, {"config": "tiny"}))
+        patch.setattr(loading, "load_model", loads(model, {"config": "tiny"}))
         assert cli.main(["index", str(folder / "videos"), "--out", str(out), "--num-workers",
                          "0", "--head", str(heads["lexical"]), "--concepts",
                          str(heads["concepts"])]) == 0
@@ -51,7 +52,7 @@ def built(tmp_path_factory):
 
 def test_index_records_the_concepts_head_and_search_reuses_it(built, tmp_path, capsys,
                                                              monkeypatch):
-    monkeypatch.setattr(cli, "load_model", loads(built["model"], {"config": "tiny"}))
+    monkeypatch.setattr(loading, "load_model", loads(built["model"], {"config": "tiny"}))
     folder = shutil.copytree(built["index"], tmp_path / "index")
     meta = json.loads((folder / "manifest.json").read_text())["meta"]
     assert meta["concepts"] == {"head": str(built["heads"]["concepts"].resolve())}
@@ -66,7 +67,7 @@ def test_index_records_the_concepts_head_and_search_reuses_it(built, tmp_path, c
 
 
 def test_exclusion_settings_are_recorded_and_kept(built, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cli, "load_model", loads(built["model"], {"config": "tiny"}))
+    monkeypatch.setattr(loading, "load_model", loads(built["model"], {"config": "tiny"}))
     folder = shutil.copytree(built["index"], tmp_path / "index")
     search = ["search", str(folder), QUERY, "-k", "3", "--json", "--explain"]
 
@@ -94,7 +95,7 @@ def test_exclusion_settings_are_recorded_and_kept(built, tmp_path, capsys, monke
 
 
 def test_search_head_replaces_a_moved_lexical_head(built, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cli, "load_model", loads(built["model"], {"config": "tiny"}))
+    monkeypatch.setattr(loading, "load_model", loads(built["model"], {"config": "tiny"}))
     folder = shutil.copytree(built["index"], tmp_path / "index")
     search = ["search", str(folder), "a red circle", "-k", "3", "--json", "--mode", "lexical"]
     assert cli.main(search) == 0

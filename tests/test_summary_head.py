@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 import torch
 
+import dicosa.__main__ as cli
+import dicosa.loading as loading
 from dicosa.heads import HeadMismatchError, load_head, save_head
 from dicosa.heads.summary import DistilledSummaryHead, fit_summary, teacher_scores
 from dicosa.index import SUMMARY_HEAD, VideoIndex
@@ -132,7 +134,7 @@ def test_index_with_distilled_summary(model, head, tmp_path):
     summary = Summary(model, "distilled", head=head)
     scores = summary.queries(_text(model, QUERIES)) @ torch.from_numpy(summary.videos(video)).T
     hits, _ = index.search_with_stats(QUERIES, k=5, candidates=20)
-    got = index._candidates(index.encode_queries(QUERIES), 20, None)[0]
+    got = index.searcher().candidates(index.encode_queries(QUERIES), 20, None)[0]
     want = scores.topk(20, dim=1).indices.numpy()
     assert all(set(g) == set(w) for g, w in zip(got.tolist(), want.tolist(), strict=True))
     # reopened from its folder (the head file, fingerprint-checked)
@@ -141,7 +143,7 @@ def test_index_with_distilled_summary(model, head, tmp_path):
         [[h.id for h in q] for q in hits]
     # removal keeps the stage in step
     index.remove(np.asarray(want[0][:3]))
-    after = index._candidates(index.encode_queries(QUERIES[:1]), 20, None)[0][0]
+    after = index.searcher().candidates(index.encode_queries(QUERIES[:1]), 20, None)[0][0]
     assert not set(want[0][:3]) & set(after.tolist())
 
 
@@ -150,7 +152,6 @@ def test_heads_train_summary_then_index_with_it_on_the_command_line(tmp_path, ca
     """`heads train summary` on a checkpoint's encoded training split, then `index
     --summary-head`: the index's dense stage is the distilled one, with the head it was given;
     a head of another model stops the command in one sentence before anything is encoded."""
-    from dicosa import __main__ as cli
     from dicosa.heads.train import train_head
 
     model, checkpoint, root = tiny_checkpoint(tmp_path, num_train=8, val_fraction=0.25)
@@ -161,7 +162,7 @@ def test_heads_train_summary_then_index_with_it_on_the_command_line(tmp_path, ca
     head = load_head(path, model, kind="summary")
     assert head.config.dim == 8 and head.trained["fit_seconds"] >= 0
 
-    monkeypatch.setattr(cli, "load_model", loads(model, {"config": "tiny"}))
+    monkeypatch.setattr(loading, "load_model", loads(model, {"config": "tiny"}))
     out = tmp_path / "index"
     assert cli.main(["index", str(root / "videos"), "--out", str(out), "--summary-head",
                      str(path), "--backend", "exact", "--num-workers", "0",
@@ -173,7 +174,7 @@ def test_heads_train_summary_then_index_with_it_on_the_command_line(tmp_path, ca
 
     torch.manual_seed(5)
     other = DiCoSA.from_config(tiny_config()).eval()
-    monkeypatch.setattr(cli, "load_model", loads(other, {"config": "tiny"}))
+    monkeypatch.setattr(loading, "load_model", loads(other, {"config": "tiny"}))
     code = cli.main(["index", str(root / "videos"), "--out", str(tmp_path / "other"),
                      "--summary-head", str(path), "--config", "x"])
     err = capsys.readouterr().err.strip().splitlines()

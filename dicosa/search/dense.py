@@ -13,8 +13,10 @@ side's length never changes a ranking; normalising it only makes scores comparab
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -23,8 +25,8 @@ import faiss
 import numpy as np
 import torch
 
-from ..checkpoint import write_bytes_atomic, write_text_atomic
 from ..config import dataclass_from_dict
+from ..files import fault_point, storage_error, write_bytes_atomic, write_text_atomic
 from ..functional import video_proxy
 from ..model import VideoFeatures
 from .types import Candidates, EncodedQueries
@@ -433,8 +435,14 @@ def _write_index_atomic(index: faiss.Index, path: Path) -> None:
     folder, then a rename, makes it whole or absent. ``fopen`` honours the umask."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
+        fault_point(path.name)
         faiss.write_index(index, str(tmp))
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:  # faiss reports a failed fwrite as RuntimeError
+        err = exc if isinstance(exc, OSError) else OSError(errno.EIO, str(exc).splitlines()[0])
+        if not isinstance(exc, OSError) and shutil.disk_usage(path.parent).free < 1 << 20:
+            err = OSError(errno.ENOSPC, "no space")
+        raise storage_error(err, path, "writing") from None
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -31,14 +31,8 @@ trust = 0, left every text-only clip out of the top 10 on the synthetic benchmar
 fusion is β_title = 0; late fusion is β_sem = 0; each β is chosen on the validation split
 (``benchmarks/mul2vec.py``).
 
-The titles' text vectors are encoded once and kept in the index folder
-(``fusion.titles.npy``, float16, extended as rows arrive); the other arrays are recomputed on
-each attach (a pass over the store's proxies and, with a head, one small MLP), and all of them
-are held in RAM: fusion costs ~(D + K)·4 bytes per row of memory (2 GiB at 1M rows, D=512).
-
-:func:`attach_fusion` given a head file (or no head: late fusion) records the choice in
-``index.meta["fusion"]`` (``{"head": path or None, "beta_semantic", "beta_title", "trust"}``,
-and the manifest), so that ``python -m dicosa search`` fuses the same way without the options.
+The index side (the arrays built from an index's rows, the plugin that attaches them) is
+:mod:`dicosa.plugins.fusion`.
 """
 
 from __future__ import annotations
@@ -55,12 +49,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .dense import top_k
-from .row_cache import RowCache
 from .types import Candidates, EncodedQueries
 
-__all__ = ["FusionRerank", "FusionRows", "IndexFusion", "SemanticStage", "TitleStage",
-           "TitlesError", "attach_fusion", "explain_hits", "fill_missing", "format_parts",
-           "fused_scores", "fusion_rows", "read_titles"]
+__all__ = ["DEFAULT_BETA_SEMANTIC", "DEFAULT_BETA_TITLE", "DEFAULT_TRUST", "FusionRerank",
+           "FusionRows", "SemanticStage", "TitleStage", "TitlesError", "fill_missing",
+           "fused_scores", "fusion_rows", "normalise_titles", "query_topics", "read_titles"]
 
 
 @dataclass(frozen=True)
@@ -234,26 +227,6 @@ class FusionRerank:
         return parts
 
 
-class IndexFusion(FusionRerank):
-    """:class:`FusionRerank` over an index's rows, extended with the rows added since (a
-    first stage asks for them as they are added; the hook for the candidates it meets)."""
-
-    def __init__(self, index, head=None, **weights: float):
-        self.index = index
-        super().__init__(index_fusion_rows(index, head), head, **weights)
-
-    @property
-    def rows(self) -> FusionRows:
-        if self.index.store.next_id > len(self._rows):
-            self._rows = self._rows.extend(index_fusion_rows(self.index, self.head,
-                                                             start=len(self._rows)))
-        return self._rows
-
-    @rows.setter
-    def rows(self, rows: FusionRows) -> None:
-        self._rows = rows
-
-
 def query_topics(queries: EncodedQueries, head) -> Tensor:
     """θ_q ``[Q, K]``, computed once per batch and kept in ``queries.extra["mul2vec"]``."""
     if "mul2vec" not in queries.extra:
@@ -293,7 +266,7 @@ class SemanticStage:
         return _top_candidates(self.ids, scores, len(queries), k, self.name)
 
     def save(self, directory: str | os.PathLike) -> None:
-        from ..checkpoint import write_bytes_atomic
+        from ..files import write_bytes_atomic
 
         buffer = io.BytesIO()
         np.savez(buffer, ids=self.ids, vectors=self.vectors)
@@ -307,14 +280,9 @@ class SemanticStage:
         return stage
 
 
-# -- wiring into a VideoIndex ---------------------------------------------------------------
 DEFAULT_BETA_SEMANTIC = 0.2  # the README's validation choice on the synthetic benchmark
 DEFAULT_BETA_TITLE = 0.2  # late fusion: not tuned per collection; pass your own
 DEFAULT_TRUST = 0.5
-# The titles' DiCoSA text vectors, kept in the index folder (float16) for the model that
-# encoded them: the text tower runs once per title, not on every attach.
-TITLES_FILE = "fusion.titles"
-_TITLE_BATCH = 256
 
 
 class TitleStage(SemanticStage):
@@ -388,140 +356,3 @@ def normalise_titles(titles: dict | str | os.PathLike | None) -> dict[str, str]:
     if isinstance(titles, (str, os.PathLike)):
         return read_titles(titles)
     return {str(Path(p).resolve()): str(t).strip() for p, t in titles.items()}
-
-
-@torch.no_grad()
-def index_fusion_rows(index, head=None, start: int = 0) -> FusionRows:
-    """:class:`FusionRows` of the row ids ``[start, next_id)`` of ``index`` (removed rows:
-    untitled, text-only), the titles' text vectors from the index folder's cache (the
-    missing ones encoded with the index's model)."""
-    model = index._require_model()
-    end, dim = index.store.next_id, index.store.dim or model.embed_dim
-    cache = RowCache(index.directory, TITLES_FILE, index.model_key, dim, np.float16)
-    first = min(start, len(cache.array))  # the cache may need rows before start too
-    live = index.store.live()
-    live = live[live >= first]
-    table = index.store.rows(live)
-    title = [""] * (end - first)
-    text_only = np.ones(end - first, dtype=bool)
-    frames_lost = np.ones(end - first, dtype=np.float32)
-    for i, t, only, lost in zip((live - first).tolist(), table["title"].tolist(),
-                                table["text_only"].tolist(), table["frames_lost"].tolist(),
-                                strict=True):
-        title[i] = t if isinstance(t, str) else ""
-        text_only[i] = _flag(only)
-        frames_lost[i] = float(lost) if lost == lost and lost != "" else 0.0
-    titled = np.array([i + first for i, t in enumerate(title) if t], dtype=np.int64)
-    every = cache.extend(end, titled, lambda ids: _encode_titles(
-        index, [title[i - first] for i in ids.tolist()]))
-    live = live[live >= start]
-    proxy = torch.zeros(end - start, dim)
-    proxy[live - start] = torch.as_tensor(index.store.proxies(live))
-    skip = start - first
-    return fusion_rows(title[skip:], torch.from_numpy(every[start:end].astype(np.float32)),
-                       proxy, text_only[skip:], frames_lost[skip:], head)
-
-
-def _encode_titles(index, titles: list[str]) -> np.ndarray:
-    """DiCoSA text vectors of ``titles`` ``[n, D]``, in batches of :data:`_TITLE_BATCH`."""
-    model, parts = index._require_model(), []
-    for start in range(0, len(titles), _TITLE_BATCH):
-        tokens = index.tokenizer(titles[start:start + _TITLE_BATCH]).to(index.device)
-        parts.append(model.encode_text(tokens).text.float().cpu().numpy())
-    return np.concatenate(parts)
-
-
-def _flag(value) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "1")
-    return bool(value) if value == value else False  # NaN (an empty cell): False
-
-
-def attach_fusion(index, head=None, *, beta_semantic: float | None = None,
-                  beta_title: float | None = None, trust: float | None = None
-                  ) -> FusionRerank:
-    """Wire fused scoring into ``index``: a first stage that finds text-only rows and the
-    :class:`FusionRerank` hook (appended to ``index.hooks``); returns the hook.
-
-    Args:
-        head: a Mul2vec head, or the path of one (``heads train mul2vec``): Mul2vec fusion
-            through a :class:`SemanticStage`. None: late fusion (title similarity) through a
-            :class:`TitleStage`, the default where no head is trained.
-        beta_semantic, beta_title: default :data:`DEFAULT_BETA_SEMANTIC` with a head (and no
-            title term), :data:`DEFAULT_BETA_TITLE` without one.
-        trust: how far a missing part follows the part a row has (default
-            :data:`DEFAULT_TRUST`).
-
-    With a head file or no head, the choice and the weights are recorded in
-    ``index.meta["fusion"]`` (and the manifest of an index in a folder); a head object is not.
-
-    Rows added later join the fusion arrays when the first stage receives them (their titles
-    encoded then). Attach once per index: each call registers another first stage.
-    """
-    path = None
-    if isinstance(head, (str, os.PathLike)):
-        from ..heads.base import load_head
-
-        path = str(Path(head).resolve())
-        head = load_head(path, index._require_model(), kind="mul2vec")
-    record = head is None or path is not None
-    trust = DEFAULT_TRUST if trust is None else trust
-    if head is not None:
-        beta_semantic = DEFAULT_BETA_SEMANTIC if beta_semantic is None else beta_semantic
-        beta_title = 0.0 if beta_title is None else beta_title
-    else:
-        beta_semantic = 0.0
-        beta_title = DEFAULT_BETA_TITLE if beta_title is None else beta_title
-    hook = IndexFusion(index, head, beta_semantic=beta_semantic, beta_title=beta_title,
-                       trust=trust)
-    if head is not None:
-        stage = SemanticStage(head, hook.rows.semantic.shape[1])
-        index.add_first_stage(stage, videos=lambda ids, _: hook.rows.semantic[ids])
-    else:
-        stage = TitleStage(hook.rows.title_text.shape[1])
-        index.add_first_stage(stage, videos=lambda ids, _: hook.rows.title_text[ids])
-    index.hooks.append(hook)
-    if record:
-        index.remember("fusion", {"head": path, "beta_semantic": beta_semantic,
-                                  "beta_title": beta_title, "trust": trust})
-    return hook
-
-
-@torch.no_grad()
-def explain_hits(index, hook: FusionRerank, query: str, hits) -> list[dict]:
-    """The fused score's parts for each hit of ``query``: one dict per hit
-    ``{"id", "path", "dicosa", "semantic"?, "title"?, "fused", "text_only", "frames_lost",
-    "has_title"}``
-    (parts unweighted, missing ones imputed as in :func:`fused_scores`; computed over the
-    hits, so the imputation's moments are those of the listed rows)."""
-    if not hits:
-        return []
-    encoded = index.encode_queries([query])
-    ids = np.array([[h.id for h in hits]], dtype=np.int64)
-    dicosa = torch.tensor([[h.dicosa for h in hits]], dtype=torch.float32)
-    parts = hook.explain(encoded, ids, dicosa)
-    out = []
-    for c, hit in enumerate(hits):
-        entry = {"id": hit.id, "path": hit.path}
-        entry.update({name: float(value[0, c]) for name, value in parts.items()})
-        entry["text_only"] = bool(hook.rows.text_only[hit.id])
-        entry["frames_lost"] = float(hook.rows.frames_lost[hit.id])
-        entry["has_title"] = bool(hook.rows.has_title[hit.id])
-        out.append(entry)
-    return out
-
-
-def format_parts(parts: list[dict]) -> str:
-    """:func:`explain_hits`'s dicts as a small table (unweighted parts; fused = ranking)."""
-    names = [n for n in ("dicosa", "semantic", "title", "fused") if parts and n in parts[0]]
-    lines = ["fusion parts (unweighted; missing parts imputed, marked *):",
-             f"{'rank':>4}  " + "  ".join(f"{n:>8}" for n in names) + "  frames_lost  path"]
-    for rank, entry in enumerate(parts, 1):
-        cells = []
-        for n in names:
-            imputed = ((n == "dicosa" and entry["text_only"])
-                       or (n == "title" and not entry["has_title"]))
-            cells.append(f"{entry[n]:>7.4f}{'*' if imputed else ' '}")
-        lines.append(f"{rank:>4}  " + "  ".join(cells)
-                     + f"  {entry['frames_lost']:>11.2f}  {entry['path']}")
-    return "\n".join(lines)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import write_bytes_atomic, write_text_atomic
+from ..files import write_bytes_atomic, write_text_atomic
 
 __all__ = ["RowCache"]
 
@@ -40,14 +40,24 @@ class RowCache:
         empty = np.zeros((0, width), dtype=self.dtype)
         if self.folder is None or not (self.folder / f"{self.name}.json").is_file():
             return empty
-        info = json.loads((self.folder / f"{self.name}.json").read_text())
+        try:
+            info = json.loads((self.folder / f"{self.name}.json").read_text())
+        except ValueError:
+            log.warning("%s.json in %s is damaged: computing %s again", self.name,
+                        self.folder, self.name)
+            return empty
         self._stored_key = info.get("key")
         path = self.folder / f"{self.name}.npy"
         if info.get("key") != self.key or not path.is_file():
             log.info("%s in %s was made by another model or head: computing it again",
                      self.name, self.folder)
             return empty
-        array = np.load(path)
+        try:
+            array = np.load(path)
+        except (ValueError, OSError, EOFError) as exc:  # truncated or damaged: derivable
+            log.warning("%s is damaged (%s): computing it again", path,
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return empty
         if array.ndim != 2 or array.shape[1] != width or array.dtype != self.dtype:
             log.warning("%s in %s has shape %s %s, not [*, %d] %s: computing it again",
                         self.name, self.folder, array.shape, array.dtype, width, self.dtype)

@@ -23,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ..checkpoint import write_bytes_atomic
+from ..files import write_bytes_atomic
 from .types import Candidates, EncodedQueries
 
 __all__ = ["SparseIndexError", "SparseStage"]

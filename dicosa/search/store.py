@@ -26,6 +26,7 @@ proxies are computed when opened and the missing columns read as empty.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -38,17 +39,19 @@ import pandas as pd
 import torch
 from safetensors.torch import save as save_safetensors
 
-from ..checkpoint import write_bytes_atomic, write_text_atomic
+from ..files import write_bytes_atomic
 from ..functional import video_proxy
 from ..model import VideoFeatures
 
 __all__ = ["COLUMNS", "FrameStore", "StoreError"]
 
 # path, duration (s), fps, num_frames (in the file), valid_frames (decoded, the rest padding);
-# title, text_only, frames_lost are reserved for heads that read them (empty until then).
+# title, text_only, frames_lost are reserved for heads that read them (empty until then);
+# size (bytes) and mtime (s) of the file when it was encoded: how a later add notices a
+# changed file (empty in indexes written before they were kept).
 COLUMNS = ("path", "duration", "fps", "num_frames", "valid_frames", "title", "text_only",
-           "frames_lost")
-_NUMERIC = ("duration", "fps")
+           "frames_lost", "size", "mtime")
+_NUMERIC = ("duration", "fps", "size", "mtime")
 _DTYPES = {"F16": np.float16, "F32": np.float32, "BOOL": np.bool_, "I64": np.int64}
 
 
@@ -64,6 +67,9 @@ class _Shard:
     proxy: np.ndarray  # float32 [n, D]
     name: str | None = None  # file stem once written
     has_proxy_file: bool = True  # False for version-1 shards (proxy computed when opened)
+    # sha256 of the written files, {"safetensors": hex, "csv": hex}; None where the manifest
+    # recorded none (indexes written before checksums were kept)
+    sha256: dict | None = None
     _rows: pd.DataFrame | None = field(default=None, repr=False)
     _directory: Path | None = field(default=None, repr=False)
 
@@ -92,6 +98,9 @@ class FrameStore:
         self.directory: Path | None = None
         self.shards: list[_Shard] = []
         self.removed: set[int] = set()
+        # Ids below this may have been handed to rows of a write that never committed (see
+        # dicosa/index/manifest.py, "reserved ids"); the next append starts at or after it.
+        self.reserved = 0
         self._starts = np.zeros(0, dtype=np.int64)
 
     # -- contents -------------------------------------------------------------------------
@@ -204,11 +213,18 @@ class FrameStore:
         if tuple(frames.shape[1:]) != (self.num_frames, self.dim):
             raise ValueError(f"features [n, {frames.shape[1]}, {frames.shape[2]}] do not fit "
                              f"this store's [n, {self.num_frames}, {self.dim}]")
+        bad = np.flatnonzero(~finite_rows(frames, mask))
+        if len(bad):
+            raise ValueError(f"{len(bad)} of {len(rows)} videos have non-finite features "
+                             f"(first: {rows[bad[0]].get('path', bad[0])}); they are never "
+                             "stored, since they would rank first or last for every query")
         proxy = video_proxy(frames.float(), mask)  # [n, D] from the float16 values stored
         # Through the csv form, so that the columns have the types a reopened store reads.
         table = _read_rows(io.StringIO(pd.DataFrame(rows, columns=list(COLUMNS))
                                        .to_csv(index=False)))
-        shard = _Shard(self.next_id, frames.numpy(), mask.numpy(), proxy.numpy(), _rows=table)
+        first = max(self.next_id, self.reserved)
+        self.removed.update(range(self.next_id, first))  # ids of a write that never committed
+        shard = _Shard(first, frames.numpy(), mask.numpy(), proxy.numpy(), _rows=table)
         self.shards.append(shard)
         self._starts = np.array([s.first_id for s in self.shards], dtype=np.int64)
         if self.directory is not None:
@@ -237,7 +253,9 @@ class FrameStore:
         return {"num_frames": self.num_frames, "dim": self.dim, "next_id": self.next_id,
                 "removed": sorted(self.removed),
                 "shards": [{"name": s.name, "first_id": s.first_id, "count": s.count,
-                            "proxy": s.has_proxy_file} for s in self.shards]}
+                            "proxy": s.has_proxy_file,
+                            **({"sha256": s.sha256} if s.sha256 else {})}
+                           for s in self.shards]}
 
     @classmethod
     def open(cls, directory: str | os.PathLike, manifest: dict) -> FrameStore:
@@ -249,7 +267,9 @@ class FrameStore:
         first = 0
         for entry in manifest["shards"]:
             first = entry.get("first_id", first)
-            store.shards.append(_open_shard(directory, entry["name"], entry["count"], first))
+            shard = _open_shard(directory, entry["name"], entry["count"], first)
+            shard.sha256 = entry.get("sha256")
+            store.shards.append(shard)
             first += entry["count"]
         if store.shards and store.num_frames is None:
             store.num_frames, store.dim = store.shards[0].frames.shape[1:]
@@ -273,16 +293,52 @@ class FrameStore:
         self._starts = np.array([s.first_id for s in self.shards], dtype=np.int64)
         return np.arange(shard.first_id, shard.first_id + count, dtype=np.int64)
 
+    def verify(self) -> list[str]:
+        """Read every shard file whose checksum the manifest recorded and compare: one
+        sentence per file that differs (empty: all match). Reads the whole store."""
+        problems = []
+        for shard in self.shards:
+            if shard.sha256 is None or shard._directory is None or shard.name is None:
+                continue
+            ids = np.arange(shard.first_id, shard.first_id + shard.count)
+            if not self.is_live(ids).any():
+                continue  # every row removed (a repair does that to a damaged shard)
+            for suffix, expected in shard.sha256.items():
+                path = shard._directory / f"{shard.name}.{suffix}"
+                got = _file_sha256(path)
+                if got != expected:
+                    what = "is missing" if got is None else "does not match its checksum"
+                    problems.append(f"{path} {what} (rows {shard.first_id}.."
+                                    f"{shard.first_id + shard.count - 1})")
+        return problems
+
+    def damaged_shards(self) -> list[tuple[str, np.ndarray]]:
+        """``(file, row ids)`` of each shard with live rows whose files differ from their
+        recorded checksums (reads those shards whole)."""
+        out = []
+        for shard in self.shards:
+            one = FrameStore()
+            one.shards, one.removed, one._starts = [shard], self.removed, np.array(
+                [shard.first_id])
+            if one.verify():
+                ids = np.arange(shard.first_id, shard.first_id + shard.count)
+                out.append((f"{shard.name}.safetensors", ids[self.is_live(ids)]))
+        return out
+
     def _write_shard(self, directory: Path, shard: _Shard, number: int) -> None:
         name = f"shard-{number:05d}"
         # Through write_bytes_atomic: the process umask applies (safetensors' save_file
         # creates 0600 files), and a killed writer leaves no half file under the real name.
-        write_bytes_atomic(directory / f"{name}.safetensors", save_safetensors({
+        data = save_safetensors({
             "frames": _tensor(shard.frames), "frame_mask": _tensor(shard.frame_mask),
-            "proxy": _tensor(shard.proxy)}))
+            "proxy": _tensor(shard.proxy)})
+        write_bytes_atomic(directory / f"{name}.safetensors", data)
         buffer = io.StringIO()
         shard.rows.to_csv(buffer, index=False, columns=list(COLUMNS))
-        write_text_atomic(directory / f"{name}.csv", buffer.getvalue())
+        text = buffer.getvalue().encode()
+        write_bytes_atomic(directory / f"{name}.csv", text)
+        shard.sha256 = {"safetensors": hashlib.sha256(data).hexdigest(),
+                        "csv": hashlib.sha256(text).hexdigest()}
         # Swap the in-memory arrays for maps of the file: memory is released to the page cache.
         tensors = _map_safetensors(directory / f"{name}.safetensors")
         shard.frames, shard.frame_mask = tensors["frames"], tensors["frame_mask"]
@@ -303,6 +359,23 @@ def _open_shard(directory: Path, name: str, count: int, first_id: int) -> _Shard
                             _tensor(mask)).numpy()
     return _Shard(first_id, frames, mask, proxy, name, has_proxy_file="proxy" in tensors,
                   _directory=directory)
+
+
+def finite_rows(frames: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+    """Whether every valid frame of each video is finite: bool [n] (padding is not read)."""
+    finite = torch.isfinite(frames.float()).all(dim=-1) | ~mask.bool()  # [n, N]
+    return finite.all(dim=1).numpy()
+
+
+def _file_sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            while block := fh.read(1 << 22):
+                digest.update(block)
+    except FileNotFoundError:
+        return None
+    return digest.hexdigest()
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
@@ -350,6 +423,9 @@ def _read_rows(path: Path | io.StringIO) -> pd.DataFrame:
     except FileNotFoundError:
         raise StoreError(f"{path} is missing; rebuild the index with 'python -m dicosa "
                          "index'") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise StoreError(f"{path} is damaged ({str(exc).splitlines()[0]}); run 'python -m "
+                         "dicosa check INDEX' or rebuild the index") from None
     for column in COLUMNS:  # version-1 files lack the reserved columns
         if column not in table:
             table[column] = ""

@@ -7,7 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from .exclusion_index import attach_exclusion, explain_hits, format_explanation
+from .plugins.exclusion import ExclusionPlugin, explain_hits, format_explanation
 
 __all__ = ["clip_objects", "exclusion_pair", "run_exclusion_demo"]
 
@@ -38,7 +38,7 @@ def run_exclusion_demo(index, checkpoint: Path, data: Path, out: Path, *,
                        quick: bool, k: int = 5) -> Path | None:
     """Train the concepts head, attach it to ``index``, answer "a A without a B" and print
     whether each result shows B; write ``out/exclusion.json``. None if no pair exists."""
-    from ..heads.train import train_head
+    from .heads.train import train_head
 
     objects = clip_objects(data)
     names = [Path(p).stem for p in index.paths]
@@ -49,10 +49,11 @@ def run_exclusion_demo(index, checkpoint: Path, data: Path, out: Path, *,
     a, b = pair
     head_path = train_head("concepts", checkpoint, out / "concepts.pt",
                            QUICK_HEAD if quick else (), progress=False)
-    rerank = attach_exclusion(index, head_path)
+    plugin = index.use(ExclusionPlugin(head_path))
     query = f"{_article(a)} without {_article(b)}"
-    hits = index.search(query, k=k, candidates=len(index))
-    explained = explain_hits(rerank, hits)
+    result = index.query(query, k=k, candidates=len(index))
+    hits = result.hits
+    explained = explain_hits(plugin, result)
     shows_b = [b in objects[Path(h.path).stem] for h in hits]
     relevant = sum(a in objects[n] and b not in objects[n] for n in names)
     print(f'"{query}": {relevant} of {len(names)} clips show {a} without {b}')

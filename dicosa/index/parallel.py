@@ -39,9 +39,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data.protocol import FrameProtocol
-from .index import DEFAULT_BACKEND, VideoIndex, list_videos
-from .model import DiCoSA
+from ..data.protocol import FrameProtocol
+from ..model import DiCoSA
+from .ingest import list_videos
+from .video_index import VideoIndex
 
 __all__ = ["PARTS", "BuildReport", "Launch", "PeerFailed", "build_index"]
 
@@ -129,15 +130,16 @@ def build_index(
     shard_size: int = 256,
     meta: dict | None = None,
     progress: bool = True,
-    backend: str = DEFAULT_BACKEND,
+    backend: str | None = "default",
     uri: str | None = None,
     stage_options: dict | None = None,
-    summary: str = "confidence",
+    summary: str | None = None,
     summary_head=None,
     titles: dict[str, str] | str | os.PathLike | None = None,
     frame_sampling: str | None = None,
     frame_padding: str | None = None,
     launch: Launch | None = None,
+    lock_timeout: float | None = None,
 ) -> BuildReport:
     """:meth:`VideoIndex.build` into ``out_dir``, split over the processes of the launch.
 
@@ -151,7 +153,7 @@ def build_index(
     out = Path(out_dir)
     stage = {"backend": backend, "uri": uri, "stage_options": stage_options, "summary": summary,
              "summary_head": summary_head, "frame_sampling": frame_sampling,
-             "frame_padding": frame_padding}
+             "frame_padding": frame_padding, "lock_timeout": lock_timeout}
     if launch.size == 1 and not (out / PARTS).is_dir():
         index = VideoIndex.build(model, videos, out, batch_size=batch_size,
                                  num_workers=num_workers, shard_size=shard_size, meta=meta,

@@ -1,0 +1,5 @@
+"""The command line (``python -m dicosa``): a thin layer over the library."""
+
+from .main import build_parser, main
+
+__all__ = ["build_parser", "main"]

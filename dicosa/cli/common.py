@@ -1,0 +1,43 @@
+"""What several commands share: model options, ``KEY=VALUE`` options, counts."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from ..loading import DEFAULT_CONFIG
+
+__all__ = ["model_options", "options", "positive_int"]
+
+
+def model_options(parser: argparse.ArgumentParser, default_config: str | None) -> None:
+    parser.add_argument("--checkpoint", help="a dicosa training checkpoint (best.pt/last.pt)")
+    parser.add_argument("--config", default=default_config,
+                        help=f"model config when no checkpoint is given (default "
+                             f"{default_config or DEFAULT_CONFIG})")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="config override, repeatable (e.g. --set model.num_frames=8)")
+
+
+def options(pairs: Sequence[str]) -> dict:
+    """``KEY=VALUE`` strings -> a dict; whole numbers become ints, true/false booleans."""
+    out: dict = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"a stage option must be KEY=VALUE, got {pair!r}")
+        lowered = value.lower()
+        out[key] = (int(value) if value.lstrip("-").isdigit() else
+                    lowered == "true" if lowered in ("true", "false") else value)
+    return out
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a count of at least 1 (argparse prints the message as one line)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

@@ -1,0 +1,121 @@
+"""``python -m dicosa index FOLDER --out INDEX``: encode videos into a searchable index."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import model_options, options
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("index", help="encode a folder of videos into a searchable index")
+    p.add_argument("videos", help="folder of videos (searched recursively) or one video file")
+    p.add_argument("--titles", help="titles sidecar: CSV with columns path,title or JSON "
+                   "{path: title}; an undecodable video with a title is indexed text-only")
+    p.add_argument("--out", required=True, help="index folder (resumed if it holds one)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--num-workers", type=int, default=None, help="decoding processes")
+    p.add_argument("--shard-size", type=int, default=256, help="videos per shard file")
+    p.add_argument("--backend", default=None,
+                   help="first stage over the videos' dense summaries: local (= faiss, HNSW in "
+                        "the index folder, default), exact, or milvus (--uri; default a "
+                        "milvus-lite file in the index folder); an existing index keeps its own")
+    p.add_argument("--stage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a first-stage setting, repeatable (e.g. index=ivfpq, storage=fp16)")
+    p.add_argument("--uri", help="Milvus: a file ending in .db (milvus-lite) or "
+                                 "http://host:19530 (a Milvus server)")
+    p.add_argument("--head", metavar="HEAD.pt",
+                   help="a lexical head (heads train lexical / d2s): store each video's word "
+                        "vector in a sparse stage beside the dense one, for search --mode")
+    p.add_argument("--concepts", metavar="HEAD.pt",
+                   help="a concepts head (heads train concepts): store each video's concept "
+                        "code and record the head, so that search answers 'A without B' "
+                        "without --concepts")
+    p.add_argument("--sparse-backend", choices=("exact", "seismic"), default=None,
+                   help="the --head's sparse stage: exact (scipy inverted index, the default) "
+                        "or seismic (approximate, for large collections; pip install "
+                        "pyseismic-lsr); search reopens the same one")
+    p.add_argument("--sparse-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a seismic setting, repeatable (e.g. heap_factor=0.8, query_cut=16, "
+                        "n_postings=6000; docs/search.md)")
+    p.add_argument("--summary-head", metavar="HEAD.pt",
+                   help="a summary head (heads train summary): the dense stage compares its "
+                        "distilled vectors instead of the default 'confidence' summary")
+    p.add_argument("--no-wait", action="store_true",
+                   help="fail at once (one sentence) when another process is writing the index, "
+                        "instead of waiting for it")
+    model_options(p, None)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..index.parallel import PeerFailed, build_index
+    from ..loading import load_model
+    from ..plugins.exclusion import ExclusionPlugin
+    from ..plugins.lexical import LexicalPlugin, check_sparse_backend, load_lexical_head
+
+    sparse_options = options(args.sparse_option) if args.sparse_option else None
+    if args.head is None and (args.sparse_backend or sparse_options):
+        raise ValueError("--sparse-backend and --sparse-option set up the sparse stage of a "
+                         "lexical head: add --head HEAD.pt")
+    if args.sparse_backend or sparse_options:
+        # seismic missing or a bad option fails before any video is encoded
+        check_sparse_backend(args.sparse_backend or "exact", sparse_options)
+    model, source, frames = load_model(args.checkpoint, args.config, args.set)
+    # A head of another model fails before anything is encoded.
+    if args.head is not None:
+        load_lexical_head(args.head, model)
+    if args.concepts is not None:
+        from ..heads import load_head
+
+        load_head(args.concepts, model, kind="concepts")
+    try:
+        report = build_index(model, args.videos, args.out, batch_size=args.batch_size,
+                             num_workers=args.num_workers, shard_size=args.shard_size,
+                             meta={"model": source}, backend=args.backend or "default",
+                             uri=args.uri, stage_options=options(args.stage_option) or None,
+                             titles=args.titles, frame_sampling=frames.sampling,
+                             frame_padding=frames.padding,
+                             lock_timeout=0 if args.no_wait else None,
+                             **_summary(args.summary_head, model))
+    except PeerFailed:
+        # The main process prints why and exits non-zero, which fails the launch; a non-zero
+        # status here could let torchrun stop the main process before it has printed.
+        return 0
+    index = report.index
+    if index is None:  # not the main process: it reports for all
+        return 0
+    if args.head is not None:
+        lexical = index.use(LexicalPlugin(args.head, args.sparse_backend, sparse_options))
+        backend = "" if lexical.stage.backend == "exact" else f" ({lexical.stage.backend})"
+        print(f"sparse {lexical.head.kind} stage{backend}: {len(lexical.stage)} videos, "
+              f"{len(lexical.head.words)} words")
+    if args.concepts is not None:
+        index.use(ExclusionPlugin(args.concepts))
+        print(f"concept codes of {len(index)} videos, for 'A without B' searches")
+    _report(index, report, args.out)
+    return 0
+
+
+def _report(index, report, out: str) -> None:
+    for path, reason in index.text_only:
+        print(f"  indexed from its title alone (undecodable): {path}: {reason}")
+    encoded = ("" if report.encoded is None else
+               f" (encoded {report.encoded} now, in {report.processes} process(es): "
+               f"{' + '.join(map(str, report.per_process))})")
+    print(f"indexed {len(index)} videos into {out}{encoded}"
+          + (f"; skipped {len(index.skipped)} unreadable file(s):" if index.skipped else ""))
+    for path, reason in index.skipped:
+        print(f"  {path}: {reason}")
+
+
+def _summary(head_path: str | None, model) -> dict:
+    """The dense stage's summary for ``index --summary-head``: its head, checked against the
+    model before any video is encoded."""
+    if head_path is None:
+        return {}
+    from ..heads import load_head
+
+    return {"summary": "distilled", "summary_head": load_head(head_path, model, kind="summary")}

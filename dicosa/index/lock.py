@@ -1,0 +1,109 @@
+"""One writer at a time per index folder, across processes and threads; readers never block.
+
+The lock is an advisory ``flock`` on ``INDEX/.writer.lock`` (through ``filelock``): the kernel
+releases it when the holding process exits for any reason, SIGKILL included, so a crash never
+leaves a stale lock. A second writer waits (saying once who holds it) or, with ``wait=False``,
+fails at once with :class:`IndexBusyError`. Readers take no lock: they read the committed
+manifest and the immutable files it names.
+
+On NFS, ``flock`` is emulated with POSIX byte-range locks by Linux clients (kernel 2.6.12 and
+later) and works across clients when the server supports locking (NFSv4, or v3 with lockd);
+other network filesystems (SMB mounts, FUSE object stores) may ignore it. There, keep one
+writing host per index.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from ..errors import IndexBusyError
+from ..files import storage_error
+
+__all__ = ["IndexBusyError", "WriterLock"]
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".writer.lock"
+OWNER_FILE = ".writer.json"  # who holds it: for the waiting writer's message only
+
+
+class WriterLock:
+    """Re-entrant writer lock of one index folder (see the module docstring).
+
+    ``timeout``: seconds to wait before :class:`IndexBusyError` (None: wait as long as it
+    takes; 0: do not wait).
+    """
+
+    def __init__(self, directory: str | os.PathLike, timeout: float | None = None):
+        self.directory = Path(directory)
+        self.timeout = timeout
+        self._lock = FileLock(self.directory / LOCK_FILE, thread_local=False)
+        self._threads = threading.RLock()  # threads sharing this object take turns
+        self._depth = 0
+
+    @property
+    def held(self) -> bool:
+        return self._depth > 0
+
+    def __enter__(self) -> WriterLock:
+        self._threads.acquire()
+        try:
+            if self._depth == 0:
+                self._acquire()
+        except BaseException:
+            self._threads.release()
+            raise
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._lock.release()
+        self._threads.release()
+
+    def _acquire(self) -> None:
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            self._wait()
+        except OSError as exc:  # cannot create the lock file: read-only, permission
+            raise storage_error(exc, self.directory / LOCK_FILE, "locking") from None
+        self._write_owner()
+
+    def _wait(self) -> None:
+        holder = self._owner()
+        if self.timeout == 0:
+            raise IndexBusyError(f"the index at {self.directory} is being written by {holder}; "
+                                 "wait for it to finish, or run again without --no-wait")
+        log.warning("waiting for %s to finish writing the index at %s", holder, self.directory)
+        start = time.monotonic()
+        try:
+            self._lock.acquire(timeout=-1 if self.timeout is None else self.timeout)
+        except Timeout:
+            raise IndexBusyError(f"the index at {self.directory} was still being written by "
+                                 f"{holder} after {self.timeout:g} s") from None
+        log.info("got the index's writer lock after %.1f s", time.monotonic() - start)
+
+    def _owner(self) -> str:
+        try:
+            info = json.loads((self.directory / OWNER_FILE).read_text())
+            return f"process {info['pid']} ({info['command']})"
+        except (OSError, ValueError, KeyError, TypeError):
+            return "another process"
+
+    def _write_owner(self) -> None:
+        command = " ".join(os.path.basename(a) if i == 0 else a
+                           for i, a in enumerate(sys.argv[:4])) or "python"
+        with contextlib.suppress(OSError):  # informational only
+            (self.directory / OWNER_FILE).write_text(
+                json.dumps({"pid": os.getpid(), "command": command, "since": time.time()}))

@@ -1,0 +1,142 @@
+"""The manifest: what an index folder holds, read, checked and committed as one file.
+
+``manifest.json`` is the commit point of every change to an index (see
+``docs/data-safety.md``): a change writes its new files first, then the manifest that names
+them, atomically and fsync'ed; a reader that opened the old manifest keeps reading the files it
+names, which no writer changes (shards are immutable once listed; every other file is
+replaced by rename, and is derivable from the shards).
+
+Fields (JSON): ``format`` (:data:`FORMAT`), ``version`` (2, or 3 when the frame protocol is
+not ``segments``/``black``, so that a dicosa from before the ``frames`` field refuses such an
+index), ``generation`` (commits so far: a long-lived reader reloads when it grows),
+``fingerprint`` (``weights_sha256`` and the config fields that change features or scores),
+the store's fields (``num_frames``, ``dim``, ``next_id``, ``removed`` row ids, ``shards``:
+``[{"name", "first_id", "count", "proxy", "sha256": {"safetensors", "csv"}}]``),
+``num_videos`` (live rows), ``first_stage`` (``backend``, ``uri``, ``options``,
+``summary``, ``calibration``, ``dim``, ``synced``: the store's ``[next_id, removed]`` when the
+stage was last saved; a stage that lags is rebuilt from the stored proxies when opened),
+``skipped`` (``[{"path", "reason"}]``), ``frames`` (``{"sampling", "padding"}``) and ``meta``
+(free-form; dicosa keeps there ``model``, what built the index, and one record per plugin:
+``lexical``, ``concepts``, ``fusion``).
+
+**Reserved ids.** Before a write hands row ids to new rows it records, in
+``reserved.json``, the id after the last one it will use. Files derived from rows (a first
+stage, a head's per-row cache) may hold those rows before the manifest commits them; if the
+commit never happens, the next write starts after the reservation and the skipped ids are
+tombstones, so a derived file never describes a row id that a later video receives.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..data.protocol import FrameProtocol
+from ..files import write_text_atomic
+
+__all__ = ["FORMAT", "MANIFEST", "READABLE", "RESERVED", "VERSION", "Manifest",
+           "ManifestError", "read_reserved", "write_reserved"]
+
+FORMAT = "dicosa-video-index"
+VERSION = 3  # written only for a frame protocol other than segments/black (else 2)
+READABLE = (1, 2, 3)
+MANIFEST = "manifest.json"
+RESERVED = "reserved.json"
+# Indexes decoded with this before their manifest recorded the frame protocol (``frames``).
+UNRECORDED_FRAMES = FrameProtocol("segments", "black")
+_STORE_KEYS = ("num_frames", "dim", "next_id", "removed", "shards")
+_REBUILD = "rebuild the index with 'python -m dicosa index'"
+
+
+class ManifestError(ValueError):
+    """A manifest that is missing, damaged or of a version this dicosa cannot read."""
+
+
+@dataclass
+class Manifest:
+    """One committed state of an index folder (see the module docstring)."""
+
+    fingerprint: dict | None = None
+    store: dict = field(default_factory=dict)  # FrameStore.manifest()
+    first_stage: dict = field(default_factory=dict)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    frames: FrameProtocol = UNRECORDED_FRAMES
+    meta: dict = field(default_factory=dict)
+    generation: int = 0
+    num_videos: int = 0
+
+    @classmethod
+    def read(cls, directory: str | Path) -> Manifest:
+        """The manifest in ``directory``; ManifestError (one sentence) when it cannot be
+        used, FileNotFoundError when there is none."""
+        path = Path(directory) / MANIFEST
+        if not path.is_file():
+            raise FileNotFoundError(f"{directory} is not a video index (no {MANIFEST})")
+        try:
+            raw = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ManifestError(f"{path} is damaged; {_REBUILD}") from None
+        except OSError as exc:
+            raise ManifestError(f"{path} cannot be read ({exc.strerror})") from None
+        return cls.from_json(raw, path)
+
+    @classmethod
+    def from_json(cls, raw: object, path: Path) -> Manifest:
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            raise ManifestError(f"{path} is not a {FORMAT} manifest")
+        if raw.get("version") not in READABLE:
+            raise ManifestError(f"{path}: index format version {raw.get('version')} is not "
+                                f"supported (this dicosa reads versions 1 to {VERSION}); "
+                                f"{_REBUILD}")
+        missing = [k for k in ("fingerprint", "shards") if k not in raw]
+        if missing:
+            raise ManifestError(f"{path} lacks {', '.join(repr(k) for k in missing)}: it is "
+                                f"damaged; {_REBUILD}")
+        frames = raw.get("frames") or UNRECORDED_FRAMES.as_dict()
+        try:
+            return cls(
+                fingerprint=raw["fingerprint"],
+                store={k: raw[k] for k in _STORE_KEYS if k in raw},
+                first_stage=raw.get("first_stage") or {"backend": "local"},
+                skipped=[(s["path"], s["reason"]) for s in raw.get("skipped", [])],
+                frames=FrameProtocol(frames["sampling"], frames["padding"]),
+                meta=raw.get("meta") or {},
+                generation=int(raw.get("generation", 0)),
+                num_videos=int(raw.get("num_videos", 0)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestError(f"{path} is damaged ({type(exc).__name__}: {exc}); "
+                                f"{_REBUILD}") from None
+
+    def as_json(self) -> dict:
+        return {
+            "format": FORMAT,
+            # 2 where the format is unchanged: older dicosa versions read it as before.
+            "version": 2 if self.frames == UNRECORDED_FRAMES else VERSION,
+            "generation": self.generation,
+            "fingerprint": self.fingerprint,
+            "num_videos": self.num_videos,
+            **self.store,
+            "first_stage": self.first_stage,
+            "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
+            "frames": self.frames.as_dict(),
+            "meta": self.meta,
+        }
+
+    def write(self, directory: str | Path) -> None:
+        """Commit: the manifest replaces the old one whole (atomic, fsync'ed)."""
+        write_text_atomic(Path(directory) / MANIFEST, json.dumps(self.as_json(), indent=1),
+                          sync=True)
+
+
+def read_reserved(directory: str | Path) -> int:
+    """The id after the last one a write may have handed out (0: none recorded)."""
+    path = Path(directory) / RESERVED
+    try:
+        return int(json.loads(path.read_text())["next_id"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return 0  # a damaged record only loses the tombstoning of an uncommitted write
+
+
+def write_reserved(directory: str | Path, next_id: int) -> None:
+    write_text_atomic(Path(directory) / RESERVED, json.dumps({"next_id": int(next_id)}))

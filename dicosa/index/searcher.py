@@ -1,0 +1,351 @@
+"""The query path: encode once → first stage(s) → C candidates → DiCoSA rerank → hooks → top-k.
+
+:class:`Searcher` runs one batch of queries over the parts an index lends it for the call and
+returns one :class:`SearchResult` per query: the hits, the time per stage, and what the
+search computed on the way (the encoded queries, the candidates), so that an explanation
+(the frames' weights, the words, the excluded concepts) reuses them instead of encoding the
+query again. It keeps nothing between calls: concurrent searches share no mutable state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..model import DiCoSA, TextFeatures
+from ..search.query import Query, QueryError, parse_query
+from ..search.rerank import pair_scores
+from ..search.store import FrameStore
+from ..search.types import Candidates, EncodedQueries, RerankHook
+from .stages import Registered, StageSet
+
+__all__ = ["DEFAULT_CANDIDATES", "Hit", "SearchMode", "SearchResult", "Searcher",
+           "check_search"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CANDIDATES = 1000
+_PAIRS_PER_CHUNK = 2048  # rerank pairs per forward: [chunk, N, D] float32 stays ~50 MB
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result."""
+
+    path: str
+    score: float  # the ranking score: DiCoSA's S after the rerank hooks (= dicosa without hooks)
+    dicosa: float  # DiCoSA's S (Eq. 9) of the query and this video
+    stage: str  # what proposed it: a first stage ("dense", "lexical", "bow", "dense+lexical"),
+    #             "all" (every row reranked, candidates >= len(index)) or "exhaustive"
+    #             (candidates=None)
+    stage_score: float | None  # the first listed stage's own score; None for "all"/"exhaustive"
+    id: int  # the store row id
+    # every proposing stage's own score, e.g. {"dense": 0.31, "lexical": 2.7} for
+    # "dense+lexical" (their scales differ); None for "all"/"exhaustive"
+    stage_scores: dict[str, float] | None = field(default=None, hash=False)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SearchMode:
+    """A named choice of first stages for a search (``mode=``).
+
+    A search in this mode unites the candidates of the registered stages named in ``stages``
+    and of every stage that no mode names (a fusion stage that finds text-only rows stays on
+    in every mode). The query encoders read the mode's name in ``EncodedQueries.extra["mode"]``
+    (a lexical head encodes its query as bag of words in ``"bow"``, with the network otherwise).
+    """
+
+    stages: tuple[str, ...]  # FirstStage.name of the stages this mode searches
+    help: str = ""
+
+
+@dataclass
+class SearchResult:
+    """One query's answer and what the search computed for it."""
+
+    query: str
+    hits: list[Hit]
+    times: dict[str, float]  # seconds: encode_s, first_stage_s, rerank_s, hooks_s, top_s
+    stage: str  # "exhaustive", "all", or the first stage(s) that proposed ("first stage")
+    mode: str | None
+    candidates: int  # rows reranked
+    truncated: bool  # the query had more tokens than the model reads (max_words)
+    encoded: EncodedQueries  # the batch this query was encoded in
+    position: int  # this query's row in ``encoded``
+    ids: np.ndarray  # int64 [C] this query's candidates (-1 pads)
+    dicosa: Tensor  # float32 [C] DiCoSA's S of each candidate (-inf at pads)
+    explainers: dict[str, Callable[[SearchResult, int], dict | None]] = field(
+        default_factory=dict, repr=False)
+
+    def explain(self, i: int) -> dict:
+        """Why hit ``i`` ranks where it does: one entry per attached plugin that has
+        something to say (e.g. ``"words"``, ``"exclusion"``, ``"fusion"``)."""
+        out = {}
+        for key, explain in self.explainers.items():
+            said = explain(self, i)
+            if said is not None:
+                out[key] = said
+        return out
+
+    def as_dict(self) -> dict:
+        return {"query": self.query, "mode": self.mode, "stage": self.stage,
+                "candidates": self.candidates, "truncated": self.truncated,
+                "times": self.times, "hits": [h.as_dict() for h in self.hits]}
+
+
+@dataclass
+class Searcher:
+    """What an index lends one search call (see the module docstring)."""
+
+    model: DiCoSA
+    tokenizer: Callable
+    device: torch.device
+    store: FrameStore
+    stages: StageSet
+    modes: dict[str, SearchMode]
+    hooks: Sequence[RerankHook]
+    encoders: Sequence[Callable[[EncodedQueries], None]]
+    explainers: dict[str, Callable] = field(default_factory=dict)
+
+    # -- encode ---------------------------------------------------------------------------
+    def encode(self, texts: Sequence[str], exclude: Sequence[str] = (),
+               mode: str | None = None) -> tuple[EncodedQueries, list[bool]]:
+        """Parse ("A without B"; ``exclude`` adds exclusions to every query), encode the
+        positive text once, run the query encoders; and which queries were cut short."""
+        self.check_mode(mode)
+        queries = [parse_query(t, exclude) for t in texts]
+        positive = [q.text for q in queries]
+        tokens = self.tokenizer(positive)
+        with torch.inference_mode():
+            text = self.model.encode_text(tokens.to(self.device))
+        encoded = EncodedQueries(queries, text, {"mode": mode})
+        for encoder in self.encoders:
+            encoder(encoded)
+        return encoded, truncated(self.tokenizer, positive, tokens)
+
+    def check_mode(self, mode: str | None) -> None:
+        if mode is not None and mode not in self.modes:
+            raise QueryError(f"this index has no '{mode}' search mode (it has "
+                             f"{', '.join(self.modes)}); lexical, bow and hybrid need a "
+                             "lexical head: index.use(LexicalPlugin(HEAD)), or 'python -m "
+                             "dicosa index' with --head HEAD.pt")
+
+    # -- the whole path -------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, texts: Sequence[str], k: int, candidates: int | None, *,
+            exclude: Sequence[str] = (), mode: str | None = None,
+            chunk: int = 1024) -> list[SearchResult]:
+        clock = _Clock()
+        encoded, cut = self.encode(texts, exclude, mode)
+        _warn_unhandled_exclusions(encoded.queries, self.hooks)
+        clock.lap("encode_s")
+        if candidates is not None:
+            candidates = max(candidates, k)  # fewer than k could not fill the answer
+        ids, stage, stage_scores, by_stage = self.candidates(encoded, candidates, mode)
+        clock.lap("first_stage_s")
+        if isinstance(stage, str) and stage == "exhaustive":
+            scores = self.exhaustive(encoded.text, ids[0], chunk).expand(len(texts), -1)
+        else:
+            scores = self.rerank(encoded, ids)
+        clock.lap("rerank_s")
+        scores = self._without_text_only(ids, _skip_non_finite(scores, ids))
+        dicosa = scores.clone()
+        for hook in self.hooks:
+            scores = hook(encoded, ids, scores)
+        clock.lap("hooks_s")
+        hits = self._top(scores, dicosa, ids, (stage, stage_scores, by_stage), k)
+        clock.lap("top_s")
+        label = stage if isinstance(stage, str) else "first stage"
+        return [SearchResult(texts[q], hits[q], dict(clock.times), label, mode,
+                             int((ids[q] >= 0).sum()), cut[q], encoded, q, ids[q], dicosa[q],
+                             self.explainers) for q in range(len(texts))]
+
+    # -- first stages ---------------------------------------------------------------------
+    def searched(self, mode: str | None) -> list[Registered]:
+        """The stages a search in ``mode`` unites (see :class:`SearchMode`)."""
+        stages = self.stages.all()
+        if mode is None:
+            return stages
+        named = {name for m in self.modes.values() for name in m.stages}
+        wanted = set(self.modes[mode].stages)
+        return [r for r in stages if r.stage.name in wanted or r.stage.name not in named]
+
+    def candidates(self, encoded: EncodedQueries, candidates: int | None, mode: str | None):
+        """``(ids [Q, C] int64 with -1 pads, stage: str or [Q, C] labels, the first listed
+        stage's scores [Q, C], and {stage: score} per candidate [Q, C] where several stages
+        searched)`` (the last three None or a label for every row reranked)."""
+        stages = self.searched(mode)
+        # Reranking every row is what the dense stage would propose anyway once C covers the
+        # index; a sparse stage alone proposes only rows sharing a word, so it still runs.
+        covered = candidates is not None and candidates >= len(self.store) and (
+            any(r.dense for r in stages))
+        if candidates is None or covered or not stages:
+            label = "exhaustive" if candidates is None else "all"
+            live = self.store.live()  # not per two-stage query: 3.5 ms at 1M rows
+            return np.broadcast_to(live, (len(encoded), len(live))), label, None, None
+        dense = (EncodedQueries(encoded.queries, TextFeatures(self.stages.summary().queries(
+            encoded.text.text)), encoded.extra) if any(r.dense for r in stages) else None)
+        found = [r.stage.search(dense if r.dense else encoded, candidates) for r in stages]
+        if len(found) == 1:
+            ids = found[0].ids.copy()
+            ids[~self.store.is_live(ids)] = -1  # a stage that lags never returns a removed row
+            return ids, found[0].stage, found[0].scores, None
+        return _union(found, self.store)
+
+    # -- DiCoSA ---------------------------------------------------------------------------
+    def rerank(self, encoded: EncodedQueries, ids: np.ndarray) -> Tensor:
+        """DiCoSA S of each query with its candidates: ``[Q, C]`` float32, -inf at pads."""
+        dtype = next(self.model.parameters()).dtype
+        query, column = np.nonzero(ids >= 0)
+        out = torch.full(ids.shape, float("-inf"))
+        text = encoded.text.text.to(self.device, dtype)
+        for start in range(0, len(query), _PAIRS_PER_CHUNK):
+            q, c = query[start:start + _PAIRS_PER_CHUNK], column[start:start + _PAIRS_PER_CHUNK]
+            video = self.store.gather(ids[q, c]).to(self.device, dtype)
+            pairs = TextFeatures(text[torch.from_numpy(q).to(self.device)])
+            out[q, c] = pair_scores(self.model, pairs, video).cpu()
+        return out
+
+    def exhaustive(self, text: TextFeatures, ids: np.ndarray, chunk: int) -> Tensor:
+        """:meth:`DiCoSA.score` of ``text`` with rows ``ids``, ``chunk`` rows at a time."""
+        dtype = next(self.model.parameters()).dtype
+        out = [torch.zeros(len(text), 0)]
+        for start in range(0, len(ids), chunk):
+            video = self.store.gather(ids[start:start + chunk]).to(self.device, dtype)
+            out.append(self.model.score(text, video).float().cpu())
+        return torch.cat(out, dim=1)
+
+    def _without_text_only(self, ids: np.ndarray, scores: Tensor) -> Tensor:
+        """DiCoSA cannot score a row without frames: -inf there (a fusion hook imputes it)."""
+        flat = np.unique(ids[ids >= 0])
+        if not len(flat):
+            return scores
+        # A text-only row is stored with no valid frame. The frame mask answers from the
+        # memory map; the metadata's text_only column took pandas 20-60 ms per query at 1M.
+        flags = ~self.store.has_frames(flat)
+        if not flags.any():
+            return scores
+        blank = np.isin(ids, flat[flags])
+        return scores.masked_fill(torch.from_numpy(blank), float("-inf"))
+
+    def _top(self, scores: Tensor, dicosa: Tensor, ids: np.ndarray, proposed: tuple,
+             k: int) -> list[list[Hit]]:
+        """The k best hits per query; ``proposed``: :meth:`candidates`' stage labels, first
+        stage scores and per-stage scores."""
+        stage, stage_scores, by_stage = proposed
+        top = scores.topk(min(k, scores.shape[1]), dim=1)
+        picked = [[(c, v) for c, v in zip(cols, vals, strict=True)
+                   if v != float("-inf") and v == v and ids[q, c] >= 0]
+                  for q, (cols, vals) in enumerate(zip(top.indices.tolist(), top.values.tolist(),
+                                                       strict=True))]
+        hit_ids = np.array([ids[q, c] for q, row in enumerate(picked) for c, _ in row],
+                           dtype=np.int64)
+        paths = iter(self.store.paths(hit_ids))
+        results = []
+        for q, row in enumerate(picked):
+            hits = []
+            for c, v in row:
+                label = stage if isinstance(stage, str) else str(stage[q, c])
+                first = None if stage_scores is None else float(stage_scores[q, c])
+                parts = (by_stage[q, c] if by_stage is not None
+                         else None if first is None else {label: first})
+                hits.append(Hit(path=next(paths), score=v, dicosa=float(dicosa[q, c]),
+                                id=int(ids[q, c]), stage=label, stage_score=first,
+                                stage_scores=parts))
+            results.append(hits)
+        return results
+
+
+def truncated(tokenizer: Callable, texts: Sequence[str], tokens: Tensor) -> list[bool]:
+    """Whether each text had more tokens than ``tokens`` holds (the tokenizer cut it).
+
+    A full last position means the text reached the context; it was cut when the tokenizer,
+    given a longer context (open_clip's tokenizers take ``context_length``), yields more."""
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2:  # a tokenizer of another shape
+        return [False] * len(texts)
+    full = (tokens[:, -1] != 0).tolist()
+    if not any(full):
+        return [False] * len(texts)
+    try:
+        longer = tokenizer(list(texts), context_length=tokens.shape[1] * 8)
+    except TypeError:  # a tokenizer without context_length: a full row is all we know
+        return full
+    return ((longer != 0).sum(dim=1) > tokens.shape[1]).tolist()
+
+
+def _skip_non_finite(scores: Tensor, ids: np.ndarray) -> Tensor:
+    """A NaN score (damaged stored features) is a logged skip, never rank 1."""
+    bad = torch.isnan(scores)
+    if bad.any():
+        rows = sorted({int(i) for i in ids[bad.numpy()]})
+        log.warning("skipped %d candidate row(s) whose DiCoSA score is NaN (damaged stored "
+                    "features; run 'python -m dicosa check INDEX'): ids %s", len(rows),
+                    rows[:10])
+        scores = scores.masked_fill(bad, float("-inf"))
+    return scores
+
+
+def _union(found: list[Candidates], store: FrameStore):
+    """United candidate lists of several stages: ids [Q, C], labels ("dense+lexical"), the
+    first listed stage's score of each row and every proposing stage's ({stage: score})."""
+    rows = []
+    for q in range(len(found[0].ids)):
+        merged: dict[int, dict[str, float]] = {}  # row id -> {stage: its score}, in order
+        for cand in found:
+            for i, s in zip(cand.ids[q].tolist(), cand.scores[q].tolist(), strict=True):
+                if i >= 0:
+                    merged.setdefault(i, {})[cand.stage] = s
+        rows.append(merged)
+    width = max(1, max(len(r) for r in rows))
+    ids = np.full((len(rows), width), -1, dtype=np.int64)
+    labels = np.full((len(rows), width), "", dtype=object)
+    scores = np.full((len(rows), width), -np.inf, dtype=np.float32)
+    by_stage = np.full((len(rows), width), None, dtype=object)
+    for q, merged in enumerate(rows):
+        for c, (i, parts) in enumerate(merged.items()):
+            ids[q, c], labels[q, c], by_stage[q, c] = i, "+".join(parts), parts
+            scores[q, c] = next(iter(parts.values()))
+    ids[~store.is_live(ids)] = -1
+    return ids, labels, scores, by_stage
+
+
+class _Clock:
+    def __init__(self):
+        self.times: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.times[name] = now - self._last
+        self._last = now
+
+
+def _warn_unhandled_exclusions(queries: list[Query], hooks: Sequence[RerankHook]) -> None:
+    if not hooks and any(q.exclude for q in queries):
+        log.warning("the query's exclusions (%s) are ignored: no exclusion hook is attached "
+                    "to this index", ", ".join(e for q in queries for e in q.exclude))
+
+
+def check_search(text: str | Sequence[str], k: int, candidates: int | None) -> None:
+    """Refuse what has no meaningful answer instead of ranking it anyway."""
+    texts = [text] if isinstance(text, str) else list(text)
+    if not texts:
+        raise QueryError("no query was given")
+    for t in texts:
+        if not isinstance(t, str) or not t.strip():
+            raise QueryError(f"a query must be non-empty text, got {t!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise QueryError(f"k must be a positive number of results, got {k!r}")
+    if candidates is not None and (isinstance(candidates, bool)
+                                   or not isinstance(candidates, int) or candidates < 1):
+        raise QueryError(f"candidates must be a positive number of rows to rerank (or None "
+                         f"for exhaustive search), got {candidates!r}")

@@ -1,0 +1,749 @@
+"""A searchable index of a video collection for one DiCoSA model: two-stage retrieval.
+
+:class:`VideoIndex` decodes and encodes a collection once and keeps each video's per-frame
+features in a memory-mapped :class:`~dicosa.search.store.FrameStore`. DiCoSA's score pools the
+frames under the query (Eq. 1), so no one vector per video ranks like it; search therefore runs
+in two stages:
+
+1. **first stage** — query-independent :class:`~dicosa.search.types.FirstStage` objects
+   (:mod:`dicosa.index.stages`) propose ``candidates`` rows: by default the dense proxy in an
+   exact, faiss or Milvus index; plugins may register more (a sparse lexical one), whose
+   candidate lists are united. A search ``mode`` picks which of them to unite;
+2. **rerank** — DiCoSA scores those candidates from their stored frames, then the rerank hooks
+   (exclusion, fusion, ...) adjust the scores in order, and the top ``k`` are returned
+   (:mod:`dicosa.index.searcher`).
+
+``search(..., candidates=None)`` skips the first stage and scores every row with
+:meth:`DiCoSA.score`: the exhaustive reference.
+
+Heads join through plugins (:mod:`dicosa.index.plugins`): :meth:`VideoIndex.use` attaches one
+and records it in the manifest; :meth:`VideoIndex.load` and :func:`open_index` restore every
+recorded plugin, so Python, the command line and the service search the same way.
+
+Every write (build, add, remove, recording a plugin or a setting) is a transaction under the
+folder's writer lock (:mod:`dicosa.index.lock`), made from the current manifest and ending in
+one atomic manifest commit (:mod:`dicosa.index.manifest`); a failed write leaves the last
+commit, and this object is reloaded from it. ``docs/data-safety.md`` says what is guaranteed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from ..data.protocol import FrameProtocol
+from ..fingerprint import fingerprint_mismatch, model_fingerprint
+from ..model import DiCoSA, VideoFeatures
+from ..search.store import FrameStore
+from ..search.types import RerankHook
+from .ingest import Pending, file_stamp, ingest, list_videos
+from .lock import WriterLock
+from .manifest import MANIFEST, Manifest, read_reserved, write_reserved
+from .plugins import BUILTIN_PLUGINS, IndexContext, IndexPlugin, plugin_class
+from .searcher import DEFAULT_CANDIDATES, Hit, Searcher, SearchMode, SearchResult, check_search
+from .stages import DEFAULT_BACKEND, Registered, StageSet
+
+__all__ = ["VideoIndex", "open_index"]
+
+log = logging.getLogger(__name__)
+
+_DENSE = {"dense": SearchMode(("dense",), "the dense first stage only")}
+
+
+class VideoIndex:
+    """Per-frame features of a video collection, searched in two stages (module docstring).
+
+    Build with :meth:`build`, reopen with :meth:`load` (or :func:`open_index`, which also
+    rebuilds the recorded model). ``index.skipped`` lists the files that could not be
+    decoded, as ``(path, reason)``. ``hooks``, ``query_encoders`` and ``modes`` are the
+    search's extension points (plugins fill them through :meth:`use`).
+
+    ``backend=None`` keeps no dense first stage: the per-process parts of a multi-process
+    build (:mod:`dicosa.index.parallel`), whose merge builds the stage once over every row.
+    ``frame_sampling``/``frame_padding`` (default ``segments``/``black``) are how :meth:`add`
+    decodes videos: the model's ``data.frame_sampling``/``data.frame_padding``.
+    ``lock_timeout``: seconds a write waits for another writer (None: as long as it takes;
+    0: fail at once with :class:`~dicosa.index.lock.IndexBusyError`).
+    """
+
+    def __init__(self, model: DiCoSA | None, *, tokenizer: Callable | None = None,
+                 device: torch.device | str | None = None,
+                 backend: str | None = DEFAULT_BACKEND,
+                 uri: str | None = None, stage_options: dict | None = None,
+                 summary: str = "confidence", summary_head=None,
+                 frame_sampling: str | None = None, frame_padding: str | None = None,
+                 lock_timeout: float | None = None):
+        self.model: DiCoSA | None = None
+        self.frames = FrameProtocol().override(frame_sampling, frame_padding)
+        self.tokenizer = tokenizer
+        self.device = torch.device(device) if device is not None else None
+        self.directory: Path | None = None
+        self.skipped: list[tuple[str, str]] = []
+        self.text_only: list[tuple[str, str]] = []  # undecodable, indexed from the title
+        self.meta: dict = {}
+        self.store = FrameStore()
+        self.hooks: list[RerankHook] = []
+        self.query_encoders: list[Callable] = []
+        self.modes: dict[str, SearchMode] = dict(_DENSE)
+        self.plugins: dict[str, IndexPlugin] = {}
+        self._contexts: dict[str, IndexContext] = {}
+        self._stages = StageSet(self.store, {
+            "backend": backend, "uri": uri, "options": dict(stage_options or {}),
+            "summary": summary, "calibration": None, "dim": None}, summary_head)
+        self._fingerprint: dict | None = None
+        self._generation = 0
+        self.lock_timeout = lock_timeout
+        self._lock: WriterLock | None = None
+        self._in_transaction = 0
+        self.model_key: str | None = None  # set by attach
+        if model is not None:
+            self.attach(model)
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def build(cls, model: DiCoSA, videos: str | os.PathLike | Iterable[str | os.PathLike],
+              out_dir: str | os.PathLike | None = None, *, batch_size: int = 16,
+              num_workers: int | None = None, tokenizer: Callable | None = None,
+              shard_size: int = 256, device: torch.device | str | None = None,
+              meta: dict | None = None, progress: bool = True,
+              titles: dict[str, str] | str | os.PathLike | None = None,
+              **options) -> VideoIndex:
+        """Decode and encode ``videos`` (a folder, a file or a list of files) into ``out_dir``
+        (None: in memory until :meth:`save`); an index already there (same model) is resumed
+        and its videos are not encoded again.
+
+        ``options`` are :meth:`create_or_resume`'s (backend, uri, stage_options, summary,
+        summary_head, frame_sampling, frame_padding, lock_timeout); the rest are
+        :meth:`add`'s. ``meta``: free-form JSON-able facts stored in the manifest.
+        """
+        index = cls.create_or_resume(model, out_dir, tokenizer=tokenizer, device=device,
+                                     **options)
+        if meta:
+            with index.transaction():
+                index.meta.update(meta)
+        index.add(videos, batch_size=batch_size, num_workers=num_workers,
+                  shard_size=shard_size, progress=progress, titles=titles)
+        return index
+
+    @classmethod
+    def create_or_resume(cls, model: DiCoSA, out_dir: str | os.PathLike | None, *,
+                         tokenizer: Callable | None = None,
+                         device: torch.device | str | None = None,
+                         backend: str | None = "default", uri: str | None = None,
+                         stage_options: dict | None = None, summary: str | None = None,
+                         summary_head=None, frame_sampling: str | None = None,
+                         frame_padding: str | None = None,
+                         lock_timeout: float | None = None) -> VideoIndex:
+        """The index in ``out_dir`` (same model, frame protocol and first stage, else one
+        ValueError sentence), or a new empty one committed there at once (None: in memory).
+        Options left None (``backend="default"``) keep what a resumed index recorded; a new
+        index gets the defaults (``backend=None``: no dense stage, for the parts of a
+        multi-process build)."""
+        out = Path(out_dir) if out_dir is not None else None
+        if out is not None and (out / MANIFEST).is_file():
+            index = cls.load(out, model, tokenizer=tokenizer, device=device,
+                             lock_timeout=lock_timeout)
+            index._check_frames(frame_sampling, frame_padding)
+            index._check_stage(backend, uri, stage_options, summary)
+            log.info("resuming the index at %s (%d videos)", out, len(index))
+            return index
+        index = cls(model, tokenizer=tokenizer, device=device,
+                    backend=DEFAULT_BACKEND if backend == "default" else backend, uri=uri,
+                    stage_options=stage_options, summary=summary or "confidence",
+                    summary_head=summary_head, frame_sampling=frame_sampling,
+                    frame_padding=frame_padding, lock_timeout=lock_timeout)
+        if out is not None:
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                from ..files import storage_error
+
+                raise storage_error(exc, out, "creating the index folder") from None
+            index.directory = index.store.directory = index._stages.directory = out
+            with index.transaction():
+                pass  # the first commit: an empty index with its settings
+        return index
+
+    def _check_frames(self, sampling: str | None, padding: str | None) -> None:
+        """Refuse to decode with another frame protocol than the index was built with: its
+        rows would be features of differently picked frames (None keeps a field)."""
+        asked = self.frames.override(sampling, padding)
+        if asked != self.frames:
+            raise ValueError(f"the index at {self.directory or 'this index'} decodes videos "
+                             f"with frame {self.frames} (its manifest), not {asked}; build "
+                             "a new index to decode with another frame protocol")
+
+    def _check_stage(self, backend: str | None, uri: str | None, options: dict | None,
+                     summary: str | None) -> None:
+        """Options that cannot apply to an existing index are one sentence, not ignored."""
+        spec = self._stages.spec
+        asked = {"backend": backend, "uri": uri, "options": options or None,
+                 "summary": summary}
+        known = {"backend": spec.get("backend"), "uri": spec.get("uri"),
+                 "options": spec.get("options") or None, "summary": spec.get("summary")}
+        aliases = {"local": "faiss"}
+        def same(a, b) -> bool:
+            return (aliases.get(a, a) == aliases.get(b, b) if isinstance(a, str)
+                    and isinstance(b, str) else a == b)
+
+        differ = [k for k, v in asked.items() if v is not None and v != "default"
+                  and not same(v, known[k])]
+        if differ:
+            said = ", ".join(f"{k} {asked[k]!r} (it has {known[k]!r})" for k in differ)
+            raise ValueError(f"the index at {self.directory} already exists with another "
+                             f"first stage: {said}; leave the option out to add to it, or "
+                             "build a new index")
+
+    # -- transactions ---------------------------------------------------------------------
+    @contextmanager
+    def writing(self, timeout: float | None = None) -> Iterator[None]:
+        """Hold the folder's writer lock (re-entrant), first reloading what another writer
+        committed since this object read the manifest. In memory: nothing to lock."""
+        if self.directory is None:
+            yield
+            return
+        if self._lock is None or self._lock.directory != self.directory:
+            self._lock = WriterLock(self.directory)
+        self._lock.timeout = self.lock_timeout if timeout is None else timeout
+        first = not self._lock.held
+        with self._lock:
+            if first and self.changed():
+                self._refresh()
+            yield
+
+    @contextmanager
+    def transaction(self, timeout: float | None = None) -> Iterator[None]:
+        """One change: under :meth:`writing`, ending in one manifest commit (nested ones
+        join the outermost). Any exception reloads the last committed state and is
+        re-raised: the object stays usable and holds exactly what the folder holds."""
+        with self.writing(timeout):
+            self._in_transaction += 1
+            try:
+                yield
+                if self._in_transaction == 1 and self.directory is not None:
+                    self._commit()
+            except BaseException:
+                if (self._in_transaction == 1 and self.directory is not None
+                        and (self.directory / MANIFEST).is_file()):
+                    self._reload()  # else nothing was ever committed: nothing to return to
+                raise
+            finally:
+                self._in_transaction -= 1
+
+    def _commit(self) -> None:
+        store = self.store.manifest()
+        if store["num_frames"] is None:
+            store["num_frames"] = (self._fingerprint or {}).get("config", {}).get("num_frames")
+            store["dim"] = self.model.embed_dim if self.model is not None else None
+        Manifest(self._fingerprint, store, self._stages.record(), list(self.skipped),
+                 self.frames, self.meta, self._generation + 1, len(self)).write(self.directory)
+        self._generation += 1
+
+    def changed(self) -> bool:
+        """Whether another writer committed since this object read the manifest."""
+        if self.directory is None or not (self.directory / MANIFEST).is_file():
+            return False
+        return Manifest.read(self.directory).generation != self._generation
+
+    def reload(self) -> bool:
+        """See what other writers committed (:meth:`_refresh`); returns whether anything
+        changed. Not while searches run in other threads on this object: a service opens a
+        new index and swaps it in (see ``dicosa serve``)."""
+        if not self.changed():
+            return False
+        self._refresh()
+        return True
+
+    def _refresh(self) -> None:
+        """Take another writer's commits in place: the store object every part holds is
+        updated, each first stage gets the rows added and loses the rows removed since, and
+        the plugins stay attached (their per-row data follow the store's ids)."""
+        manifest = Manifest.read(self.directory)
+        fresh = FrameStore.open(self.directory, manifest.store)
+        # The stages made so far (one made later is filled from the refreshed store).
+        registered = ([Registered(self._stages.dense, dense=True)]
+                      if self._stages.dense is not None else []) + list(self._stages.extra)
+        before = self.store.live()
+        self.store.__dict__.update(fresh.__dict__)
+        self.store.reserved = read_reserved(self.directory)
+        gone, came = np.setdiff1d(before, self.store.live()), np.setdiff1d(self.store.live(),
+                                                                           before)
+        for entry in registered:
+            if len(gone):
+                entry.stage.remove(gone)
+            if len(came):
+                entry.stage.add(came, self._stages.stage_input(entry, came))
+        self.frames, self._fingerprint = manifest.frames, manifest.fingerprint
+        self.meta, self.skipped = manifest.meta, list(manifest.skipped)
+        self._generation = manifest.generation
+        self._stages.synced = manifest.first_stage.get("synced")
+
+    def _reload(self) -> None:
+        """This object as the folder's last commit says, model and plugins kept."""
+        manifest = Manifest.read(self.directory)
+        for ctx in self._contexts.values():
+            ctx.detach()
+        self._apply(manifest)
+        if self.model is not None:
+            self._stages.model, self._stages.device = self.model, self.device
+            for key, plugin in list(self.plugins.items()):
+                self._attach_plugin(key, plugin)
+
+    def _apply(self, manifest: Manifest) -> None:
+        """Take the committed state ``manifest`` describes (no model or plugin work)."""
+        spec = manifest.first_stage
+        spec = {"backend": spec.get("backend"), "uri": spec.get("uri"),
+                "options": spec.get("options") or {}, "summary": spec.get("summary",
+                                                                          "confidence"),
+                "calibration": spec.get("calibration"), "dim": spec.get("dim"),
+                "synced": spec.get("synced")}
+        self.frames = manifest.frames
+        self._fingerprint = manifest.fingerprint
+        self.meta = manifest.meta
+        self.skipped = list(manifest.skipped)
+        self._generation = manifest.generation
+        self.store = FrameStore.open(self.directory, manifest.store)
+        self.store.reserved = read_reserved(self.directory)
+        self._stages = StageSet(self.store, spec, self._stages._summary_head)
+        self._stages.directory = self.directory
+        self._stages.open_dense(self.directory)
+
+    # -- adding and removing --------------------------------------------------------------
+    def add(self, videos: str | os.PathLike | Iterable[str | os.PathLike], *,
+            batch_size: int = 16, num_workers: int | None = None, shard_size: int = 256,
+            progress: bool = True, titles: dict[str, str] | str | os.PathLike | None = None,
+            only_new: bool = True) -> int:
+        """Encode and store the videos not yet indexed, and those whose file changed (size
+        or modification time) since it was indexed; returns how many were stored.
+
+        Files that cannot be decoded are logged, counted in :attr:`skipped` and left out,
+        unless ``titles`` gives them a title: then they are indexed text-only (no frame in
+        the mask; :attr:`text_only`). Each full shard is one transaction: stored, given to
+        every first stage, committed. ``only_new=False`` encodes every listed video (each
+        process of a multi-process build has decided itself what is new). The writer lock
+        is held from the listing to the end, so two writers never encode the same video.
+        """
+        from ..search.fusion import normalise_titles
+
+        model = self._require_model()
+        listed = list(dict.fromkeys(list_videos(videos)))
+        with self.writing():
+            todo = self._todo(listed) if only_new else listed
+            if not todo:
+                return 0
+            retried = set(todo)
+            with self.transaction():
+                self.skipped = [(p, r) for p, r in self.skipped if p not in retried]
+            report = ingest(model, self.device, todo, self.frames, self._store_pending,
+                            batch_size=batch_size, num_workers=num_workers,
+                            shard_size=shard_size, progress=progress,
+                            titles=normalise_titles(titles))
+            with self.transaction():
+                self.skipped += report.skipped
+                self.text_only += report.text_only
+                if self.directory is not None:
+                    self._stages.save(self.directory)
+        if report.skipped:
+            log.warning("skipped %d of %d video files that could not be indexed (see "
+                        "index.skipped)", len(report.skipped), len(todo))
+        return report.added
+
+    def _todo(self, listed: list[str]) -> list[str]:
+        """The listed files not indexed yet, or indexed from a file that has changed."""
+        table = self.store.metadata()
+        known = dict(zip(table["path"], zip(table["size"], table["mtime"], strict=True),
+                         strict=True))
+        todo, changed = [], 0
+        for path in listed:
+            if path not in known:
+                todo.append(path)
+            elif _changed(known[path], file_stamp(path)):
+                todo.append(path)
+                changed += 1
+        if changed:
+            log.info("%d indexed file(s) changed since they were encoded: encoding them "
+                     "again", changed)
+        return todo
+
+    def _store_pending(self, pending: list[Pending]) -> None:
+        video = VideoFeatures(torch.cat([p.video.frames for p in pending]),
+                              torch.cat([p.video.frame_mask for p in pending]))
+        self.add_features(video, [row for p in pending for row in p.rows])
+
+    def add_features(self, video: VideoFeatures, rows: list[dict]) -> np.ndarray:
+        """Store already encoded videos (float16 ``[n, N, D]`` frames and their metadata rows,
+        at least ``path``) as one shard, in one transaction; returns their row ids. A live
+        row of the same path is replaced (a changed file encoded again)."""
+        with self.transaction():
+            replaced = self._live_ids_of([r["path"] for r in rows])
+            if len(replaced):
+                self.store.remove(replaced)
+                self._stages.remove(replaced)
+            self._reserve(len(rows))
+            return self._stages.extend(lambda: self.store.append(video, rows))
+
+    def _reserve(self, count: int) -> None:
+        """Record the ids the next rows take before any file holds them (manifest.py)."""
+        first = max(self.store.next_id, self.store.reserved)
+        if self.directory is not None:
+            write_reserved(self.directory, first + count)
+        self.store.reserved = first  # the append starts here (a reload: after all of it)
+
+    def link_shard(self, name: str, count: int) -> np.ndarray:
+        """Append a shard file already in the index folder (``name`` relative to it, holding
+        ``count`` videos) as new rows, without copying it (one transaction); returns their
+        ids. The merge of a multi-process build links its processes' shards this way."""
+        with self.transaction():
+            self._reserve(count)
+            return self._stages.extend(lambda: self.store.link(name, count))
+
+    def remove(self, videos: str | Iterable[str] | np.ndarray | Sequence[int]) -> int:
+        """Remove videos (paths, or store row ids) from the store and every first stage, in
+        one transaction; returns how many were live. Their ids are never reused."""
+        items = [videos] if isinstance(videos, str) else list(np.asarray(videos).reshape(-1)
+                                                              if isinstance(videos, np.ndarray)
+                                                              else videos)
+        with self.transaction():
+            if items and isinstance(items[0], (str, os.PathLike)):
+                ids = self._live_ids_of(items)
+            else:
+                ids = np.asarray(items, dtype=np.int64)
+            ids = self.store.remove(ids)
+            if len(ids):
+                self._stages.remove(ids)
+                if self.directory is not None:
+                    self._stages.save(self.directory)
+        return len(ids)
+
+    def _live_ids_of(self, paths: Sequence[str | os.PathLike]) -> np.ndarray:
+        if not len(self.store):
+            return np.zeros(0, dtype=np.int64)
+        table = self.store.metadata()
+        wanted = {str(Path(p).resolve()) for p in paths} | {str(p) for p in paths}
+        return table.index[table["path"].isin(wanted)].to_numpy(np.int64)
+
+    # -- plugins --------------------------------------------------------------------------
+    def use(self, plugin: IndexPlugin, *, record: bool = True, wait: bool = True
+            ) -> IndexPlugin:
+        """Attach ``plugin`` (replacing one of the same key) and, with ``record``, keep its
+        record in the manifest so that :meth:`load` restores it; returns it. ``wait=False``:
+        while another process writes the index, the record is kept in this object only
+        (:meth:`remember`)."""
+        self._require_model()
+        if plugin.key in self.plugins:
+            self._contexts.pop(plugin.key).detach()
+            del self.plugins[plugin.key]
+        self._attach_plugin(plugin.key, plugin)
+        self.plugins[plugin.key] = plugin
+        recorded = plugin.record() if record else None
+        if recorded is not None:
+            self.remember(plugin.key, recorded, wait=wait)
+        return plugin
+
+    def _attach_plugin(self, key: str, plugin: IndexPlugin) -> None:
+        ctx = self._context()
+        try:
+            plugin.attach(ctx)
+        except BaseException:
+            ctx.detach()
+            raise
+        self._contexts[key] = ctx
+
+    def _context(self) -> IndexContext:
+        return IndexContext(self.model, self.tokenizer, self.device, self.store,
+                            self.directory, self.model_key, self.meta, self._stages,
+                            self.modes, self.hooks, self.query_encoders)
+
+    def restore_plugins(self, skip: Iterable[str] = ()) -> None:
+        """Attach every plugin the manifest records (but the keys in ``skip``), in the
+        order lexical, concepts, fusion."""
+        skip = set(skip)
+        for key in BUILTIN_PLUGINS:
+            record = self.meta.get(key)
+            if record and key not in skip and key not in self.plugins:
+                plugin = plugin_class(key).restore(record, self._context())
+                self._attach_plugin(key, plugin)
+                self.plugins[key] = plugin
+
+    def remember(self, key: str, value: dict, *, wait: bool = True) -> bool:
+        """Keep ``value`` as ``meta[key]`` in one transaction from the current manifest; a
+        record that is already there writes nothing. ``wait=False``: when another process
+        is writing, keep it in this object only, say so, and return False."""
+        if self.meta.get(key) == value:
+            return True
+        try:
+            with self.transaction(timeout=None if wait else 0):
+                self.meta[key] = value
+        except RuntimeError as exc:
+            from .lock import IndexBusyError
+
+            if not isinstance(exc, IndexBusyError):
+                raise
+            self.meta[key] = value
+            log.warning("%s; the %s setting applies to this search but is not recorded",
+                        exc, key)
+            return False
+        return True
+
+    # -- first stages ---------------------------------------------------------------------
+    @property
+    def stages(self) -> list:
+        """The first stages, the dense one first."""
+        return [r.stage for r in self._stages.all()]
+
+    @property
+    def stage_spec(self) -> dict:
+        """The dense stage's settings (the manifest's ``first_stage``)."""
+        return self._stages.spec
+
+    def add_first_stage(self, stage, videos=None, *, indexed: np.ndarray | None = None
+                        ) -> None:
+        """Register another first stage (not recorded: a plugin records itself)."""
+        self._stages.register(stage, videos, indexed)
+
+    # -- persistence ----------------------------------------------------------------------
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write the whole index to ``directory`` (one transaction there), which becomes
+        where later writes go."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if self.directory is None or directory.resolve() != self.directory.resolve():
+            if (directory / MANIFEST).is_file():
+                raise FileExistsError(f"{directory} already holds an index; save into an "
+                                      "empty folder, or add to that index")
+            self._generation = 0
+        self.directory = self._stages.directory = directory
+        with self.transaction():
+            self.store.save(directory)
+            self._stages.save_summary_head()
+            self._stages.save(directory)
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, model: DiCoSA | None = None, *,
+             strict: bool = True, tokenizer: Callable | None = None,
+             device: torch.device | str | None = None, plugins: bool = True,
+             skip: Iterable[str] = (), verify: bool | None = None,
+             lock_timeout: float | None = None) -> VideoIndex:
+        """Open an index written by :meth:`build` or :meth:`save` (format version 1-3).
+
+        The store is memory-mapped; the dense first stage is opened from its files, or
+        rebuilt from the stored proxies when it lags the store.
+
+        Args:
+            model: the model to search with; it must have the weights and config the index
+                was built with. None opens the index for reading only (no search, no plugin).
+            strict: a model that differs raises ValueError (True) or warns (False).
+            plugins: restore every plugin the manifest records (but those in ``skip``).
+            verify: check each shard file against its recorded checksum now (reads the
+                whole store); None: when the store is under 1 GiB.
+
+        Raises:
+            FileNotFoundError: no manifest in ``directory``.
+            ValueError: not a dicosa index, a damaged one, or (strict) another model's.
+        """
+        index = cls(None, tokenizer=tokenizer, device=device, lock_timeout=lock_timeout)
+        index.directory = Path(directory)
+        index._apply(Manifest.read(index.directory))
+        index._verify(verify)
+        if model is not None:
+            index.attach(model, strict=strict)
+            if plugins:
+                index.restore_plugins(skip)
+        return index
+
+    def _verify(self, verify: bool | None) -> None:
+        if verify is None:
+            verify = sum(s.frames.nbytes for s in self.store.shards) < 1 << 30
+        problems = self.store.verify() if verify else []
+        if problems:
+            from ..search.store import StoreError
+
+            raise StoreError(f"{problems[0]}" + (f" (and {len(problems) - 1} more)"
+                                                 if len(problems) > 1 else "")
+                             + "; run 'python -m dicosa check INDEX' for the details")
+
+    # -- model ----------------------------------------------------------------------------
+    def attach(self, model: DiCoSA, strict: bool = True) -> None:
+        """Use ``model`` to encode and search (moved to the index's device, in eval mode).
+
+        Raises ValueError (``strict``) or warns when the index was built with another model.
+        """
+        fingerprint = model_fingerprint(model)
+        # Names what made an array kept beside the index (e.g. the encoded titles).
+        self.model_key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()
+                                        ).hexdigest()
+        if self._fingerprint is not None:
+            problem = fingerprint_mismatch(self._fingerprint, fingerprint)
+            if problem:
+                where = self.directory or "this index"
+                message = (f"the index at {where} was built with {problem}; its features do "
+                           "not fit this model. Rebuild the index with this model, or load it "
+                           "with the model it was built with")
+                if strict:
+                    raise ValueError(message)
+                warnings.warn(message, stacklevel=3)
+        else:
+            self._fingerprint = fingerprint
+        if self.device is None:
+            self.device = (torch.device("cuda") if torch.cuda.is_available()
+                           else next(model.parameters()).device)
+        self.model = model.to(self.device).eval()
+        self._stages.model, self._stages.device = self.model, self.device
+        self._stages.directory = self.directory
+        if self.tokenizer is None:
+            from ..clip import get_tokenizer
+
+            self.tokenizer = get_tokenizer(model.config.arch, model.config.max_words)
+
+    def _require_model(self) -> DiCoSA:
+        if self.model is None:
+            raise RuntimeError("this index was loaded without a model; pass "
+                               "VideoIndex.load(directory, model) to encode or search")
+        return self.model
+
+    # -- contents -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.store)
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Row ids of the indexed (live) videos, ascending."""
+        return self.store.live()
+
+    @property
+    def paths(self) -> list[str]:
+        return self.store.paths(self.store.live())
+
+    @property
+    def metadata(self) -> pd.DataFrame:
+        """One row per indexed video (index: row id): the columns of
+        :data:`dicosa.search.store.COLUMNS`."""
+        return self.store.metadata()
+
+    @property
+    def features(self) -> VideoFeatures:
+        """Every live row's features, float16 ``frames [V, N, D]`` and ``frame_mask [V, N]``,
+        read into memory: for small indexes and tests; search reads only candidates."""
+        if not len(self):
+            raise ValueError("the index is empty")
+        return self.store.gather(self.store.live())
+
+    # -- search ---------------------------------------------------------------------------
+    def searcher(self, hooks: Sequence[RerankHook] | None = None) -> Searcher:
+        """The query path over this index's current parts (:mod:`dicosa.index.searcher`)."""
+        explainers = {key: plugin.explain for key, plugin in self.plugins.items()}
+        return Searcher(self._require_model(), self.tokenizer, self.device, self.store,
+                        self._stages, self.modes, list(self.hooks if hooks is None else hooks),
+                        list(self.query_encoders), explainers)
+
+    def encode_queries(self, texts: Sequence[str], exclude: Sequence[str] = (),
+                       mode: str | None = None):
+        """Parse and encode queries once, running the query encoders (no search)."""
+        return self.searcher().encode(texts, exclude, mode)[0]
+
+    @torch.inference_mode()
+    def scores(self, texts: str | Sequence[str], chunk: int = 1024) -> Tensor:
+        """DiCoSA scores S of every text against every indexed video, in :attr:`ids` order:
+        ``[T, V]`` float32. The texts are encoded as given (no query parsing); videos are
+        read ``chunk`` at a time, so memory stays bounded by the chunk."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        searcher = self.searcher()
+        text = searcher.model.encode_text(self.tokenizer(texts).to(self.device))
+        return searcher.exhaustive(text, self.store.live(), chunk)
+
+    def query(self, text: str | Sequence[str], k: int = 10,
+              candidates: int | None = DEFAULT_CANDIDATES, *,
+              hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
+              exclude: Sequence[str] = (), mode: str | None = None
+              ) -> SearchResult | list[SearchResult]:
+        """:meth:`search` with everything it computed: a :class:`SearchResult` per text (hits,
+        seconds per stage, the encoded query, the candidates, ``truncated``, ``explain``)."""
+        check_search(text, k, candidates)
+        texts = [text] if isinstance(text, str) else list(text)
+        results = self.searcher(hooks).run(texts, k, candidates, exclude=exclude, mode=mode,
+                                           chunk=chunk)
+        for result in results:
+            if result.truncated:
+                log.warning("the query %r is longer than the %d tokens the model reads; it was "
+                            "searched as far as the model reads it", result.query[:60],
+                            self.model.config.max_words)
+        return results[0] if isinstance(text, str) else results
+
+    def search(self, text: str | Sequence[str], k: int = 10,
+               candidates: int | None = DEFAULT_CANDIDATES, *,
+               hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
+               exclude: Sequence[str] = (), mode: str | None = None
+               ) -> list[Hit] | list[list[Hit]]:
+        """The ``k`` best videos for ``text``, best first; a list of texts gives one list per
+        text.
+
+        Args:
+            candidates: rows the first stage(s) propose for DiCoSA to rerank (C, raised to
+                ``k`` when smaller). None scores every row with :meth:`DiCoSA.score` (the
+                exhaustive reference); C at least the index's size reranks every row.
+            hooks: rerank hooks to apply instead of :attr:`hooks`.
+            chunk: videos per forward of the exhaustive path.
+            exclude: things every result should not show, as ``"A without B"`` in the text
+                does (needs the exclusion plugin).
+            mode: a key of :attr:`modes`: which first stages propose candidates (``"dense"``;
+                with a lexical head ``"lexical"``, ``"bow"`` or ``"hybrid"``). None: every
+                registered stage.
+        """
+        return self.search_with_stats(text, k, candidates, hooks=hooks, chunk=chunk,
+                                      exclude=exclude, mode=mode)[0]
+
+    def search_with_stats(self, text: str | Sequence[str], k: int = 10,
+                          candidates: int | None = DEFAULT_CANDIDATES, *,
+                          hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
+                          exclude: Sequence[str] = (), mode: str | None = None
+                          ) -> tuple[list[Hit] | list[list[Hit]], dict]:
+        """:meth:`search` and what it did: seconds per stage and candidates kept per query."""
+        results = self.query([text] if isinstance(text, str) else text, k, candidates,
+                             hooks=hooks, chunk=chunk, exclude=exclude, mode=mode)
+        stats = {**results[0].times, "stage": results[0].stage, "mode": mode,
+                 "candidates": [r.candidates for r in results],
+                 "truncated": [r.truncated for r in results]}
+        hits = [r.hits for r in results]
+        return (hits[0] if isinstance(text, str) else hits), stats
+
+
+def _changed(recorded: tuple, now: tuple[float, float]) -> bool:
+    """A file changed when its size or mtime differs from the recorded ones (an index
+    that recorded none cannot tell: unchanged)."""
+    try:
+        size, mtime = float(recorded[0]), float(recorded[1])
+    except (TypeError, ValueError):
+        return False
+    if size != size or mtime != mtime:
+        return False
+    return (size, mtime) != now
+
+
+def open_index(directory: str | os.PathLike, model: DiCoSA | None = None, *,
+               device: torch.device | str | None = None, strict: bool = True,
+               skip: Iterable[str] = (), lock_timeout: float | None = None) -> VideoIndex:
+    """An index ready to search as it was recorded: the model its manifest names (unless
+    ``model`` is given) and every plugin it recorded (but those in ``skip``)."""
+    if model is None:
+        from ..loading import model_from_source
+
+        index = VideoIndex.load(directory, None)
+        source = index.meta.get("model")
+        if not source:
+            raise ValueError(f"the index at {directory} does not record its model; pass the "
+                             "model (python -m dicosa search --checkpoint CKPT)")
+        model = model_from_source(source)
+    return VideoIndex.load(directory, model, device=device, strict=strict, skip=skip,
+                           lock_timeout=lock_timeout)

@@ -1,0 +1,240 @@
+"""The fusion plugin: DiCoSA fused with titles (late fusion) or a Mul2vec head.
+
+:class:`FusionPlugin` (``index.use(FusionPlugin(HEAD or None))``, or ``search --mul2vec`` /
+``--fusion``) gives an index the :class:`~dicosa.search.fusion.FusionRerank` hook over its
+rows' fusion arrays and a first stage that finds text-only rows (a
+:class:`~dicosa.search.fusion.SemanticStage` with a head, a
+:class:`~dicosa.search.fusion.TitleStage` without one); see :mod:`dicosa.search.fusion` for
+the score.
+
+The titles' text vectors are encoded once and kept in the index folder
+(``fusion.titles.npy``, float16, extended as rows arrive); the other arrays are recomputed on
+each attach (a pass over the store's proxies and, with a head, one small MLP), and all of them
+are held in RAM: fusion costs ~(D + K)·4 bytes per row of memory (2 GiB at 1M rows, D=512).
+
+Its record (``meta["fusion"]``: ``{"head": path or None, "beta_semantic", "beta_title",
+"trust"}``) is kept for a head file or no head (a head object records nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ..search.fusion import (
+    DEFAULT_BETA_SEMANTIC,
+    DEFAULT_BETA_TITLE,
+    DEFAULT_TRUST,
+    FusionRerank,
+    FusionRows,
+    SemanticStage,
+    TitleStage,
+    fusion_rows,
+)
+from ..search.row_cache import RowCache
+
+if TYPE_CHECKING:
+    from ..index.searcher import Hit, SearchResult
+
+__all__ = ["TITLES_FILE", "FusionPlugin", "IndexFusion", "attach_fusion", "explain_hits",
+           "format_parts", "index_fusion_rows"]
+
+# The titles' DiCoSA text vectors, kept in the index folder (float16) for the model that
+# encoded them: the text tower runs once per title, not on every attach.
+TITLES_FILE = "fusion.titles"
+_TITLE_BATCH = 256
+
+
+class IndexFusion(FusionRerank):
+    """:class:`FusionRerank` over an index's rows, extended with the rows added since (a
+    first stage asks for them as they are added; the hook for the candidates it meets)."""
+
+    def __init__(self, ctx, head=None, **weights: float):
+        self.ctx = ctx
+        self._lock = threading.Lock()  # concurrent searches extend the rows once
+        super().__init__(index_fusion_rows(ctx, head), head, **weights)
+
+    @property
+    def rows(self) -> FusionRows:
+        with self._lock:
+            if self.ctx.store.next_id > len(self._rows):
+                self._rows = self._rows.extend(index_fusion_rows(self.ctx, self.head,
+                                                                 start=len(self._rows)))
+            return self._rows
+
+    @rows.setter
+    def rows(self, rows: FusionRows) -> None:
+        self._rows = rows
+
+
+class FusionPlugin:
+    """Fused scoring at search time (:class:`~dicosa.index.plugins.IndexPlugin`).
+
+    Args:
+        head: a Mul2vec head, or the path of one (``heads train mul2vec``): Mul2vec fusion
+            through a :class:`SemanticStage`. None: late fusion (title similarity) through a
+            :class:`TitleStage`, the default where no head is trained.
+        beta_semantic, beta_title: default :data:`DEFAULT_BETA_SEMANTIC` with a head (and no
+            title term), :data:`DEFAULT_BETA_TITLE` without one.
+        trust: how far a missing part follows the part a row has (default
+            :data:`DEFAULT_TRUST`).
+    """
+
+    key = "fusion"
+
+    def __init__(self, head=None, *, beta_semantic: float | None = None,
+                 beta_title: float | None = None, trust: float | None = None):
+        self.path = str(Path(head).resolve()) if isinstance(head, (str, os.PathLike)) else None
+        self.head = None if self.path else head
+        self.late = head is None
+        self.trust = DEFAULT_TRUST if trust is None else trust
+        if self.late:
+            self.beta_semantic = 0.0
+            self.beta_title = DEFAULT_BETA_TITLE if beta_title is None else beta_title
+        else:
+            self.beta_semantic = (DEFAULT_BETA_SEMANTIC if beta_semantic is None
+                                  else beta_semantic)
+            self.beta_title = 0.0 if beta_title is None else beta_title
+        self.hook: IndexFusion | None = None
+        self._ctx = None
+
+    @classmethod
+    def restore(cls, record: dict, ctx, **weights: float | None) -> FusionPlugin:
+        """The recorded fusion; ``weights`` given (not None) replace the recorded ones."""
+        from ..index.plugins import recorded_file
+
+        head = recorded_file(record, "fusion", "--mul2vec")
+        chosen = {name: record.get(name) if weights.get(name) is None else weights[name]
+                  for name in ("beta_semantic", "beta_title", "trust")}
+        return cls(head, **chosen)
+
+    def attach(self, ctx) -> None:
+        if self.path is not None:
+            from ..heads.base import load_head
+
+            self.head = load_head(self.path, ctx.model, kind="mul2vec")
+        hook = IndexFusion(ctx, self.head, beta_semantic=self.beta_semantic,
+                           beta_title=self.beta_title, trust=self.trust)
+        if self.head is not None:
+            stage = SemanticStage(self.head, hook.rows.semantic.shape[1])
+            ctx.add_stage(stage, videos=lambda ids, _: hook.rows.semantic[ids])
+        else:
+            stage = TitleStage(hook.rows.title_text.shape[1])
+            ctx.add_stage(stage, videos=lambda ids, _: hook.rows.title_text[ids])
+        ctx.add_hook(hook)
+        self.hook, self._ctx = hook, ctx
+
+    def record(self) -> dict | None:
+        if not self.late and self.path is None:
+            return None
+        return {"head": self.path, "beta_semantic": self.beta_semantic,
+                "beta_title": self.beta_title, "trust": self.trust}
+
+    def explain(self, result: SearchResult, i: int) -> dict | None:
+        return explain_hits(self.hook, result, [result.hits[i]])[0]
+
+
+def attach_fusion(index, head=None, *, beta_semantic: float | None = None,
+                  beta_title: float | None = None, trust: float | None = None
+                  ) -> FusionRerank:
+    """``index.use(FusionPlugin(...))``; returns its hook. Rows added later join the fusion
+    arrays when the first stage receives them (their titles encoded then)."""
+    plugin = index.use(FusionPlugin(head, beta_semantic=beta_semantic, beta_title=beta_title,
+                                    trust=trust))
+    return plugin.hook
+
+
+@torch.no_grad()
+def index_fusion_rows(ctx, head=None, start: int = 0) -> FusionRows:
+    """:class:`FusionRows` of the row ids ``[start, next_id)`` of the index ``ctx`` lends
+    (removed rows: untitled, text-only), the titles' text vectors from the index folder's
+    cache (the missing ones encoded with the index's model)."""
+    store = ctx.store
+    end, dim = store.next_id, store.dim or ctx.model.embed_dim
+    cache = RowCache(ctx.directory, TITLES_FILE, ctx.model_key, dim, np.float16)
+    first = min(start, len(cache.array))  # the cache may need rows before start too
+    live = store.live()
+    live = live[live >= first]
+    table = store.rows(live)
+    title = [""] * (end - first)
+    text_only = np.ones(end - first, dtype=bool)
+    frames_lost = np.ones(end - first, dtype=np.float32)
+    for i, t, only, lost in zip((live - first).tolist(), table["title"].tolist(),
+                                table["text_only"].tolist(), table["frames_lost"].tolist(),
+                                strict=True):
+        title[i] = t if isinstance(t, str) else ""
+        text_only[i] = _flag(only)
+        frames_lost[i] = float(lost) if lost == lost and lost != "" else 0.0
+    titled = np.array([i + first for i, t in enumerate(title) if t], dtype=np.int64)
+    every = cache.extend(end, titled, lambda ids: _encode_titles(
+        ctx, [title[i - first] for i in ids.tolist()]))
+    live = live[live >= start]
+    proxy = torch.zeros(end - start, dim)
+    proxy[live - start] = torch.as_tensor(store.proxies(live))
+    skip = start - first
+    return fusion_rows(title[skip:], torch.from_numpy(every[start:end].astype(np.float32)),
+                       proxy, text_only[skip:], frames_lost[skip:], head)
+
+
+def _encode_titles(ctx, titles: list[str]) -> np.ndarray:
+    """DiCoSA text vectors of ``titles`` ``[n, D]``, in batches of :data:`_TITLE_BATCH`."""
+    parts = [ctx.encode_text(titles[start:start + _TITLE_BATCH]).text.float().cpu().numpy()
+             for start in range(0, len(titles), _TITLE_BATCH)]
+    return np.concatenate(parts)
+
+
+def _flag(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1")
+    return bool(value) if value == value else False  # NaN (an empty cell): False
+
+
+@torch.no_grad()
+def explain_hits(hook: FusionRerank, result: SearchResult,
+                 hits: list[Hit] | None = None) -> list[dict]:
+    """The fused score's parts for each hit (default: the result's): one dict per hit
+    ``{"id", "path", "dicosa", "semantic"?, "title"?, "fused", "text_only", "frames_lost",
+    "has_title"}`` (parts unweighted, missing ones imputed as in
+    :func:`~dicosa.search.fusion.fused_scores`; computed over the listed hits, so the
+    imputation's moments are those of these rows). Uses the search's encoded query."""
+    hits = result.hits if hits is None else hits
+    if not hits:
+        return []
+    q = result.position
+    from ..search.types import EncodedQueries
+
+    encoded = EncodedQueries([result.encoded.queries[q]],
+                             type(result.encoded.text)(result.encoded.text.text[q:q + 1]), {})
+    ids = np.array([[h.id for h in hits]], dtype=np.int64)
+    dicosa = torch.tensor([[h.dicosa for h in hits]], dtype=torch.float32)
+    parts = hook.explain(encoded, ids, dicosa)
+    out = []
+    for c, hit in enumerate(hits):
+        entry = {"id": hit.id, "path": hit.path}
+        entry.update({name: float(value[0, c]) for name, value in parts.items()})
+        entry["text_only"] = bool(hook.rows.text_only[hit.id])
+        entry["frames_lost"] = float(hook.rows.frames_lost[hit.id])
+        entry["has_title"] = bool(hook.rows.has_title[hit.id])
+        out.append(entry)
+    return out
+
+
+def format_parts(parts: list[dict]) -> str:
+    """:func:`explain_hits`'s dicts as a small table (unweighted parts; fused = ranking)."""
+    names = [n for n in ("dicosa", "semantic", "title", "fused") if parts and n in parts[0]]
+    lines = ["fusion parts (unweighted; missing parts imputed, marked *):",
+             f"{'rank':>4}  " + "  ".join(f"{n:>8}" for n in names) + "  frames_lost  path"]
+    for rank, entry in enumerate(parts, 1):
+        cells = []
+        for n in names:
+            imputed = ((n == "dicosa" and entry["text_only"])
+                       or (n == "title" and not entry["has_title"]))
+            cells.append(f"{entry[n]:>7.4f}{'*' if imputed else ' '}")
+        lines.append(f"{rank:>4}  " + "  ".join(cells)
+                     + f"  {entry['frames_lost']:>11.2f}  {entry['path']}")
+    return "\n".join(lines)

@@ -1,0 +1,395 @@
+"""The index keeps its data like a database: one writer at a time, transactions, integrity.
+
+Real processes (two ``index`` commands at once, a ``search`` recording while ``index`` adds,
+a process SIGKILLed at each write point), real damaged files, and a disk that fills at each
+write point in turn (the ``DICOSA_FAIL_AT_WRITE`` fault point: the test may not run as root on
+a tmpfs of its own).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dicosa.__main__ import main
+from dicosa.data.synthetic import make_synthetic
+from dicosa.files import StorageError
+from dicosa.index import ManifestError, VideoIndex
+from dicosa.index.check import check_index
+from dicosa.loading import load_model
+from dicosa.model import TextFeatures
+from dicosa.plugins.fusion import FusionPlugin
+from dicosa.search.store import StoreError
+from dicosa.search.types import EncodedQueries
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = str(REPO / "configs" / "synthetic.yaml")
+FAST = ["--num-workers", "0", "--batch-size", "2", "--shard-size", "2", "--config", CONFIG]
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, list[Path]]:
+    """Two folders of 6 generated clips each."""
+    root = make_synthetic(tmp_path_factory.mktemp("clips"), num_train=0, num_test=12, size=32,
+                          seconds=0.5, num_workers=1)
+    folders = {}
+    for name, part in (("a", range(0, 6)), ("b", range(6, 12))):
+        folder = root / name
+        folder.mkdir()
+        for i in part:
+            shutil.copy(root / "videos" / f"video{i}.mp4", folder / f"video{i}.mp4")
+        folders[name] = sorted(folder.glob("*.mp4"))
+    return folders
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(None, CONFIG)[0]  # what the command line builds (seeded)
+
+
+def _cli(*args: str, delay: float = 0.0, env: dict | None = None) -> subprocess.Popen:
+    """``python -m dicosa ...`` in its own process; ``delay`` slows each encoded batch."""
+    script = [str(REPO / "tests" / "_slow_index.py")] if delay else ["-m", "dicosa"]
+    environ = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
+                   DICOSA_TEST_ENCODE_DELAY=str(delay), **(env or {}))
+    return subprocess.Popen([sys.executable, *script, *args], cwd=REPO, env=environ, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _paths(folder) -> list[str]:
+    return [str(Path(p).resolve()) for p in folder]
+
+
+def _assert_consistent(out: Path, model, expected: list[str]) -> VideoIndex:
+    """Every expected video exactly once, ids unique, and every first stage holds exactly the
+    live rows (a stage describing another writer's rows would break recall)."""
+    index = VideoIndex.load(out, model)
+    assert sorted(index.paths) == sorted(expected)
+    assert len(set(index.ids.tolist())) == len(index)
+    encoded = index.encode_queries(["a red circle"])
+    summary = TextFeatures(index._stages.summary().queries(encoded.text.text))
+    for registered in index._stages.all():
+        queries = (EncodedQueries(encoded.queries, summary, encoded.extra) if registered.dense
+                   else encoded)
+        found = registered.stage.search(queries, len(index) + 5).ids[0]
+        assert set(found[found >= 0].tolist()) == set(index.ids.tolist())
+    assert check_index(out).ok
+    return index
+
+
+@pytest.mark.slow
+def test_two_index_processes_never_lose_videos(clips, model, tmp_path):
+    """Two `index` runs on one folder, each adding its own videos, started together, three
+    times: both finish, and every video of both is in the index exactly once."""
+    for trial in range(3):
+        out = tmp_path / f"index{trial}"
+        first = _cli("index", str(clips["a"][0].parent), "--out", str(out), *FAST, delay=0.2)
+        second = _cli("index", str(clips["b"][0].parent), "--out", str(out), *FAST, delay=0.2)
+        for process in (first, second):
+            _, err = process.communicate(timeout=300)
+            assert process.returncode == 0, err
+        _assert_consistent(out, model, _paths(clips["a"] + clips["b"]))
+
+
+@pytest.mark.slow
+def test_no_wait_fails_in_one_sentence_and_adds_nothing(clips, model, tmp_path):
+    out = tmp_path / "index"
+    first = _cli("index", str(clips["a"][0].parent), "--out", str(out), *FAST, delay=1.0)
+    while not (out / ".writer.json").is_file():  # the first one holds the lock
+        assert first.poll() is None
+    second = _cli("index", str(clips["b"][0].parent), "--out", str(out), *FAST, "--no-wait")
+    _, err = second.communicate(timeout=300)
+    assert second.returncode == 2
+    assert err.strip().startswith("error: the index at") and "being written by process" in err
+    assert err.strip().count("\n") == 0
+    first.communicate(timeout=300)
+    assert first.returncode == 0
+    _assert_consistent(out, model, _paths(clips["a"]))
+
+
+@pytest.mark.slow
+def test_search_recording_while_index_adds_loses_nothing(clips, model, tmp_path):
+    """`search --fusion` records a setting while `index` adds: the manifest keeps every video
+    (it was rewritten from the state the search opened), and the record is kept or the search
+    says it is not."""
+    out = tmp_path / "index"
+    assert main(["index", str(clips["a"][0].parent), "--out", str(out), *FAST]) == 0
+    adding = _cli("index", str(clips["b"][0].parent), "--out", str(out), *FAST, delay=0.5)
+    while not (out / ".writer.json").is_file() or json.loads(
+            (out / ".writer.json").read_text())["pid"] != adding.pid:
+        assert adding.poll() is None
+    search = _cli("search", str(out), "a red circle", "--fusion")
+    _, said = search.communicate(timeout=300)
+    assert search.returncode == 0, said
+    _, err = adding.communicate(timeout=300)
+    assert adding.returncode == 0, err
+    index = _assert_consistent(out, model, _paths(clips["a"] + clips["b"]))
+    assert ("fusion" in index.meta) != ("not recorded" in said)
+
+
+def _counted_writes(tmp_path: Path, action) -> int:
+    """How many write points ``action()`` meets (DICOSA_FAULT_LOG)."""
+    log = tmp_path / "writes.log"
+    with _environ(DICOSA_FAULT_LOG=str(log)):
+        action()
+    return len(log.read_text().splitlines())
+
+
+class _environ:
+    def __init__(self, **values: str):
+        self.values = values
+
+    def __enter__(self):
+        os.environ.pop("_DICOSA_WRITES", None)
+        os.environ.update(self.values)
+
+    def __exit__(self, *exc):
+        for key in (*self.values, "_DICOSA_WRITES"):
+            os.environ.pop(key, None)
+
+
+def _base(model, clips, folder: Path) -> Path:
+    VideoIndex.build(model, clips["a"], folder, batch_size=2, shard_size=2, num_workers=0,
+                     progress=False, backend="exact")
+    return folder
+
+
+def test_full_disk_at_each_write_point_of_add(model, clips, tmp_path):
+    """ENOSPC at the n-th write of an add, for every n: one sentence; the folder reopens with
+    exactly a committed state; the same object then adds correctly."""
+    base = _base(model, clips, tmp_path / "base")
+
+    def add_b(folder: Path):
+        return VideoIndex.load(folder, model).add(clips["b"][:4], batch_size=2, shard_size=2,
+                                                  num_workers=0, progress=False)
+
+    shutil.copytree(base, tmp_path / "count")
+    points = _counted_writes(tmp_path, lambda: add_b(tmp_path / "count"))
+    assert points >= 8  # reserved, shard files and a manifest per shard, stages, commit
+    everything = _paths(clips["a"] + clips["b"][:4])
+    for n in range(1, points + 1):
+        folder = shutil.copytree(base, tmp_path / f"fail{n}")
+        index = VideoIndex.load(folder, model)
+        with _environ(DICOSA_FAIL_AT_WRITE=str(n)), pytest.raises(StorageError) as failed:
+            index.add(clips["b"][:4], batch_size=2, shard_size=2, num_workers=0,
+                      progress=False)
+        assert "disk is full" in str(failed.value) and "\n" not in str(failed.value)
+        committed = VideoIndex.load(folder, model)
+        assert set(committed.paths) <= set(everything)
+        assert len(set(committed.paths)) == len(committed) >= len(clips["a"])
+        assert sorted(index.paths) == sorted(committed.paths)  # the object: the last commit
+        index.add(clips["b"][:4], batch_size=2, shard_size=2, num_workers=0, progress=False)
+        _assert_consistent(folder, model, everything)
+
+
+def _killed_child(folder: Path, model, action: str, n: int, clips) -> int:
+    """Run ``action`` on the index in a forked process that SIGKILLs itself at write n."""
+    context = multiprocessing.get_context("fork")
+    child = context.Process(target=_act, args=(folder, model, action, n, clips))
+    child.start()
+    child.join(120)
+    return child.exitcode
+
+
+def _act(folder: Path, model, action: str, n: int | None, clips) -> None:
+    torch.set_num_threads(1)
+    os.environ.pop("_DICOSA_WRITES", None)
+    if n is not None:
+        os.environ["DICOSA_KILL_AT_WRITE"] = str(n)
+    index = VideoIndex.load(folder, model)
+    if action == "add":
+        index.add(clips["b"][:4], batch_size=2, shard_size=2, num_workers=0, progress=False)
+    elif action == "remove":
+        index.remove(_paths(clips["a"][:3]))
+    else:
+        index.use(FusionPlugin(None, beta_title=0.3))
+
+
+@pytest.mark.parametrize("action", ["add", "remove", "attach"])
+def test_sigkill_at_each_write_point(model, clips, tmp_path, action):
+    """A process killed at each write point of an add, a remove and a plugin's attachment:
+    the index reopens holding the last committed state, and running the operation again
+    completes it with no duplicate or missing row."""
+    base = _base(model, clips, tmp_path / "base")
+    shutil.copytree(base, tmp_path / "count")
+    points = _counted_writes(tmp_path, lambda: _act(tmp_path / "count", model, action, None,
+                                                    clips))
+    everything = _paths(clips["a"] + clips["b"][:4])
+    expected = {"add": everything, "remove": _paths(clips["a"][3:]),
+                "attach": _paths(clips["a"])}[action]
+    for n in range(1, points + 1):
+        folder = shutil.copytree(base, tmp_path / f"kill{n}")
+        assert _killed_child(folder, model, action, n, clips) == -signal.SIGKILL
+        reopened = VideoIndex.load(folder, model)
+        assert len(set(reopened.paths)) == len(reopened)
+        assert set(reopened.paths) <= set(everything)  # a committed state: base or beyond
+        assert set(expected) & set(_paths(clips["a"])) <= set(reopened.paths)
+        _act(folder, model, action, None, clips)
+        index = _assert_consistent(folder, model, expected)
+        if action == "attach":
+            assert index.meta["fusion"]["beta_title"] == 0.3
+
+
+def _corrupt_row(index: VideoIndex, row_id: int) -> None:
+    """Overwrite the frames of row ``row_id`` with NaN bytes, in place in its shard file."""
+    shard, rows = index.store._locate(np.array([row_id]))
+    row = int(rows[0])
+    path = index.directory / f"{index.store.shards[int(shard[0])].name}.safetensors"
+    data = bytearray(path.read_bytes())
+    (length,) = struct.unpack("<Q", data[:8])
+    info = json.loads(data[8:8 + length])["frames"]
+    start = 8 + length + info["data_offsets"][0]
+    row_bytes = int(np.prod(info["shape"][1:])) * 2  # float16
+    nan = np.full(row_bytes // 2, np.nan, dtype=np.float16).tobytes()
+    data[start + row * row_bytes:start + (row + 1) * row_bytes] = nan
+    path.write_bytes(bytes(data))
+
+
+def test_a_nan_corrupted_row_is_refused_by_checksum_and_never_ranked_first(model, clips,
+                                                                         tmp_path, caplog):
+    folder = _base(model, clips, tmp_path / "index")
+    clean = VideoIndex.load(folder, model)
+    query = "a red circle moves left"
+    last = clean.search(query, k=len(clean), candidates=None)[-1]  # the row to damage
+    _corrupt_row(clean, last.id)
+    with pytest.raises(StoreError) as refused:
+        VideoIndex.load(folder, model)
+    assert "does not match its checksum" in str(refused.value)
+    damaged = VideoIndex.load(folder, model, verify=False)
+    for candidates in (None, 3, len(damaged)):
+        hits = damaged.search(query, k=len(damaged), candidates=candidates)
+        assert last.id not in {h.id for h in hits}  # a logged skip, never rank 1
+        assert all(np.isfinite(h.score) for h in hits)
+    assert "whose DiCoSA score is NaN" in caplog.text
+    report = check_index(folder)
+    assert not report.ok and "does not match its checksum" in report.problems[0]
+    repaired = check_index(folder, repair=True)
+    assert repaired.repaired and check_index(folder).ok
+    after = VideoIndex.load(folder, model)  # the damaged shard's rows are gone, to re-add
+    assert last.path not in after.paths
+
+
+def test_non_finite_features_are_refused_at_write_time(model, tmp_path):
+    from dicosa.model import VideoFeatures
+
+    index = VideoIndex(model)
+    frames = torch.zeros(2, model.config.num_frames, model.embed_dim, dtype=torch.float16)
+    frames[1, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="non-finite features"):
+        index.add_features(VideoFeatures(frames, torch.ones(2, model.config.num_frames,
+                                                            dtype=torch.bool)),
+                           [{"path": "/a.mp4"}, {"path": "/b.mp4"}])
+    assert len(index) == 0
+
+
+# -- honest inputs: one sentence each ---------------------------------------------------------
+def test_a_long_query_is_flagged_as_truncated(model, clips, tmp_path, capsys):
+    folder = _base(model, clips, tmp_path / "index")
+    index = VideoIndex.load(folder, model)
+    words = " ".join(["red circle"] * model.config.max_words)
+    assert index.query(words, k=2).truncated and not index.query("a red circle", k=2).truncated
+    assert main(["search", str(folder), words, "--config", CONFIG, "-k", "2"]) == 0
+    assert "longer than the" in capsys.readouterr().out
+
+
+def test_a_replaced_video_is_encoded_again(model, clips, tmp_path):
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    for clip in clips["a"][:3]:
+        shutil.copy(clip, videos / clip.name)
+    index = VideoIndex.build(model, videos, tmp_path / "index", num_workers=0, progress=False)
+    before = index.features.frames.clone()
+    target = videos / clips["a"][0].name
+    shutil.copy(clips["b"][0], target)  # another clip at the same path
+    os.utime(target, (1e9, 1e9))
+    assert index.add(videos, num_workers=0, progress=False) == 1
+    assert sorted(index.paths) == sorted(_paths(videos.glob("*.mp4")))  # still one row each
+    row = index.paths.index(str(target.resolve()))
+    assert not torch.equal(index.features.frames[row], before[0])
+    assert index.add(videos, num_workers=0, progress=False) == 0  # unchanged: nothing
+
+
+def test_resume_options_that_cannot_apply_and_a_missing_folder(model, clips, tmp_path,
+                                                              capsys):
+    folder = tmp_path / "index"
+    assert main(["index", str(clips["a"][0].parent), "--out", str(folder), *FAST]) == 0
+    capsys.readouterr()
+    for option in (["--backend", "exact"], ["--stage-option", "index=ivfpq"]):
+        assert main(["index", str(clips["a"][0].parent), "--out", str(folder), *FAST,
+                     *option]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: the index at") and "another first stage" in err
+        assert "\n" not in err
+    assert main(["index", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x"), *FAST]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {tmp_path / 'nowhere'} does not exist: give a folder of videos or " \
+                  "a video file"
+
+
+@pytest.mark.parametrize("errno_name", ["ENOSPC", "EROFS", "EACCES"])
+def test_filesystem_errors_are_one_sentence(model, clips, tmp_path, capsys, monkeypatch,
+                                            errno_name):
+    import errno
+
+    import dicosa.files as files
+
+    code = getattr(errno, errno_name)
+    monkeypatch.setattr(files.os, "replace", _raising(code))
+    folder = tmp_path / "index"
+    assert main(["index", str(clips["a"][0].parent), "--out", str(folder), *FAST]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and str(folder) in err
+    assert {"ENOSPC": "disk is full", "EROFS": "read-only", "EACCES": "permission"}[
+        errno_name] in err
+
+
+def _raising(code: int):
+    def replace(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+    return replace
+
+
+def test_damaged_derived_files_are_rebuilt_and_damaged_manifests_are_sentences(
+        model, clips, tmp_path, caplog):
+    folder = tmp_path / "index"
+    VideoIndex.build(model, clips["a"], folder, num_workers=0, progress=False)
+    reference = VideoIndex.load(folder, model).search("a red circle", k=3)
+    for name in ("dense.pending.npz", "dense.removed.npy"):
+        path = folder / name
+        path.write_bytes(path.read_bytes()[:10])  # truncated
+        index = VideoIndex.load(folder, model)
+        assert [h.id for h in index.search("a red circle", k=3)] == [h.id for h in reference]
+        assert "rebuilding the dense first stage" in caplog.text
+        index.save(folder)  # the rebuilt stage is written back
+    manifest = json.loads((folder / "manifest.json").read_text())
+    del manifest["fingerprint"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match="lacks 'fingerprint': it is damaged"):
+        VideoIndex.load(folder)
+    empty = tmp_path / "empty"
+    VideoIndex.build(model, clips["a"][:2], empty, num_workers=0, progress=False)
+    (empty / "shard-00000.csv").write_text("")
+    with pytest.raises(StoreError, match=r"shard-00000\.csv is damaged"):
+        VideoIndex.load(empty, model, verify=False).paths  # noqa: B018
+
+
+def test_damaged_concept_codes_are_computed_again(tmp_path, caplog):
+    from dicosa.search.row_cache import RowCache
+
+    cache = RowCache(tmp_path, "concepts.codes", "head-1", 3)
+    cache.extend(4, np.arange(4), lambda ids: np.ones((len(ids), 3), np.float32))
+    path = tmp_path / "concepts.codes.npy"
+    path.write_bytes(path.read_bytes()[:20])
+    again = RowCache(tmp_path, "concepts.codes", "head-1", 3)
+    assert len(again.array) == 0 and "is damaged" in caplog.text
