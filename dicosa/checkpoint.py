@@ -24,7 +24,7 @@ from torch import nn
 from .clip import load_clip
 from .config import Config, ModelConfig, config_from_dict
 from .files import write_bytes_atomic, write_text_atomic  # noqa: F401 (re-exported)
-from .fingerprint import fingerprint_config, weights_sha256
+from .fingerprint import fingerprint_config, model_fingerprint, weights_sha256
 from .model import DiCoSA
 
 FORMAT_VERSION = 1
@@ -285,6 +285,13 @@ class ImageTowerNotLoaded(nn.Module):
         raise ValueError("this model was loaded for search only (towers='text'), without "
                          "CLIP's image tower; load the checkpoint with towers='all' to encode "
                          "videos")
+
+
+def drop_image_tower(model: DiCoSA) -> DiCoSA:
+    """``model`` without CLIP's image tower (for search), fingerprinted as it was whole."""
+    model.recorded_fingerprint = model_fingerprint(model)
+    model.clip.visual = ImageTowerNotLoaded(model.image_size)
+    return model
 
 
 def text_model(model_cfg: ModelConfig, weights: Mapping[str, torch.Tensor],

@@ -154,3 +154,23 @@ def test_two_stage_search_equals_exhaustive_on_generated_clips(tmp_path):
     want = reference_scores(model.clip, queries, frames, mask, model.config.pool_temperature)
     scores = index.scores(queries)
     torch.testing.assert_close(scores.float(), want, atol=5e-3, rtol=0)
+
+
+TINY_ZERO_SHOT = ["model.arch=dicosa-tiny", "model.pretrained=null", "model.num_frames=4"]
+
+
+def test_without_checkpoint_or_config_the_model_is_zero_shot_and_says_so(caplog):
+    import logging
+
+    from dicosa.loading import ZERO_SHOT_NOTICE, load_model, model_from_source
+
+    with caplog.at_level(logging.INFO, logger="dicosa"):
+        model, source, _ = load_model(None, None, TINY_ZERO_SHOT)
+    assert model.config == model_preset("zero-shot", arch=TINY_ARCH, pretrained=None,
+                                        num_frames=4)
+    assert Path(source["config"]).name == "zero-shot.yaml"
+    assert caplog.text.count(ZERO_SHOT_NOTICE) == 1 and "\n" not in ZERO_SHOT_NOTICE
+    # the recorded source rebuilds the same model (a search process: no image tower)
+    again = model_from_source(source, towers="text")
+    assert model_fingerprint(again) == model_fingerprint(model)
+    assert not any(k.startswith("clip.visual.") for k in again.state_dict())
