@@ -11,7 +11,7 @@ stage's top C| / 10, by exact inner products (no ANN), averaged over queries. St
   frame), a video scored by its best frame: the max over frames approximates the sharp
   text-conditioned pooling of Eq. 1, which the frame mean (τ → ∞) does not. N vectors per
   video.
-- ``frames-pq``: the same through faiss IVF-PQ codes (``--pq`` bytes per frame), with the
+- ``frames-pqB``: the same through faiss IVF-PQ codes (B = ``--pq`` bytes per frame), with the
   stage's ANN search over frames (``C × N`` frames, then the C best distinct videos): what it
   costs in recall to hold N vectors per video in memory at 1M.
 - ``union``: C/2 candidates from ``confidence`` and the rest from ``frames`` (two stages).
@@ -27,17 +27,36 @@ Memory figures are the stage vectors' bytes per video at the storage named in th
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 from common import environment, report
 from summary_head import render
 
+from dicosa.fingerprint import model_fingerprint
 from dicosa.functional import video_proxy
 from dicosa.heads.summary import carried_summary, teacher_scores
 from dicosa.model import DiCoSA, VideoFeatures
 from dicosa.search.proxy import Summary
+
+
+def cached_render(model: DiCoSA, count: int, seed: int, work: Path
+                  ) -> tuple[VideoFeatures, list[str]]:
+    """:func:`summary_head.render`, kept under ``work`` for the next run of the same model."""
+    key = f"{model_fingerprint(model)['weights_sha256'][:12]}-{count}-{seed}"
+    frames, texts = work / f"frames-{key}.npy", work / f"captions-{key}.json"
+    if frames.is_file() and texts.is_file():
+        stored = torch.from_numpy(np.load(frames))
+        return (VideoFeatures(stored, torch.ones(stored.shape[:2], dtype=torch.bool)),
+                json.loads(texts.read_text()))
+    video, captions = render(model, count, seed)
+    work.mkdir(parents=True, exist_ok=True)
+    np.save(frames, video.frames.numpy())
+    texts.write_text(json.dumps(captions))
+    return video, captions
 
 
 def frame_vectors(summary: Summary, video: VideoFeatures) -> np.ndarray:
@@ -85,7 +104,7 @@ def recall(found: list[list[int]], truth: torch.Tensor) -> float:
 
 
 def evaluate(model: DiCoSA, video: VideoFeatures, text: torch.Tensor, candidates: list[int],
-             head, code_bytes: int) -> dict:
+             head, pq_bytes: list[int]) -> dict:
     truth = teacher_scores(model, text, video).float().topk(10, dim=1).indices  # [Q, 10]
     proxies = video_proxy(video.frames.float(), video.frame_mask).numpy()
     conf = Summary(model, "confidence")
@@ -106,7 +125,8 @@ def evaluate(model: DiCoSA, video: VideoFeatures, text: torch.Tensor, candidates
     dim = conf.dim
     out = {"bytes_per_video": {"mean": model.embed_dim, "confidence": dim,
                                "frames": video.frames.shape[1] * dim,
-                               "frames-pq": video.frames.shape[1] * code_bytes,
+                               **{f"frames-pq{b}": video.frames.shape[1] * b
+                                  for b in pq_bytes},
                                "union": dim + video.frames.shape[1] * dim},
            "storage": "1 byte per dimension (SQ8), PQ codes for frames-pq"}
     del mean
@@ -121,8 +141,9 @@ def evaluate(model: DiCoSA, video: VideoFeatures, text: torch.Tensor, candidates
             seen = set(a)
             union.append(a + [v for v in ranked if v not in seen][:c - half])
         row["union"] = recall(union, truth)
-        row["frames-pq"] = recall(pq_candidates(conf_queries.numpy(), frames,
-                                                video.frame_mask.numpy(), c, code_bytes), truth)
+        for b in pq_bytes:
+            row[f"frames-pq{b}"] = recall(pq_candidates(conf_queries.numpy(), frames,
+                                                        video.frame_mask.numpy(), c, b), truth)
         out[str(c)] = row
     return out
 
@@ -136,7 +157,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--queries", type=int, default=300)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--candidates", type=int, nargs="+", default=[30, 100, 200, 1000])
-    p.add_argument("--pq", type=int, default=16, help="frames-pq: code bytes per frame")
+    p.add_argument("--pq", type=int, nargs="+", default=[16],
+                   help="frames-pqB rows: B code bytes per frame")
+    p.add_argument("--work", default="/tmp/dicosa-free-first-stage",
+                   help="rendered clips are kept here for the next run (not the repository)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default="benchmarks/results/free_first_stage.json")
     args = p.parse_args(argv)
@@ -162,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
         head = carried_summary(args.checkpoint, model)
     model.requires_grad_(False)
     started = time.perf_counter()
-    video, captions = render(model, args.videos, args.seed)
+    video, captions = cached_render(model, args.videos, args.seed, Path(args.work))
     chosen = np.random.default_rng(123).choice(args.videos, min(args.queries, args.videos),
                                                replace=False)
     from dicosa.clip import get_tokenizer
