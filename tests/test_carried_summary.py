@@ -105,3 +105,13 @@ def test_train_py_no_summary_turns_the_fit_off(monkeypatch, tmp_path):
     train_script.main(["--dataset", "synthetic"])
     train_script.main(["--dataset", "synthetic", "--no-summary"])
     assert [cfg.train.fit_summary for cfg in seen] == [True, False]
+
+
+def test_a_model_without_confidence_mlp_is_told_its_first_stage_is_the_frame_mean():
+    from dicosa.config import model_preset
+
+    torch.manual_seed(0)
+    model = DiCoSA.from_config(model_preset("zero-shot", arch="dicosa-tiny", pretrained=None,
+                                            num_frames=4))
+    kwargs, notice = default_summary(None, model)
+    assert kwargs == {"summary": "confidence"} and "frame mean" in notice

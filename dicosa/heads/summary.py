@@ -350,7 +350,10 @@ def default_summary(checkpoint: str | Path | None, model: DiCoSA,
                 f"first stage: the distilled summary fitted with {checkpoint} (on the "
                 f"synthetic benchmark it keeps ~{_RECALL['distilled']:.0%} of DiCoSA's top 10 "
                 "at C=1,000 of 100k)")
-    if choice == "confidence" or checkpoint is None or not model.head.adaptive:
+    if not model.head.adaptive:  # e.g. the zero-shot preset: nothing to linearise
+        return ({"summary": "confidence"},
+                "first stage: the cosine of the frame mean (this model has no confidence MLP)")
+    if choice == "confidence" or checkpoint is None:
         return {"summary": "confidence"}, "first stage: the 'confidence' summary"
     return ({"summary": "confidence"},
             f"first stage: the 'confidence' summary ({checkpoint} carries no fitted summary: "
