@@ -29,6 +29,7 @@ test caption is a query; t2v R@1/R@5 count its own video among all of them.
 from __future__ import annotations
 
 import argparse
+import gc
 import shutil
 import time
 from pathlib import Path
@@ -73,8 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--summaries", nargs="+", default=["confidence", "mean"],
                    help="dense first-stage summaries compared (dicosa/search/proxy.py)")
     p.add_argument("--summary-head", default=None,
-                   help="the trained head of the 'distilled' summary "
-                        "(benchmarks/summary_head.py)")
+                   help="the trained head of the 'distilled' summary (benchmarks/summary_head."
+                        "py); quality part: default the one --checkpoint carries "
+                        "(best.summary.pt, fitted by train.py)")
+    p.add_argument("--towers", choices=("text", "all"), default="text",
+                   help="latency part: the model the searching index holds; 'text' drops "
+                        "CLIP's image tower as a search process loads it")
     p.add_argument("--checkpoint", default=None,
                    help="trained tiny DiCoSA (default: synthetic_checkpoint under --work)")
     p.add_argument("--work", default="/work/artifacts/search-bench",
@@ -219,6 +224,11 @@ def latency(args, work: Path) -> dict:
         build_s = build_latency_index(index, centres, args, directory)
         memory_after_build = resident()
         del index
+    if args.towers == "text":  # what a search process loads (checkpoint.load towers="text")
+        from dicosa.checkpoint import drop_image_tower
+
+        model = drop_image_tower(model)
+        gc.collect()
     index = VideoIndex.load(directory, model, device="cpu")  # a fresh process's view
     memory_loaded = resident()
     texts = captions(args.queries, seed=10_000)
@@ -238,7 +248,7 @@ def latency(args, work: Path) -> dict:
     brute_ms = float(np.median(times)) * 1000
     result = {
         "videos": len(index), "dim": model.embed_dim, "frames": args.frames,
-        "backend": args.backend, "summary": args.summary,
+        "backend": args.backend, "summary": args.summary, "towers": args.towers,
         "summary_head_fit_s": head_s,
         "stage_options": stage_options(args.stage_option),
         "build_s": None if build_s is None else round(build_s, 1), "reused": build_s is None,
@@ -330,10 +340,18 @@ def recall_at(ranked: list[list[int]], truth: list[int], k: int) -> float:
 
 
 def quality_index(args, work: Path, model: DiCoSA, test: VideoFeatures,
-                  others: VideoFeatures, summary: str) -> tuple[VideoIndex, np.ndarray]:
+                  others: VideoFeatures, summary: str, checkpoint: str
+                  ) -> tuple[VideoIndex, np.ndarray]:
+    head = None
+    if summary == "distilled":  # the given head, else the one the checkpoint carries
+        from dicosa.heads.summary import carried_summary, summary_beside
+
+        head = args.summary_head or carried_summary(checkpoint, model)
+        if head is None:
+            raise SystemExit(f"--summaries distilled: give --summary-head, or fit the "
+                             f"checkpoint's own ({summary_beside(checkpoint)})")
     index = VideoIndex(model, device="cpu", backend=args.backend, uri=args.uri,
-                       summary=summary,
-                       summary_head=args.summary_head if summary == "distilled" else None)
+                       summary=summary, summary_head=head)
     index.save(fresh(work / f"quality-{args.quality_videos}-{summary}"))
     test_ids = index.add_features(VideoFeatures(test.frames.half(), test.frame_mask),
                                   [{"path": f"test/{i}"} for i in range(len(test))])
@@ -355,7 +373,8 @@ def quality(args, work: Path) -> dict:
     result = {"checkpoint": data["checkpoint"], "queries": len(texts), "two_stage": {}}
     exhaustive = None
     for summary in args.summaries:
-        index, test_ids = quality_index(args, work, model, test, others, summary)
+        index, test_ids = quality_index(args, work, model, test, others, summary,
+                                        data["checkpoint"])
         truth = test_ids[data["caption_video"].numpy()].tolist()
 
         def ranked(candidates, index=index):

@@ -158,7 +158,11 @@ class DistilledSummaryHead(Head):
         HeadData` (its training split's videos and captions: few videos on the benchmarks,
         so prefer many unlabelled ones)."""
         if hasattr(data, "train"):
-            data = (data.train.video, data.train.text.text)
+            # a seeded sample of the captions: a split lists each video's captions together,
+            # so its first ``teacher_queries`` would describe only its first videos
+            text = data.train.text.text
+            pick = torch.randperm(len(text), generator=torch.Generator().manual_seed(seed))
+            data = (data.train.video, text[pick[:config.teacher_queries]])
         videos, text = data
         return fit_summary(model, videos, text, config, seed=seed, progress=progress)
 
