@@ -5,7 +5,7 @@ STAMP := $(VENV)/.dicosa-installed
 
 .PHONY: setup demo test lint clean-demo
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt pytest ruff

@@ -14,10 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from dicosa.config import ConfigError
+from dicosa.config import ConfigError, resolve_config
 from dicosa.errors import USER_ERRORS
 from dicosa.evaluation import dataset_for_split, evaluate, summary
-from dicosa.training import resolve_config
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,8 +24,9 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", help="split to evaluate (default: the config's test split);"
                                         " implies the dataset when unambiguous (1k-A: msrvtt)")
-    parser.add_argument("--dataset", help="use configs/<dataset>.yaml")
-    parser.add_argument("--config", help="a YAML config file (instead of --dataset's)")
+    parser.add_argument("--dataset", help="use the shipped configs/<dataset>.yaml")
+    parser.add_argument("--config", help="a YAML config file, or the name of a shipped one "
+                                          "(e.g. msrvtt-released), instead of --dataset's")
     parser.add_argument("--checkpoint", type=Path,
                         help="best.pt/last.pt from training; omitted: zero-shot CLIP weights")
     parser.add_argument("--postprocess", nargs="*", choices=["dsl", "qbnorm"],

@@ -3,14 +3,15 @@
     python train.py --dataset msrvtt                       # configs/msrvtt.yaml
     accelerate launch --multi_gpu --num_processes 4 train.py --dataset msrvtt train.lr=5e-5
     torchrun --nproc_per_node 2 train.py --dataset synthetic   # 2 CPU processes (gloo)
-    python train.py --config configs/synthetic.yaml train.epochs=2 data.root=/tmp/syn
+    python train.py --config configs/synthetic.yaml train.epochs=2 data.root=data/synthetic
     python train.py --dataset msrvtt --resume              # continue <output_dir>/last.pt
     python train.py --dataset synthetic --no-summary       # skip the first-stage summary
 
-Positional ``section.key=value`` arguments override the YAML config (README, section
-"Training and evaluation"). The run ends by fitting the distilled first-stage summary of
-best.pt on the training split (best.summary.pt, which ``python -m dicosa index`` uses);
-``--no-summary`` (``train.fit_summary=false``) skips it.
+``--dataset NAME`` and ``--config NAME`` find the configs shipped with dicosa from any folder.
+Positional ``section.key=value`` arguments override the YAML config (docs/training.md). The
+run ends by fitting the distilled first-stage summary of best.pt on the training split
+(best.summary.pt, which ``python -m dicosa index`` uses); ``--no-summary``
+(``train.fit_summary=false``) skips it.
 """
 
 from __future__ import annotations
@@ -18,16 +19,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dicosa.config import ConfigError
+from dicosa.config import ConfigError, resolve_config
 from dicosa.errors import USER_ERRORS
-from dicosa.training import resolve_config, train
+from dicosa.training import train
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", help="use configs/<dataset>.yaml (default: msrvtt)")
-    parser.add_argument("--config", help="a YAML config file (instead of --dataset's)")
+    parser.add_argument("--dataset", help="use the shipped configs/<dataset>.yaml (default: "
+                                           "msrvtt)")
+    parser.add_argument("--config", help="a YAML config file, or the name of a shipped one "
+                                          "(e.g. msrvtt-released), instead of --dataset's")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in train.output_dir from its last.pt")
     parser.add_argument("--select-on-test", action="store_true",

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from common import environment, report
 
-from dicosa.config import Config, load_config, replace
+from dicosa.config import Config, find_config, load_config, replace
 from dicosa.data.synthetic import make_synthetic
 from dicosa.evaluation import evaluate
 from dicosa.training import train
@@ -32,7 +32,7 @@ from dicosa.training import train
 
 def settings(variant: str) -> dict[str, dict]:
     """Model overrides per ablation row. The loss weights are named by what they weigh, since
-    the released variant puts α on the diagonal term and β off it (README)."""
+    the released variant puts α on the diagonal term and β off it (docs/training.md)."""
     decouple, align = ("alpha", "beta") if variant == "paper" else ("beta", "alpha")
     factors = {"use_factors": True, "use_adaptive_pooling": False}
     return {
@@ -83,8 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.workdir or tmp)
-        cfg = load_config(Path(__file__).parents[1] / args.config
-                          if not Path(args.config).exists() else args.config)
+        cfg = load_config(find_config(args.config))
         num_train, num_test = (24, 8) if args.smoke else (300, 100)
         data = make_synthetic(work / "data", num_train=num_train, num_test=num_test,
                               size=32, seconds=1.0, seed=0)

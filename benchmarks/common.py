@@ -63,9 +63,9 @@ def synthetic_checkpoint(work: str | Path, *, num_train: int = 300, num_test: in
         ``(checkpoint, data_root, cfg)``: best.pt (chosen on the validation split carved from
         the training videos), the data folder, and the run's config.
     """
-    from dicosa.config import replace
+    from dicosa.config import replace, resolve_config
     from dicosa.data.synthetic import make_synthetic
-    from dicosa.training import resolve_config, train
+    from dicosa.training import train
 
     work = Path(work)
     data = work / f"data-{num_train}-{num_test}-{data_seed}"

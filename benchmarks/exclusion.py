@@ -22,7 +22,7 @@ the test split is only measured. Metrics @10: MRR, NDCG, AP (metrics.ranked_list
 and the violation rate (share of the top 10 that contains B).
 
     python benchmarks/exclusion.py --workdir WORK --frozen-seed 0
-        # the README's figures: one 300/100-clip DiCoSA (WORK/run-seed0, reused when there:
+        # RESULTS.md's figures: one 300/100-clip DiCoSA (WORK/run-seed0, reused when there:
         # link the shared one in), 3 head seeds, 100 fresh validation clips, ~5 min a seed
     python benchmarks/exclusion.py                       # 3 DiCoSAs trained too (much longer)
     python benchmarks/exclusion.py --smoke               # tiny data, seconds

@@ -18,7 +18,7 @@ DiCoSA's training), maximising R@1+R@5+R@10 averaged over the conditions (one β
 every condition: a deployment does not know how damaged its collection is); test figures
 are reported with that β. The head is trained once per seed.
 
-    python benchmarks/mul2vec.py --checkpoint /work/artifacts/synth/run-seed0/best.pt
+    python benchmarks/mul2vec.py --checkpoint RUN/best.pt    # RUN: a synthetic-benchmark run
     python benchmarks/mul2vec.py --smoke
 """
 

@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "CLIP's image tower as a search process loads it")
     p.add_argument("--checkpoint", default=None,
                    help="trained tiny DiCoSA (default: synthetic_checkpoint under --work)")
-    p.add_argument("--work", default="/work/artifacts/search-bench",
+    p.add_argument("--work", default="benchmarks/results/search-bench",
                    help="where indexes and the trained model go (not the repository)")
     p.add_argument("--keep", action="store_true", help="keep the indexes after the run")
     p.add_argument("--reuse", action="store_true",

@@ -8,10 +8,10 @@ gallery of generator clips of seed ``--val-seed`` (default 1, i.e. the benchmark
 distractors) and 300 of their generated captions as queries; recall@10 of the exhaustive
 DiCoSA top 10 within the top C of each summary by exact inner product.
 
-    python benchmarks/summary_head.py --head /work/artifacts/search-bench/summary-head.pt \\
-        --checkpoint /work/artifacts/synth/run-seed0/best.pt --val-videos 100000
+    python benchmarks/summary_head.py --head WORK/summary-head.pt \\
+        --checkpoint RUN/best.pt --val-videos 100000      # RUN: a synthetic-benchmark run
     python benchmarks/search.py --summaries distilled confidence \\
-        --summary-head /work/artifacts/search-bench/summary-head.pt
+        --summary-head WORK/summary-head.pt
 """
 
 from __future__ import annotations

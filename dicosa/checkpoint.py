@@ -23,6 +23,7 @@ from torch import nn
 
 from .clip import load_clip
 from .config import Config, ModelConfig, config_from_dict
+from .errors import CheckpointError, NoSpaceError
 from .files import write_bytes_atomic, write_text_atomic  # noqa: F401 (re-exported)
 from .fingerprint import fingerprint_config, model_fingerprint, weights_sha256
 from .model import DiCoSA
@@ -30,17 +31,6 @@ from .model import DiCoSA
 FORMAT_VERSION = 1
 # The content digest is stored under this key (absent in files written before it existed).
 DIGEST_KEY = "sha256"
-
-
-class CheckpointError(ValueError):
-    """A file that cannot be used as a checkpoint: not one, damaged, or of another version."""
-
-
-class NoSpaceError(OSError):
-    """A checkpoint could not be written for lack of space; the previous file is intact."""
-
-    def __str__(self) -> str:  # the sentence alone, without OSError's "[Errno 28]" prefix
-        return self.strerror
 
 
 def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> Path:
@@ -215,8 +205,11 @@ def file_sha256(path: str | Path, block: int = 1 << 20) -> str:
 
 
 def git_sha() -> str | None:
-    """The commit of the source tree, with ``-dirty`` when it has local changes."""
+    """The commit of the source tree, with ``-dirty`` when it has local changes; None for an
+    installed copy (whose folder may lie inside some other repository)."""
     root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():  # a folder in a clone, a file in a worktree
+        return None
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()

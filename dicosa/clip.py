@@ -12,6 +12,8 @@ import open_clip
 import torch
 from open_clip.model import CLIP
 
+from .errors import PretrainedWeightsError
+
 log = logging.getLogger(__name__)
 
 TINY_ARCH = "dicosa-tiny"
@@ -20,10 +22,6 @@ _CONFIG_DIR = Path(__file__).parent / "model_configs"
 # CLIP's preprocessing constants, applied on the device to uint8 frames.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-
-
-class PretrainedWeightsError(RuntimeError):
-    """CLIP's pretrained weights could not be fetched or read."""
 
 
 def register_architectures() -> None:

@@ -2,7 +2,9 @@
 
 A run's configuration is one :class:`Config` with four sections (``model``, ``data``,
 ``train``, ``eval``) and a ``protocol``. YAML files under ``configs/`` hold the paper's settings
-per dataset; command-line overrides use dotted keys (``train.lr=3e-5``). ``protocol: released``
+per dataset and ship with the package (:func:`find_config` finds them by name, in a source
+checkout and in an installed copy alike); command-line overrides use dotted keys
+(``train.lr=3e-5``). ``protocol: released``
 turns on every switch that reproduces the authors' released training and evaluation
 (:data:`PROTOCOLS`); keys set explicitly win over the protocol's. Nothing in here imports the
 rest of the package.
@@ -17,19 +19,18 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from importlib import resources
+from pathlib import Path, PurePath
 from typing import Any, Literal
 
 import yaml
+
+from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 Variant = Literal["released", "paper"]
 Protocol = Literal["dicosa", "released"]
-
-
-class ConfigError(ValueError):
-    """A configuration key or value that cannot be used."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class ModelConfig:
     logit_scale_max: float = 100.0  # 1/τ' of Eq. 10
     alpha: float = 0.01
     beta: float = 0.005
-    # Ablation switches (README "ablations"); the defaults are the full method.
+    # Ablation switches (benchmarks/ablation.py); the defaults are the full method.
     use_factors: bool = True
     use_adaptive_pooling: bool = True
     # L2-normalise T and every frame vector (CLIP's cosine space): Eq. 1 then weighs the
@@ -290,8 +291,8 @@ def dataclass_from_dict(cls: type, values: Mapping[str, Any], where: str = "") -
     return _build(cls, values, where)
 
 
-# Every switch that makes a run follow the authors' released code (README, "The released
-# protocol"); the variant's own differences come with model.variant.
+# Every switch that makes a run follow the authors' released code (docs/training.md, "The
+# released protocol"); the variant's own differences come with model.variant.
 PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
     "dicosa": {},
     "released": {
@@ -353,6 +354,85 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> Config:
         raise ConfigError(f"config file not found: {path}")
     values = yaml.safe_load(path.read_text()) or {}
     return config_from_dict(apply_overrides(values, overrides))
+
+
+# ---------------------------------------------------------------- shipped configs
+
+
+def config_dir() -> Path:
+    """The folder of the configs that ship with dicosa.
+
+    The repository's top-level ``configs/`` is the one copy: a built wheel carries it as the
+    package data ``dicosa/configs`` (``setup.py`` maps the folder onto the subpackage
+    ``dicosa.configs``), read through :mod:`importlib.resources`; a source checkout, run in
+    place or installed editable, reads ``configs/`` beside the package.
+    """
+    packaged = resources.files("dicosa").joinpath("configs")
+    if packaged.is_dir():
+        return Path(str(packaged))
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "configs").is_dir():
+        return checkout / "configs"
+    raise ConfigError("this installation of dicosa has lost its configs (dicosa/configs); "
+                      "reinstall it, or give --config a YAML file")
+
+
+def shipped_configs() -> list[str]:
+    """The names of the shipped configs (``msrvtt``, ``synthetic``, ...), sorted."""
+    return sorted(p.stem for p in config_dir().glob("*.yaml"))
+
+
+def _shipped_name(config: str | Path) -> str | None:
+    """The shipped config ``config`` may name: ``configs/NAME.yaml``, ``NAME.yaml`` or
+    ``NAME``; None for any other path."""
+    path = PurePath(config)
+    parts = path.parts
+    if path.is_absolute() or not parts or (len(parts) == 2 and parts[0] != "configs"):
+        return None
+    if len(parts) > 2:
+        return None
+    return path.stem if path.suffix in (".yaml", ".yml") else path.name
+
+
+def find_config(config: str | Path | None = None, dataset: str | None = None) -> Path:
+    """The YAML file a command line names.
+
+    Args:
+        config: a file path, used when that file exists; otherwise the name of a shipped
+            config, as ``configs/msrvtt.yaml``, ``msrvtt.yaml`` or ``msrvtt``.
+        dataset: without ``config``, that dataset's shipped config (default ``msrvtt``).
+
+    Raises:
+        ConfigError: no such file and no shipped config of that name (the message lists the
+            shipped ones).
+    """
+    if config is not None:
+        if Path(config).is_file():
+            return Path(config)
+        name = _shipped_name(config)
+    else:
+        name = dataset or "msrvtt"
+    if name:
+        shipped = config_dir() / f"{name}.yaml"
+        if shipped.is_file():
+            return shipped
+    known = ", ".join(shipped_configs())
+    if config is not None:
+        raise ConfigError(f"config file not found: {config} (the configs shipped with dicosa "
+                          f"are {known})")
+    raise ConfigError(f"no config for dataset '{name}' (the configs shipped with dicosa are "
+                      f"{known})")
+
+
+def resolve_config(config: str | Path | None, dataset: str | None,
+                   overrides: Iterable[str] = ()) -> Config:
+    """The config :func:`find_config` finds, with ``section.key=value`` overrides applied;
+    ``dataset``, when given, must be the config's."""
+    path = find_config(config, dataset)
+    cfg = load_config(path, overrides)
+    if dataset is not None and cfg.data.dataset != dataset:
+        raise ConfigError(f"--dataset {dataset} but {path} is for '{cfg.data.dataset}'")
+    return cfg
 
 
 def apply_overrides(values: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:

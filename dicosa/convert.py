@@ -31,24 +31,20 @@ from pathlib import Path
 from torch import Tensor
 
 from .checkpoint import (
-    CheckpointError,
     file_sha256,
     offline_model,
     read_checkpoint_file,
     save_checkpoint,
 )
-from .config import Config, ModelConfig, load_config
+from .config import Config, ModelConfig, find_config, load_config
+from .errors import ConversionError
 
 __all__ = ["RELEASED_CONFIG", "ConversionError", "convert_checkpoint", "convert_released",
            "summary_hint"]
 
-RELEASED_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "msrvtt-released.yaml"
+RELEASED_CONFIG = "msrvtt-released"  # the shipped config of the released protocol
 
 _TEMPORAL = re.compile(r"transformerClip\.resblocks\.(\d+)\.(.+)")
-
-
-class ConversionError(CheckpointError):
-    """A state dict that is not (or not entirely) the released code's DiCoSA."""
 
 
 def _listed(label: str, keys: list[str], limit: int = 12) -> str:
@@ -135,7 +131,7 @@ def convert_checkpoint(source: str | Path, out: str | Path, config: str | Path |
         ``out``; ``dicosa.checkpoint.load(out)`` then rebuilds the model.
     """
     source, out = Path(source), Path(out)
-    cfg: Config = load_config(config or RELEASED_CONFIG, overrides)
+    cfg: Config = load_config(find_config(config or RELEASED_CONFIG), overrides)
     model = offline_model(cfg.model)
     weights = convert_released(_read_state_dict(source), cfg.model, model.state_dict())
     model.load_state_dict(weights)  # strict: every key and shape was checked above

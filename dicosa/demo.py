@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import replace
+from .config import replace, resolve_config
 
 __all__ = ["run_demo"]
 
@@ -47,7 +47,7 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     from .data.synthetic import make_synthetic
     from .evaluation import evaluate, format_table
     from .index import VideoIndex
-    from .training import resolve_config, train
+    from .training import train
     from .visualize import visualize_factors
 
     out = Path(out_dir)
@@ -131,6 +131,8 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     _stage(f"done in {time.perf_counter() - started:.0f} s; outputs")
     for name, path in outputs.items():
         print(f"  {name:<11}{path}")
+    print(f"look at the results in a browser: python -m dicosa serve {out / 'index'}  (then "
+          "open http://127.0.0.1:8000/)")
     return outputs
 
 

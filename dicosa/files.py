@@ -24,18 +24,12 @@ import os
 import signal
 from pathlib import Path
 
+from .errors import StorageError
+
 __all__ = ["StorageError", "fault_point", "storage_error", "write_bytes_atomic",
            "write_text_atomic"]
 
 _KILL, _FAIL, _LOG = "DICOSA_KILL_AT_WRITE", "DICOSA_FAIL_AT_WRITE", "DICOSA_FAULT_LOG"
-
-
-class StorageError(OSError):
-    """A file could not be written or read for a filesystem reason; the message is one
-    sentence (without OSError's ``[Errno N]`` prefix)."""
-
-    def __str__(self) -> str:
-        return self.strerror or super().__str__()
 
 
 def storage_error(exc: OSError, path: str | os.PathLike, action: str) -> StorageError:

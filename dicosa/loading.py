@@ -53,11 +53,11 @@ def load_model(checkpoint: str | None, config: str | None,
         model, cfg = load(checkpoint, towers=towers)
         return (model.eval(), {"checkpoint": str(Path(checkpoint).resolve())},
                 FrameProtocol.of(cfg.data))
-    from .training import config_path
+    from .config import find_config
 
     if config is None:
         log.info(ZERO_SHOT_NOTICE)
-    path = config_path(config or DEFAULT_CONFIG, None)
+    path = find_config(config or DEFAULT_CONFIG)
     cfg = load_config(path, overrides)
     if cfg.model.pretrained is None:
         # Random initial weights must be the same in every process that uses this index.

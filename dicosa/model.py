@@ -318,7 +318,7 @@ class DiCoSA(nn.Module):
         return self.losses(TextFeatures(text), VideoFeatures(frames_out, frame_mask))
 
     def losses(self, text: TextFeatures, video: VideoFeatures) -> dict[str, Tensor]:
-        """L = L_S + α·L_D + β·L_A (paper) or the released code's weighting (README)."""
+        """L = L_S + α·L_D + β·L_A (paper) or the released code's weighting (docs/training.md)."""
         cfg = self.config
         video_side = self._video_side(video)  # per-frame factors, shared by both terms
         similarity = self._score_block(text.text, video, video_side)[0]  # [B, B]

@@ -26,7 +26,7 @@ import math
 import random
 import resource
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,16 +47,16 @@ from .checkpoint import (
     write_text_atomic,
 )
 from .clip import get_tokenizer
-from .config import Config, ConfigError, TrainConfig, load_config
+from .config import Config, ConfigError, TrainConfig, resolve_config
 from .data.datasets import RetrievalSplit, load_split, split_off_validation
 from .data.loader import TrainDataset
+from .errors import NonFiniteLossError
 from .evaluation import evaluate_model, selection_score
 from .model import DiCoSA
 from .optim import build_optimizer, lr_factor, set_learning_rates
 from .precision import resolve_mixed_precision
 
 __all__ = [
-    "CONFIG_DIR",
     "EpochSampler",
     "NonFiniteLossError",
     "Run",
@@ -65,7 +65,6 @@ __all__ = [
     "build_optimizer",
     "build_run",
     "build_train_loader",
-    "config_path",
     "evaluate_and_select",
     "fit_run_summary",
     "forward_backward",
@@ -79,42 +78,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or infinite; the state of that step was not saved."""
-
-
-# ---------------------------------------------------------------- configuration
-
-
-def config_path(config: str | Path | None, dataset: str | None) -> Path:
-    """``config`` if given, else ``configs/<dataset>.yaml`` (msrvtt by default). A relative
-    ``config`` missing from the working directory is looked up from the repository root."""
-    if config is not None:
-        path = Path(config)
-        in_repo = CONFIG_DIR.parent / path
-        if not path.is_file() and not path.is_absolute() and in_repo.is_file():
-            return in_repo
-        return path
-    name = dataset or "msrvtt"
-    path = CONFIG_DIR / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-        raise ConfigError(f"no config for dataset '{name}' ({path}); known: {known}")
-    return path
-
-
-def resolve_config(config: str | Path | None, dataset: str | None,
-                   overrides: Iterable[str] = ()) -> Config:
-    """The config :func:`config_path` finds, with ``section.key=value`` overrides applied."""
-    path = config_path(config, dataset)
-    cfg = load_config(path, overrides)
-    if dataset is not None and cfg.data.dataset != dataset:
-        raise ConfigError(f"--dataset {dataset} but {path} is for '{cfg.data.dataset}'")
-    return cfg
 
 
 # ---------------------------------------------------------------- data order

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import yaml
 
@@ -72,3 +74,35 @@ def test_retired_bank_sizes_in_old_checkpoints_are_dropped_with_a_warning(caplog
     cfg = config_from_dict({"eval": {"qb_bank_captions": 5000, "qb_bank_videos": 1000}})
     assert cfg.eval.qb_bank == "released"
     assert "qb_bank_captions" in caplog.text
+
+
+def test_find_config_takes_a_file_first_then_a_shipped_name(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from dicosa.config import config_dir, find_config, shipped_configs
+
+    monkeypatch.chdir(tmp_path)
+    shipped = config_dir() / "msrvtt.yaml"
+    assert config_dir() == Path(__file__).parents[1] / "configs"  # the checkout's one copy
+    for name in ("configs/msrvtt.yaml", "msrvtt.yaml", "msrvtt", Path("configs/msrvtt.yaml")):
+        assert find_config(name) == shipped
+    assert find_config() == shipped and find_config(None, "msvd") == config_dir() / "msvd.yaml"
+    assert {"msrvtt", "msrvtt-released", "synthetic"} <= set(shipped_configs())
+
+    # a file of that name in the working directory wins over the shipped config
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "msrvtt.yaml").write_text("model: {num_concepts: 4}\n")
+    assert find_config("configs/msrvtt.yaml") == Path("configs/msrvtt.yaml")
+    assert load_config(find_config("configs/msrvtt.yaml")).model.num_concepts == 4
+    assert find_config("msrvtt") == shipped
+
+
+@pytest.mark.parametrize("name", ["nope", "configs/nope.yaml", "elsewhere/msrvtt.yaml",
+                                  "/absolute/msrvtt.yaml"])
+def test_find_config_names_the_shipped_ones_when_nothing_matches(name):
+    from dicosa.config import find_config
+
+    with pytest.raises(ConfigError, match=rf"config file not found: {re.escape(name)} .*msrvtt, "):
+        find_config(name)
+    with pytest.raises(ConfigError, match=r"no config for dataset 'nope'.*synthetic"):
+        find_config(None, "nope")

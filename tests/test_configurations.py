@@ -1,4 +1,4 @@
-"""Every model configuration, and the README's Python example, actually run."""
+"""Every model configuration, and the documented Python example of the model, actually run."""
 
 from __future__ import annotations
 
@@ -57,13 +57,13 @@ def test_every_configuration_trains_scores_and_round_trips(variant, factors, ada
     torch.testing.assert_close(again, sim, rtol=0, atol=0)  # same weights, same path
 
 
-def _readme_python(section: str) -> str:
-    readme = (REPO / "README.md").read_text()
-    body = readme.split(f"### {section}\n", 1)[1]
+def _documented_python(section: str) -> str:
+    page = (REPO / "docs" / "training.md").read_text()
+    body = page.split(f"### {section}\n", 1)[1]
     return re.search(r"```python\n(.*?)```", body, re.S).group(1)
 
 
-def test_the_readme_python_example_runs(tmp_path, monkeypatch):
+def test_the_documented_python_example_runs(tmp_path, monkeypatch):
     """'Load a model' and 'Encode and score' as printed, with a tiny checkpoint, a tiny
     config and a real video file in place of the MSR-VTT ones."""
     torch.manual_seed(0)
@@ -73,13 +73,13 @@ def test_the_readme_python_example_runs(tmp_path, monkeypatch):
         "config": Config(model=model_cfg).to_yaml()})
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({"model": dataclasses.asdict(model_cfg)}))
     write_video(tmp_path / "clip.mp4", 20)
-    code = (_readme_python("Load a model") + _readme_python("Encode and score"))
+    code = (_documented_python("Load a model") + _documented_python("Encode and score"))
     for printed, ours in (("runs/msrvtt/best.pt", "best.pt"),
-                          ("configs/msrvtt.yaml", "tiny.yaml")):
+                          ('find_config("msrvtt")', 'find_config("tiny.yaml")')):
         assert printed in code
         code = code.replace(printed, ours)
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)  # the README's own code
+    exec(compile(code, "docs/training.md", "exec"), scope)  # the page's own code
     assert scope["S"].shape == (2, 1)
     torch.testing.assert_close(scope["parts"]["similarity"], scope["S"])

@@ -393,3 +393,32 @@ def test_damaged_concept_codes_are_computed_again(tmp_path, caplog):
     path.write_bytes(path.read_bytes()[:20])
     again = RowCache(tmp_path, "concepts.codes", "head-1", 3)
     assert len(again.array) == 0 and "is damaged" in caplog.text
+
+
+def _as_written_before_checksums(folder: Path) -> None:
+    """Rewrite an index folder as dicosa wrote it before commits were counted, shards
+    checksummed, ids reserved and files stamped: the format every existing index has."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    del manifest["generation"]
+    for shard in manifest["shards"]:
+        del shard["sha256"]
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    (folder / "reserved.json").unlink()
+    for table in folder.glob("shard-*.csv"):
+        lines = table.read_text().splitlines()
+        columns = lines[0].split(",")
+        keep = [i for i, c in enumerate(columns) if c not in ("size", "mtime")]
+        table.write_text("\n".join(",".join(line.split(",")[i] for i in keep)
+                                   for line in lines) + "\n")
+
+
+def test_an_index_in_the_earlier_format_opens_searches_and_grows(model, clips, tmp_path):
+    folder = _base(model, clips, tmp_path / "index")
+    reference = VideoIndex.load(folder, model).search("a red circle", k=4)
+    _as_written_before_checksums(folder)
+    old = VideoIndex.load(folder, model)
+    assert [(h.id, h.score) for h in old.search("a red circle", k=4)] == [
+        (h.id, h.score) for h in reference]
+    assert old.add(clips["a"], num_workers=0, progress=False) == 0  # unknown stamps: kept
+    old.add(clips["b"][:2], num_workers=0, progress=False)
+    _assert_consistent(folder, model, _paths(clips["a"] + clips["b"][:2]))

@@ -115,3 +115,31 @@ def test_search_head_replaces_a_moved_lexical_head(built, tmp_path, capsys, monk
     assert json.loads(capsys.readouterr().out)["results"] == before
     assert json.loads((folder / "manifest.json").read_text())["meta"]["lexical"]["head"] == (
         str(moved))
+
+
+def test_python_api_gives_the_command_lines_results(built, tmp_path, capsys, monkeypatch):
+    """An index with lexical, concepts and fusion records, made on the command line: the
+    Python API's open_index restores the same model and plugins and returns exactly the
+    command line's ids, scores and stages."""
+    from dicosa import open_index
+
+    monkeypatch.setattr(loading, "load_model", loads(built["model"], {"config": "tiny"}))
+    folder = shutil.copytree(built["index"], tmp_path / "index")
+    assert cli.main(["search", str(folder), "a red circle", "--fusion", "--beta-title",
+                     "0.3"]) == 0  # records late fusion
+    capsys.readouterr()
+    assert cli.main(["search", str(folder), QUERY, "-k", "2", "--candidates", "1",
+                     "--json"]) == 0  # few candidates: the first stages propose
+    said = json.loads(capsys.readouterr().out)["results"]
+    index = open_index(folder)
+    assert set(index.plugins) == {"lexical", "concepts", "fusion"}
+    hits = index.search(QUERY, k=2, candidates=1)
+    assert [h.id for h in hits] == [r["id"] for r in said]
+    assert [h.stage for h in hits] == [r["stage"] for r in said]
+    assert [h.score for h in hits] == pytest.approx([r["score"] for r in said], abs=1e-6)
+    assert {"dense", "title"} <= {s for r in said for s in r["stage"].split("+")}
+    lexical = index.search(QUERY, k=2, candidates=1, mode="lexical")
+    assert cli.main(["search", str(folder), QUERY, "-k", "2", "--candidates", "1", "--json",
+                     "--mode", "lexical"]) == 0
+    assert [h.id for h in lexical] == [r["id"] for r in
+                                       json.loads(capsys.readouterr().out)["results"]]

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import AnnotationError
+
 __all__ = [
     "DATASETS",
     "VIDEO_EXTENSIONS",
@@ -33,10 +35,6 @@ log = logging.getLogger(__name__)
 # Looked for in this order when a video id has several files.
 VIDEO_EXTENSIONS = (".mp4", ".avi", ".mkv", ".webm", ".mov", ".m4v", ".mpg", ".mpeg", ".3gp",
                     ".wmv", ".flv")
-
-
-class AnnotationError(FileNotFoundError):
-    """An annotation file that is missing or not in the expected format."""
 
 
 @dataclass

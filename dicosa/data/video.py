@@ -29,6 +29,8 @@ import torch
 from torchvision.transforms.v2 import functional as TF
 from tqdm import tqdm
 
+from ..errors import VideoDecodeError
+
 if TYPE_CHECKING:
     import decord
 
@@ -52,25 +54,6 @@ _DECORD_BAD_WIDTHS = frozenset({12, 16, 24, 48, 72})
 _SIZE_MISMATCH = "The size must exactly match"
 
 DECODERS = ("auto", "decord")
-
-
-class VideoDecodeError(RuntimeError):
-    """A video file that is missing, empty or cannot be decoded.
-
-    Attributes:
-        path: the offending file.
-        reason: a short human-readable cause.
-    """
-
-    def __init__(self, path: str | os.PathLike, reason: str | None = None) -> None:
-        self.path = str(path)
-        self.reason = reason or "cannot be decoded"
-        # (path, reason) as args so the error pickles; a DataLoader rebuilds it in the parent
-        # from its message alone, which then reads as the path with no reason.
-        super().__init__(self.path, reason)
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.reason}" if self.args[1] else self.path
 
 
 def sample_indices(

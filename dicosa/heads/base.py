@@ -33,6 +33,7 @@ from torch import nn
 
 from ..checkpoint import save_checkpoint
 from ..config import dataclass_from_dict
+from ..errors import HeadMismatchError
 from ..fingerprint import fingerprint_mismatch, model_fingerprint
 
 __all__ = [
@@ -55,10 +56,6 @@ HEAD_VERSION = 1
 # faiss, ...) are needed only by those who use it.
 _REGISTRY: dict[str, str] = {}
 _CLASSES: dict[str, type[Head]] = {}
-
-
-class HeadMismatchError(ValueError):
-    """A head file that does not fit the model it is used with (or is no head at all)."""
 
 
 class Head(nn.Module):

@@ -13,7 +13,8 @@ Three training steps on a frozen DiCoSA:
    reconstructs the input from the code; loss = reconstruction + λ·InfoNCE.
 
 At search time a video has no caption, so its mask is top-k alone; a query's mask is its
-sentence code OR top-k (README, "Exclusion queries", for every decision the paper leaves open).
+sentence code OR top-k (docs/heads.md, "Exclusion queries", for every decision the paper
+leaves open).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ an inverted index (:mod:`dicosa.search.sparse`) can search the videos.
   (Eqs. 4-5) on the dense text vector and video proxy, distilled from the dense scores
   (Eq. 7) under caption- and word-level Bernoulli expansion control (Algorithm 1, Eq. 6).
 
-Where the papers are vague the choices are listed in the README ("Words as concepts").
+Where the papers are vague the choices are listed in docs/heads.md ("Words as concepts").
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ class Mul2vecConfig:
     topics: int = 50  # K, as in the paper
     hidden: int = 256  # width of the MLP pathway (Eq. 3)
     mlp_layers: int = 3  # "#layers of the NTF network" (Sec. 4.1)
-    dropout: float = 0.0  # the paper's 0.2 gave a worse held-out MAE here (README)
+    dropout: float = 0.0  # the paper's 0.2 gave a worse held-out MAE (benchmarks/RESULTS.md)
     margin: float = 0.2  # ε of Eqs. 6-7, on L2-normalised vectors
     lambda_ilm: float = 0.1
     lambda_dlm: float = 0.1

@@ -23,7 +23,7 @@ from ..data.protocol import FrameProtocol
 from ..model import DiCoSA, VideoFeatures
 from ..search.store import finite_rows
 
-__all__ = ["IngestReport", "Pending", "file_stamp", "ingest", "list_videos"]
+__all__ = ["IngestReport", "Pending", "file_stamp", "ingest", "list_videos", "new_or_changed"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,36 @@ def file_stamp(path: str) -> tuple[float, float]:
     except OSError:
         return float("nan"), float("nan")
     return float(info.st_size), float(info.st_mtime)
+
+
+def new_or_changed(listed: list[str], table) -> list[str]:
+    """The ``listed`` files that ``table`` (an index's metadata) does not hold, or holds from a
+    file whose size or modification time has changed since."""
+    known = dict(zip(table["path"], zip(table["size"], table["mtime"], strict=True),
+                     strict=True))
+    todo, changed = [], 0
+    for path in listed:
+        if path not in known:
+            todo.append(path)
+        elif _changed(known[path], file_stamp(path)):
+            todo.append(path)
+            changed += 1
+    if changed:
+        log.info("%d indexed file(s) changed since they were encoded: encoding them again",
+                 changed)
+    return todo
+
+
+def _changed(recorded: tuple, now: tuple[float, float]) -> bool:
+    """A file changed when its size or mtime differs from the recorded ones (an index
+    that recorded none cannot tell: unchanged)."""
+    try:
+        size, mtime = float(recorded[0]), float(recorded[1])
+    except (TypeError, ValueError):
+        return False
+    if size != size or mtime != mtime:
+        return False
+    return (size, mtime) != now
 
 
 class _VideoFiles(Dataset):

@@ -84,7 +84,7 @@ class WriterLock:
         holder = self._owner()
         if self.timeout == 0:
             raise IndexBusyError(f"the index at {self.directory} is being written by {holder}; "
-                                 "wait for it to finish, or run again without --no-wait")
+                                 "try again once it has finished")
         log.warning("waiting for %s to finish writing the index at %s", holder, self.directory)
         start = time.monotonic()
         try:

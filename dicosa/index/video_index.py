@@ -33,26 +33,27 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-from torch import Tensor
 
 from ..data.protocol import FrameProtocol
 from ..fingerprint import fingerprint_mismatch, model_fingerprint
 from ..model import DiCoSA, VideoFeatures
 from ..search.store import FrameStore
 from ..search.types import RerankHook
-from .ingest import Pending, file_stamp, ingest, list_videos
+from .ingest import Pending, ingest, list_videos, new_or_changed
 from .lock import WriterLock
-from .manifest import MANIFEST, Manifest, read_reserved, write_reserved
-from .plugins import BUILTIN_PLUGINS, IndexContext, IndexPlugin, plugin_class
-from .searcher import DEFAULT_CANDIDATES, Hit, Searcher, SearchMode, SearchResult, check_search
-from .stages import DEFAULT_BACKEND, Registered, StageSet
+from .manifest import MANIFEST, Manifest
+from .plugin_host import PluginHost
+from .plugins import IndexContext, IndexPlugin
+from .searcher import SearchMode
+from .searching import Searching
+from .stages import DEFAULT_BACKEND, StageSet
+from .transactions import Transactional
 
 __all__ = ["VideoIndex", "open_index"]
 
@@ -61,7 +62,7 @@ log = logging.getLogger(__name__)
 _DENSE = {"dense": SearchMode(("dense",), "the dense first stage only")}
 
 
-class VideoIndex:
+class VideoIndex(Transactional, PluginHost, Searching):
     """Per-frame features of a video collection, searched in two stages (module docstring).
 
     Build with :meth:`build`, reopen with :meth:`load` (or :func:`open_index`, which also
@@ -205,120 +206,6 @@ class VideoIndex:
                              f"first stage: {said}; leave the option out to add to it, or "
                              "build a new index")
 
-    # -- transactions ---------------------------------------------------------------------
-    @contextmanager
-    def writing(self, timeout: float | None = None) -> Iterator[None]:
-        """Hold the folder's writer lock (re-entrant), first reloading what another writer
-        committed since this object read the manifest. In memory: nothing to lock."""
-        if self.directory is None:
-            yield
-            return
-        if self._lock is None or self._lock.directory != self.directory:
-            self._lock = WriterLock(self.directory)
-        self._lock.timeout = self.lock_timeout if timeout is None else timeout
-        first = not self._lock.held
-        with self._lock:
-            if first and self.changed():
-                self._refresh()
-            yield
-
-    @contextmanager
-    def transaction(self, timeout: float | None = None) -> Iterator[None]:
-        """One change: under :meth:`writing`, ending in one manifest commit (nested ones
-        join the outermost). Any exception reloads the last committed state and is
-        re-raised: the object stays usable and holds exactly what the folder holds."""
-        with self.writing(timeout):
-            self._in_transaction += 1
-            try:
-                yield
-                if self._in_transaction == 1 and self.directory is not None:
-                    self._commit()
-            except BaseException:
-                if (self._in_transaction == 1 and self.directory is not None
-                        and (self.directory / MANIFEST).is_file()):
-                    self._reload()  # else nothing was ever committed: nothing to return to
-                raise
-            finally:
-                self._in_transaction -= 1
-
-    def _commit(self) -> None:
-        store = self.store.manifest()
-        if store["num_frames"] is None:
-            store["num_frames"] = (self._fingerprint or {}).get("config", {}).get("num_frames")
-            store["dim"] = self.model.embed_dim if self.model is not None else None
-        Manifest(self._fingerprint, store, self._stages.record(), list(self.skipped),
-                 self.frames, self.meta, self._generation + 1, len(self)).write(self.directory)
-        self._generation += 1
-
-    def changed(self) -> bool:
-        """Whether another writer committed since this object read the manifest."""
-        if self.directory is None or not (self.directory / MANIFEST).is_file():
-            return False
-        return Manifest.read(self.directory).generation != self._generation
-
-    def reload(self) -> bool:
-        """See what other writers committed (:meth:`_refresh`); returns whether anything
-        changed. Not while searches run in other threads on this object: a service opens a
-        new index and swaps it in (see ``dicosa serve``)."""
-        if not self.changed():
-            return False
-        self._refresh()
-        return True
-
-    def _refresh(self) -> None:
-        """Take another writer's commits in place: the store object every part holds is
-        updated, each first stage gets the rows added and loses the rows removed since, and
-        the plugins stay attached (their per-row data follow the store's ids)."""
-        manifest = Manifest.read(self.directory)
-        fresh = FrameStore.open(self.directory, manifest.store)
-        # The stages made so far (one made later is filled from the refreshed store).
-        registered = ([Registered(self._stages.dense, dense=True)]
-                      if self._stages.dense is not None else []) + list(self._stages.extra)
-        before = self.store.live()
-        self.store.__dict__.update(fresh.__dict__)
-        self.store.reserved = read_reserved(self.directory)
-        gone, came = np.setdiff1d(before, self.store.live()), np.setdiff1d(self.store.live(),
-                                                                           before)
-        for entry in registered:
-            if len(gone):
-                entry.stage.remove(gone)
-            if len(came):
-                entry.stage.add(came, self._stages.stage_input(entry, came))
-        self.frames, self._fingerprint = manifest.frames, manifest.fingerprint
-        self.meta, self.skipped = manifest.meta, list(manifest.skipped)
-        self._generation = manifest.generation
-        self._stages.synced = manifest.first_stage.get("synced")
-
-    def _reload(self) -> None:
-        """This object as the folder's last commit says, model and plugins kept."""
-        manifest = Manifest.read(self.directory)
-        for ctx in self._contexts.values():
-            ctx.detach()
-        self._apply(manifest)
-        if self.model is not None:
-            self._stages.model, self._stages.device = self.model, self.device
-            for key, plugin in list(self.plugins.items()):
-                self._attach_plugin(key, plugin)
-
-    def _apply(self, manifest: Manifest) -> None:
-        """Take the committed state ``manifest`` describes (no model or plugin work)."""
-        spec = manifest.first_stage
-        spec = {"backend": spec.get("backend"), "uri": spec.get("uri"),
-                "options": spec.get("options") or {}, "summary": spec.get("summary",
-                                                                          "confidence"),
-                "calibration": spec.get("calibration"), "dim": spec.get("dim"),
-                "synced": spec.get("synced")}
-        self.frames = manifest.frames
-        self._fingerprint = manifest.fingerprint
-        self.meta = manifest.meta
-        self.skipped = list(manifest.skipped)
-        self._generation = manifest.generation
-        self.store = FrameStore.open(self.directory, manifest.store)
-        self.store.reserved = read_reserved(self.directory)
-        self._stages = StageSet(self.store, spec, self._stages._summary_head)
-        self._stages.directory = self.directory
-        self._stages.open_dense(self.directory)
-
     # -- adding and removing --------------------------------------------------------------
     def add(self, videos: str | os.PathLike | Iterable[str | os.PathLike], *,
             batch_size: int = 16, num_workers: int | None = None, shard_size: int = 256,
@@ -339,7 +226,7 @@ class VideoIndex:
         model = self._require_model()
         listed = list(dict.fromkeys(list_videos(videos)))
         with self.writing():
-            todo = self._todo(listed) if only_new else listed
+            todo = new_or_changed(listed, self.store.metadata()) if only_new else listed
             if not todo:
                 return 0
             retried = set(todo)
@@ -359,23 +246,6 @@ class VideoIndex:
                         "index.skipped)", len(report.skipped), len(todo))
         return report.added
 
-    def _todo(self, listed: list[str]) -> list[str]:
-        """The listed files not indexed yet, or indexed from a file that has changed."""
-        table = self.store.metadata()
-        known = dict(zip(table["path"], zip(table["size"], table["mtime"], strict=True),
-                         strict=True))
-        todo, changed = [], 0
-        for path in listed:
-            if path not in known:
-                todo.append(path)
-            elif _changed(known[path], file_stamp(path)):
-                todo.append(path)
-                changed += 1
-        if changed:
-            log.info("%d indexed file(s) changed since they were encoded: encoding them "
-                     "again", changed)
-        return todo
-
     def _store_pending(self, pending: list[Pending]) -> None:
         video = VideoFeatures(torch.cat([p.video.frames for p in pending]),
                               torch.cat([p.video.frame_mask for p in pending]))
@@ -392,13 +262,6 @@ class VideoIndex:
                 self._stages.remove(replaced)
             self._reserve(len(rows))
             return self._stages.extend(lambda: self.store.append(video, rows))
-
-    def _reserve(self, count: int) -> None:
-        """Record the ids the next rows take before any file holds them (manifest.py)."""
-        first = max(self.store.next_id, self.store.reserved)
-        if self.directory is not None:
-            write_reserved(self.directory, first + count)
-        self.store.reserved = first  # the append starts here (a reload: after all of it)
 
     def link_shard(self, name: str, count: int) -> np.ndarray:
         """Append a shard file already in the index folder (``name`` relative to it, holding
@@ -432,69 +295,6 @@ class VideoIndex:
         table = self.store.metadata()
         wanted = {str(Path(p).resolve()) for p in paths} | {str(p) for p in paths}
         return table.index[table["path"].isin(wanted)].to_numpy(np.int64)
-
-    # -- plugins --------------------------------------------------------------------------
-    def use(self, plugin: IndexPlugin, *, record: bool = True, wait: bool = True
-            ) -> IndexPlugin:
-        """Attach ``plugin`` (replacing one of the same key) and, with ``record``, keep its
-        record in the manifest so that :meth:`load` restores it; returns it. ``wait=False``:
-        while another process writes the index, the record is kept in this object only
-        (:meth:`remember`)."""
-        self._require_model()
-        if plugin.key in self.plugins:
-            self._contexts.pop(plugin.key).detach()
-            del self.plugins[plugin.key]
-        self._attach_plugin(plugin.key, plugin)
-        self.plugins[plugin.key] = plugin
-        recorded = plugin.record() if record else None
-        if recorded is not None:
-            self.remember(plugin.key, recorded, wait=wait)
-        return plugin
-
-    def _attach_plugin(self, key: str, plugin: IndexPlugin) -> None:
-        ctx = self._context()
-        try:
-            plugin.attach(ctx)
-        except BaseException:
-            ctx.detach()
-            raise
-        self._contexts[key] = ctx
-
-    def _context(self) -> IndexContext:
-        return IndexContext(self.model, self.tokenizer, self.device, self.store,
-                            self.directory, self.model_key, self.meta, self._stages,
-                            self.modes, self.hooks, self.query_encoders)
-
-    def restore_plugins(self, skip: Iterable[str] = ()) -> None:
-        """Attach every plugin the manifest records (but the keys in ``skip``), in the
-        order lexical, concepts, fusion."""
-        skip = set(skip)
-        for key in BUILTIN_PLUGINS:
-            record = self.meta.get(key)
-            if record and key not in skip and key not in self.plugins:
-                plugin = plugin_class(key).restore(record, self._context())
-                self._attach_plugin(key, plugin)
-                self.plugins[key] = plugin
-
-    def remember(self, key: str, value: dict, *, wait: bool = True) -> bool:
-        """Keep ``value`` as ``meta[key]`` in one transaction from the current manifest; a
-        record that is already there writes nothing. ``wait=False``: when another process
-        is writing, keep it in this object only, say so, and return False."""
-        if self.meta.get(key) == value:
-            return True
-        try:
-            with self.transaction(timeout=None if wait else 0):
-                self.meta[key] = value
-        except RuntimeError as exc:
-            from .lock import IndexBusyError
-
-            if not isinstance(exc, IndexBusyError):
-                raise
-            self.meta[key] = value
-            log.warning("%s; the %s setting applies to this search but is not recorded",
-                        exc, key)
-            return False
-        return True
 
     # -- first stages ---------------------------------------------------------------------
     @property
@@ -639,97 +439,6 @@ class VideoIndex:
         if not len(self):
             raise ValueError("the index is empty")
         return self.store.gather(self.store.live())
-
-    # -- search ---------------------------------------------------------------------------
-    def searcher(self, hooks: Sequence[RerankHook] | None = None) -> Searcher:
-        """The query path over this index's current parts (:mod:`dicosa.index.searcher`)."""
-        explainers = {key: plugin.explain for key, plugin in self.plugins.items()}
-        return Searcher(self._require_model(), self.tokenizer, self.device, self.store,
-                        self._stages, self.modes, list(self.hooks if hooks is None else hooks),
-                        list(self.query_encoders), explainers)
-
-    def encode_queries(self, texts: Sequence[str], exclude: Sequence[str] = (),
-                       mode: str | None = None):
-        """Parse and encode queries once, running the query encoders (no search)."""
-        return self.searcher().encode(texts, exclude, mode)[0]
-
-    @torch.inference_mode()
-    def scores(self, texts: str | Sequence[str], chunk: int = 1024) -> Tensor:
-        """DiCoSA scores S of every text against every indexed video, in :attr:`ids` order:
-        ``[T, V]`` float32. The texts are encoded as given (no query parsing); videos are
-        read ``chunk`` at a time, so memory stays bounded by the chunk."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        searcher = self.searcher()
-        text = searcher.model.encode_text(self.tokenizer(texts).to(self.device))
-        return searcher.exhaustive(text, self.store.live(), chunk)
-
-    def query(self, text: str | Sequence[str], k: int = 10,
-              candidates: int | None = DEFAULT_CANDIDATES, *,
-              hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
-              exclude: Sequence[str] = (), mode: str | None = None
-              ) -> SearchResult | list[SearchResult]:
-        """:meth:`search` with everything it computed: a :class:`SearchResult` per text (hits,
-        seconds per stage, the encoded query, the candidates, ``truncated``, ``explain``)."""
-        check_search(text, k, candidates)
-        texts = [text] if isinstance(text, str) else list(text)
-        results = self.searcher(hooks).run(texts, k, candidates, exclude=exclude, mode=mode,
-                                           chunk=chunk)
-        for result in results:
-            if result.truncated:
-                log.warning("the query %r is longer than the %d tokens the model reads; it was "
-                            "searched as far as the model reads it", result.query[:60],
-                            self.model.config.max_words)
-        return results[0] if isinstance(text, str) else results
-
-    def search(self, text: str | Sequence[str], k: int = 10,
-               candidates: int | None = DEFAULT_CANDIDATES, *,
-               hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
-               exclude: Sequence[str] = (), mode: str | None = None
-               ) -> list[Hit] | list[list[Hit]]:
-        """The ``k`` best videos for ``text``, best first; a list of texts gives one list per
-        text.
-
-        Args:
-            candidates: rows the first stage(s) propose for DiCoSA to rerank (C, raised to
-                ``k`` when smaller). None scores every row with :meth:`DiCoSA.score` (the
-                exhaustive reference); C at least the index's size reranks every row.
-            hooks: rerank hooks to apply instead of :attr:`hooks`.
-            chunk: videos per forward of the exhaustive path.
-            exclude: things every result should not show, as ``"A without B"`` in the text
-                does (needs the exclusion plugin).
-            mode: a key of :attr:`modes`: which first stages propose candidates (``"dense"``;
-                with a lexical head ``"lexical"``, ``"bow"`` or ``"hybrid"``). None: every
-                registered stage.
-        """
-        return self.search_with_stats(text, k, candidates, hooks=hooks, chunk=chunk,
-                                      exclude=exclude, mode=mode)[0]
-
-    def search_with_stats(self, text: str | Sequence[str], k: int = 10,
-                          candidates: int | None = DEFAULT_CANDIDATES, *,
-                          hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
-                          exclude: Sequence[str] = (), mode: str | None = None
-                          ) -> tuple[list[Hit] | list[list[Hit]], dict]:
-        """:meth:`search` and what it did: seconds per stage and candidates kept per query."""
-        results = self.query([text] if isinstance(text, str) else text, k, candidates,
-                             hooks=hooks, chunk=chunk, exclude=exclude, mode=mode)
-        stats = {**results[0].times, "stage": results[0].stage, "mode": mode,
-                 "candidates": [r.candidates for r in results],
-                 "truncated": [r.truncated for r in results]}
-        hits = [r.hits for r in results]
-        return (hits[0] if isinstance(text, str) else hits), stats
-
-
-def _changed(recorded: tuple, now: tuple[float, float]) -> bool:
-    """A file changed when its size or mtime differs from the recorded ones (an index
-    that recorded none cannot tell: unchanged)."""
-    try:
-        size, mtime = float(recorded[0]), float(recorded[1])
-    except (TypeError, ValueError):
-        return False
-    if size != size or mtime != mtime:
-        return False
-    return (size, mtime) != now
-
 
 def open_index(directory: str | os.PathLike, model: DiCoSA | None = None, *,
                device: torch.device | str | None = None, strict: bool = True,

@@ -280,7 +280,7 @@ class SemanticStage:
         return stage
 
 
-DEFAULT_BETA_SEMANTIC = 0.2  # the README's validation choice on the synthetic benchmark
+DEFAULT_BETA_SEMANTIC = 0.2  # chosen on validation on the synthetic benchmark (docs/heads.md)
 DEFAULT_BETA_TITLE = 0.2  # late fusion: not tuned per collection; pass your own
 DEFAULT_TRUST = 0.5
 

@@ -4,8 +4,8 @@ and a Milvus standalone server or cluster (``http://host:19530``).
 One collection per index: ``id`` INT64 primary key = the store's row id, ``proxy``
 FLOAT_VECTOR [D] = the unit dense proxy (see :mod:`dicosa.search.dense`), compared by inner
 product (= cosine). Removal is Milvus's delete by primary key. The per-frame features stay in
-the index folder's memory-mapped store; README "Backends" explains how to run with no local
-files but the model (the store on shared storage, or a FLOAT16_VECTOR frames field).
+the index folder's memory-mapped store; docs/search.md ("Milvus") explains how to run with no
+local files but the model (the store on shared storage, or a FLOAT16_VECTOR frames field).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ class MilvusConfig:
     ef_construction: int = 200
     ef_search: int = 256
     # Bytes of vectors per insert call: milvus-lite 2.5.1 took 51 s for one 8 MB call of
-    # 4,000 × 512 floats and 2.3 s for four 2 MB calls (README "Backends"); no server was
-    # measured.
+    # 4,000 × 512 floats and 2.3 s for four 2 MB calls (benchmarks/RESULTS.md, "milvus-lite
+    # insert calls"); no server was measured.
     insert_bytes: int = 2 << 20
     timeout: float = 30.0  # seconds to connect
     # > 0: also keep each video's per-frame features (float16, up to this many frames) in the

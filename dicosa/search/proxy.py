@@ -20,8 +20,8 @@ Eq. 1 at τ → ∞) so nothing but p is stored:
 
 On the trained tiny model with 100k videos (benchmarks/search.py), the exhaustive DiCoSA top 10
 is in the top 1,000 of ``"mean"`` for 15% of its videos and of ``"confidence"`` for 59%; of
-``"distilled"`` for 98%, on pseudo-queries and test captions alike (README, "Why the first
-stage is not the frame mean").
+``"distilled"`` for 98%, on pseudo-queries and test captions alike (benchmarks/RESULTS.md,
+"Search quality"; docs/search.md, "The dense summary").
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ class SeismicConfig:
     The build defaults are pyseismic-lsr's own. Search: heap_factor 0.9 as its guidelines
     ([0.7, 1]); query_cut 20, not their 10, because ``benchmarks/sparse.py`` (queries of 5-30
     words) lost 1.5% of the exact top-10 with 10 and at most 0.05% with 20, for < 1 ms at 1M
-    rows (README, "The seismic backend").
+    rows (benchmarks/RESULTS.md, "Sparse first stage"; docs/search.md, "The sparse stage").
     """
 
     # -- build ---------------------------------------------------------------------------

@@ -332,11 +332,11 @@ class FrameStore:
         data = save_safetensors({
             "frames": _tensor(shard.frames), "frame_mask": _tensor(shard.frame_mask),
             "proxy": _tensor(shard.proxy)})
-        write_bytes_atomic(directory / f"{name}.safetensors", data)
+        write_bytes_atomic(directory / f"{name}.safetensors", data, sync=True)
         buffer = io.StringIO()
         shard.rows.to_csv(buffer, index=False, columns=list(COLUMNS))
         text = buffer.getvalue().encode()
-        write_bytes_atomic(directory / f"{name}.csv", text)
+        write_bytes_atomic(directory / f"{name}.csv", text, sync=True)
         shard.sha256 = {"safetensors": hashlib.sha256(data).hexdigest(),
                         "csv": hashlib.sha256(text).hexdigest()}
         # Swap the in-memory arrays for maps of the file: memory is released to the page cache.

@@ -1,0 +1,269 @@
+"""The search service under load: N concurrent clients for T seconds, on loopback.
+
+Targets (issue 23), the 2-core machine: >= 25 searches/s sustained at 1,000,000 videos with 8
+concurrent clients, p99 <= 250 ms, no errors; the single-client latency reported beside it.
+
+The index: synthesised features exactly as ``benchmarks/search.py`` makes them (the random-
+weight ViT-B/32 DiCoSA's text tower encodes ``--clusters`` synthetic captions as cluster
+centres; a video's 12 frames are a centre plus a per-video offset plus per-frame noise, 1 in 4
+videos with 6 valid frames), written straight into the store; the model is the one
+``configs/msrvtt.yaml`` builds with ``model.pretrained=null`` (seeded), recorded in the
+manifest, so the server opens the index as ``python -m dicosa serve`` does. Rows have no video
+files: media is not part of the load.
+
+The load: the server runs in its own process (``python -m dicosa.serve INDEX``) on 127.0.0.1;
+the clients are threads of this process, each with its own keep-alive connection, each
+sending ``GET /api/search?q=...&k=10&candidates=C`` back to back with queries of the same
+generator (other captions) for ``--seconds``, after ``--warmup`` seconds of the same load. One
+client first (the single-client latency), then ``--clients`` at once; for each ``--max-batch``
+value (batching of concurrent searches, ``dicosa/serve/batching.py``; 1 = off) a fresh server.
+Latency is measured by the client (request sent to answer parsed); the server's own per-stage
+medians come from the answers' ``times_ms``. Resident memory is the server process's
+(``/proc/PID/status``) after the concurrent phase. Clients and server share the machine's
+cores, as they would on a 2-core box.
+
+    python benchmarks/serve.py --videos 100000 1000000 --keep      # the lead, alone
+    python benchmarks/serve.py --videos 1000000 --reuse            # again, on the kept index
+    python benchmarks/serve.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from common import environment, report
+from search import captions, fresh, stage_options, synthetic_shard
+
+REPO = Path(__file__).resolve().parents[1]
+TARGETS = {"videos": 1_000_000, "clients": 8, "searches_per_s": 25.0, "p99_ms": 250.0,
+           "errors": 0}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--videos", type=int, nargs="+", default=[100_000, 1_000_000])
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=60.0, help="measured load per phase")
+    p.add_argument("--warmup", type=float, default=10.0, help="unmeasured load before each")
+    p.add_argument("--single-seconds", type=float, default=30.0)
+    p.add_argument("--candidates", type=int, default=1000)
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--max-batch", type=int, nargs="+", default=[8, 1])
+    p.add_argument("--config", default="configs/msrvtt.yaml")
+    p.add_argument("--set", action="append", default=["model.pretrained=null"],
+                   metavar="SECTION.KEY=VALUE", help="model config overrides")
+    p.add_argument("--clusters", type=int, default=2000)
+    p.add_argument("--shard-size", type=int, default=8192)
+    p.add_argument("--backend", default="local")
+    p.add_argument("--summary", default="confidence", help="confidence or mean")
+    p.add_argument("--stage-option", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--work", default="benchmarks/results/serve-bench",
+                   help="where the indexes go (not the repository)")
+    p.add_argument("--keep", action="store_true", help="keep the indexes after the run")
+    p.add_argument("--reuse", action="store_true", help="serve an index a --keep run left")
+    p.add_argument("--port", type=int, default=0, help="0: a free one")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds of load")
+    p.add_argument("--out", default="benchmarks/results/serve.json")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.videos, args.clients, args.clusters, args.shard_size = [2000], 2, 50, 512
+        args.seconds, args.warmup, args.single_seconds, args.max_batch = 2.0, 0.5, 1.0, [8]
+        args.config, args.set = str(REPO / "configs/synthetic.yaml"), ["model.num_frames=4"]
+        args.work = "serve-bench-smoke"
+    args.config = str((REPO / args.config) if not Path(args.config).is_absolute()
+                      else args.config)
+    return args
+
+
+# -- the index --------------------------------------------------------------------------------
+def build_index(args, videos: int, directory: Path) -> dict:
+    """An index of ``videos`` synthesised videos in ``directory``, its model recorded."""
+    from dicosa.__main__ import load_model
+    from dicosa.clip import get_tokenizer
+    from dicosa.index import VideoIndex
+
+    if args.reuse and (directory / "manifest.json").is_file():
+        return {"build_s": None, "reused": True}
+    model, source, _ = load_model(None, args.config, args.set)
+    tokenize = get_tokenizer(model.config.arch, model.config.max_words)
+    with torch.inference_mode():
+        centres = torch.cat([model.encode_text(tokenize(captions(min(256, args.clusters - s),
+                                                                  seed=s))).text
+                             for s in range(0, args.clusters, 256)])
+    index = VideoIndex(model, device="cpu", backend=args.backend, summary=args.summary,
+                       stage_options=stage_options(args.stage_option))
+    index.meta["model"] = source
+    index.save(fresh(directory))
+    rng = torch.Generator().manual_seed(1)
+    started = time.perf_counter()
+    for first in range(0, videos, args.shard_size):
+        count = min(args.shard_size, videos - first)
+        index.add_features(synthetic_shard(centres, count, model.config.num_frames, rng),
+                           [{"path": f"synthetic/{first + i}"} for i in range(count)])
+    index.save(directory)
+    return {"build_s": round(time.perf_counter() - started, 1), "reused": False}
+
+
+# -- the server -------------------------------------------------------------------------------
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(directory: Path, port: int, max_batch: int) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "dicosa.serve", str(directory.resolve()), "--port", str(port),
+         "--max-batch", str(max_batch), "--reload-interval", "0", "--device", "cpu"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_ready(base: str, server: subprocess.Popen, timeout: float = 1800.0) -> float:
+    import httpx
+
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server stopped: {server.stdout.read()[-3000:]}")
+        try:
+            if httpx.get(base + "/api/ready", timeout=5).status_code == 200:
+                return time.perf_counter() - started
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"the server was not ready within {timeout} s")
+
+
+def resident(pid: int) -> dict[str, float]:
+    """The server's resident memory in GiB: anonymous, file-backed (mapped store pages) and
+    the peak of both."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return {key: round(int(fields[name].split()[0]) / 2**20, 3) for key, name in
+            (("anon_gib", "RssAnon"), ("file_gib", "RssFile"), ("peak_gib", "VmHWM"))}
+
+
+# -- the load ---------------------------------------------------------------------------------
+def load(base: str, clients: int, seconds: float, warmup: float, args, seed: int) -> dict:
+    """``clients`` threads searching back to back: warm-up, then ``seconds`` measured."""
+    import httpx
+
+    texts = captions(max(500, 50 * clients), seed=10_000 + seed)
+    start_at = time.perf_counter() + 0.2
+    measure_from, stop_at = start_at + warmup, start_at + warmup + seconds
+    records: list[list[tuple]] = [[] for _ in range(clients)]
+
+    def client(c: int) -> None:
+        with httpx.Client(base_url=base, timeout=30) as http:
+            i = c
+            while time.perf_counter() < start_at:
+                time.sleep(0.001)
+            while (now := time.perf_counter()) < stop_at:
+                params = {"q": texts[i % len(texts)], "k": args.k,
+                          "candidates": args.candidates}
+                i += clients
+                try:
+                    response = http.get("/api/search", params=params)
+                    answer = response.json() if response.status_code == 200 else None
+                    ok = answer is not None and len(answer["hits"]) == args.k
+                except (httpx.HTTPError, ValueError):
+                    answer, ok = None, False
+                if now >= measure_from:
+                    records[c].append((now, time.perf_counter() - now, ok,
+                                       answer["times_ms"] if answer else None,
+                                       answer["batch"] if answer else None))
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return summarise([r for rows in records for r in rows], seconds, clients)
+
+
+def summarise(rows: list[tuple], seconds: float, clients: int) -> dict:
+    good = [r for r in rows if r[2]]
+    ms = np.array([r[1] for r in good]) * 1000 if good else np.zeros(1)
+
+    def stage(name: str) -> float | None:
+        values = [r[3][name] for r in good if name in r[3]]
+        return round(float(np.median(values)), 2) if values else None
+
+    return {"clients": clients, "seconds": seconds, "requests": len(rows),
+            "errors": len(rows) - len(good),
+            "searches_per_s": round(len(good) / seconds, 2),
+            "p50_ms": round(float(np.percentile(ms, 50)), 1),
+            "p95_ms": round(float(np.percentile(ms, 95)), 1),
+            "p99_ms": round(float(np.percentile(ms, 99)), 1),
+            "mean_batch": round(float(np.mean([r[4] for r in good])), 2) if good else None,
+            "server_p50_ms": {name: stage(name) for name in
+                              ("queue", "encode", "first_stage", "rerank", "hooks", "top",
+                               "moments", "total")}}
+
+
+def serve_and_load(args, directory: Path, max_batch: int) -> dict:
+    port = args.port or free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = start_server(directory, port, max_batch)
+    try:
+        ready_s = wait_ready(base, server)
+        single = load(base, 1, args.single_seconds, args.warmup, args, seed=0)
+        concurrent = load(base, args.clients, args.seconds, args.warmup, args, seed=1)
+        memory = resident(server.pid)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    return {"max_batch": max_batch, "open_s": round(ready_s, 1), "single_client": single,
+            "concurrent": concurrent, "server_memory_gib": memory}
+
+
+def met(videos: int, run: dict) -> bool:
+    c = run["concurrent"]
+    return (videos >= TARGETS["videos"] and c["clients"] >= TARGETS["clients"]
+            and c["searches_per_s"] >= TARGETS["searches_per_s"]
+            and c["p99_ms"] <= TARGETS["p99_ms"] and c["errors"] == 0)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    sizes = []
+    for videos in args.videos:
+        directory = work / f"index-{videos}-{args.summary}"
+        built = build_index(args, videos, directory)
+        store = sum(p.stat().st_size for p in directory.glob("shard-*")) / 2**30
+        runs = [serve_and_load(args, directory, b) for b in args.max_batch]
+        sizes.append({"videos": videos, **built, "store_gib": round(store, 2), "runs": runs,
+                      "targets_met": {f"max_batch={r['max_batch']}": met(videos, r)
+                                      for r in runs}})
+        if not args.keep:
+            shutil.rmtree(directory)
+    result = {"benchmark": "serve", **environment("cpu"), "threads": torch.get_num_threads(),
+              "smoke": args.smoke, "clients": args.clients, "seconds": args.seconds,
+              "candidates": args.candidates, "k": args.k, "backend": args.backend,
+              "summary": args.summary, "config": Path(args.config).name,
+              "overrides": args.set, "targets": TARGETS, "sizes": sizes}
+    if args.smoke:
+        shutil.rmtree(work, ignore_errors=True)
+    return report(result, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,461 @@
+"""The HTTP service: FastAPI routes over one :class:`~dicosa.serve.engine.Engine` at a time.
+
+Routes (OpenAPI at ``/docs`` and ``/openapi.json``; every answer but media is JSON, every error
+``{"error": "one sentence"}``):
+
+    GET  /                          the search page (static/: HTML, plain JavaScript, CSS)
+    GET  /login, POST /login        the API key typed in once: sets the session cookie
+    GET  /api/health                the process answers
+    GET  /api/ready                 the index is open (and when it was last reopened)
+    GET  /api/info                  videos, model, heads, search modes, backend, limits
+    GET  /api/search?q=...          a search (q, exclude (repeatable), k, offset, candidates,
+    POST /api/search                mode, explain); the same as a JSON body
+    GET  /api/videos/{id}           a video's metadata (never its path)
+    GET  /api/videos/{id}/similar   "more like this" (k, offset, candidates)
+    GET  /api/videos/{id}/stream    the file, with HTTP Range
+    GET  /api/videos/{id}/thumb?t=  a JPEG of the frame shown at t seconds (cached)
+
+Routes that run torch or decode are plain ``def``: FastAPI runs them on its thread pool.
+Videos are named by their row id only; a file is served only when the engine finds it where
+its row says (:meth:`Engine.video`). Nothing on the server fetches a URL.
+
+:class:`Service` holds the current engine and, every ``reload_interval_s``, looks whether
+another process changed the index (``python -m dicosa index`` into the same folder); once the
+change is complete (the manifest's first stage is in step with its store) it opens the index
+again beside the old one and swaps the whole engine in, so each search sees the old
+collection or the new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qs, quote
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException
+
+from .. import __version__
+from .batching import Batcher
+from .engine import Answer, Engine, SearchRequest
+from .errors import BAD_REQUESTS, NotReady, ServeError, UnknownVideo
+from .media import ThumbnailError, Thumbnails, file_response
+from .security import COOKIE, Guard, safe_next
+
+__all__ = ["Limits", "Service", "Settings", "create_app"]
+
+log = logging.getLogger("dicosa.serve")
+
+STATIC = Path(str(resources.files("dicosa.serve") / "static"))
+# The page loads nothing from elsewhere; /docs (Swagger UI) loads its script from a CDN.
+_CSP = ("default-src 'self'; img-src 'self' data:; media-src 'self'; style-src 'self'; "
+        "script-src 'self'; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+        "form-action 'self'")
+_OPEN_PATHS = ("/login", "/static/login.css", "/static/login.js")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for."""
+
+    query_chars: int = 500  # characters of q (and of each exclusion)
+    exclusions: int = 8
+    page: int = 50  # k: hits per page
+    depth: int = 1000  # offset + k: how far down a ranking paging reaches
+    candidates: int = 10_000  # rows one query may have reranked
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the service runs (``python -m dicosa serve``'s options)."""
+
+    api_key: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    allowed_hosts: tuple[str, ...] | None = None  # Host headers answered (None: any)
+    reload_interval_s: float = 2.0  # 0: never look for changes
+    max_batch: int = 8  # searches ranked together (1: no batching)
+    batch_wait_s: float = 0.002
+    thumbnail_cache_bytes: int = 64 << 20
+    token_ttl_s: int = 600
+    session_ttl_s: int = 12 * 3600
+    secure_cookie: bool = False  # mark the session cookie Secure (behind an HTTPS proxy)
+
+
+class Service:
+    """The engine requests use now, and the reopening of the index after a change."""
+
+    def __init__(self, engine: Engine, reload_interval_s: float = 2.0):
+        self._engine = engine
+        self.reload_interval_s = reload_interval_s
+        self.reloads = 0
+        self.last_reload: str | None = None
+        self.reload_error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def engine(self) -> Engine:
+        engine = self._engine  # one read: a request keeps the snapshot it started with
+        if engine is None:
+            raise NotReady("the index is not open yet")
+        return engine
+
+    def check_reload(self) -> bool:
+        """Open the index again if another process finished changing it; True if swapped."""
+        with self._lock:
+            old = self._engine
+            if not old.changed() or not _complete(old.directory):
+                return False
+            started = time.perf_counter()
+            try:
+                new = old.reopen()
+            except Exception as exc:  # keep serving the old snapshot; try again later
+                self.reload_error = f"{type(exc).__name__}: {exc}"
+                log.warning("could not reopen the index (still serving the previous one): %s",
+                            exc)
+                return False
+            self._engine, self.reloads, self.reload_error = new, self.reloads + 1, None
+            self.last_reload = new.opened_at.isoformat(timespec="seconds")
+            log.info("reopened the index: %d videos (was %d), in %.1f s", len(new.index),
+                     len(old.index), time.perf_counter() - started)
+            return True
+
+    def start(self) -> None:
+        if self.reload_interval_s > 0 and self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="dicosa-reload",
+                                            daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.reload_interval_s):
+            try:
+                self.check_reload()
+            except Exception:  # never let the watcher die silently
+                log.exception("checking the index for changes failed")
+
+
+def _complete(directory: Path | None) -> bool:
+    """Whether the manifest in ``directory`` describes a finished write: its dense first
+    stage saved for exactly the rows of its store (a write in progress leaves it behind)."""
+    if directory is None:
+        return False
+    try:
+        manifest = json.loads((Path(directory) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    stage = manifest.get("first_stage") or {}
+    if stage.get("backend") is None:
+        return True
+    return stage.get("synced") == [manifest.get("next_id"), len(manifest.get("removed", []))]
+
+
+class _JSON(JSONResponse):
+    """JSON where a non-finite number (which JSON cannot hold) is null."""
+
+    def render(self, content: Any) -> bytes:
+        return super().render(_finite(content))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return _JSON({"error": message}, status_code=status, headers=headers)
+
+
+class SearchBody(BaseModel):
+    """A search as a JSON body (``POST /api/search``); the fields of ``GET``'s parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    q: str
+    exclude: list[str] = []
+    k: int = 10
+    offset: int = 0
+    candidates: int = 1000
+    mode: str | None = None
+    explain: bool = False
+
+
+def _checked(limits: Limits, q: str, exclude: list[str], k: int, offset: int, candidates: int,
+             mode: str | None, explain: bool) -> SearchRequest:
+    """A SearchRequest within ``limits``, else a ServeError naming the limit."""
+    if not q.strip():
+        raise ServeError("the query is empty: type what to look for")
+    if len(q) > limits.query_chars:
+        raise ServeError(f"the query is {len(q)} characters long; the limit is "
+                         f"{limits.query_chars}")
+    exclude = [e for e in exclude if e.strip()]
+    if len(exclude) > limits.exclusions:
+        raise ServeError(f"at most {limits.exclusions} things can be left out of one search")
+    if any(len(e) > limits.query_chars for e in exclude):
+        raise ServeError(f"each thing to leave out is at most {limits.query_chars} characters")
+    if not 1 <= k <= limits.page:
+        raise ServeError(f"k (results per page) must be between 1 and {limits.page}")
+    if offset < 0 or offset + k > limits.depth:
+        raise ServeError(f"offset + k must be between 1 and {limits.depth}: paging reaches "
+                         f"the first {limits.depth} results")
+    if not 1 <= candidates <= limits.candidates:
+        raise ServeError(f"candidates must be between 1 and {limits.candidates}")
+    return SearchRequest(q, k, offset, candidates, tuple(exclude), mode or None, explain)
+
+
+def create_app(service: Service | Engine, settings: Settings | None = None) -> FastAPI:
+    """The service's FastAPI application around ``service`` (an Engine is wrapped in a
+    :class:`Service`, which looks for changes every ``settings.reload_interval_s``)."""
+    settings = settings or Settings()
+    if isinstance(service, Engine):
+        service = Service(service, settings.reload_interval_s)
+    guard = Guard(settings.api_key, token_ttl_s=settings.token_ttl_s,
+                  session_ttl_s=settings.session_ttl_s)
+    thumbnails = Thumbnails(settings.thumbnail_cache_bytes)
+    batcher = Batcher(settings.max_batch, settings.batch_wait_s)
+
+    async def lifespan(_: FastAPI):
+        service.start()
+        yield
+        service.stop()
+        batcher.close()
+        thumbnails.close()
+
+    app = FastAPI(title="dicosa", version=__version__, lifespan=lifespan, redoc_url=None,
+                  default_response_class=_JSON,
+                  description="Text-video search with DiCoSA: where in each video the query "
+                              "matches. Errors are {\"error\": \"one sentence\"}.")
+    app.state.service, app.state.guard, app.state.thumbnails = service, guard, thumbnails
+    app.state.batcher, app.state.settings = batcher, settings
+    _install_guards(app, settings, guard)
+    _install_errors(app)
+    _install_pages(app, guard, settings)
+    _install_api(app, service, settings, guard, thumbnails, batcher)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app
+
+
+def _install_guards(app: FastAPI, settings: Settings, guard: Guard) -> None:
+    allowed = None if settings.allowed_hosts is None else set(settings.allowed_hosts)
+
+    @app.middleware("http")
+    async def guard_requests(request: Request, call_next):
+        host = request.headers.get("host", "")
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        if allowed is not None and name not in allowed:
+            # A page elsewhere that points a name of its own at 127.0.0.1 (DNS rebinding)
+            # would otherwise read this server's answers.
+            return _error(400, f"this server answers requests for {', '.join(sorted(allowed))}"
+                               " only")
+        path = request.url.path
+        if path not in _OPEN_PATHS and not guard.allows(
+                path, request.headers, request.cookies, request.query_params):
+            if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
+                back = path + (f"?{request.url.query}" if request.url.query else "")
+                return RedirectResponse(f"/login?next={quote(back, safe='')}", 303)
+            return _error(401, "this server needs its API key: send X-API-Key, or log in at "
+                               "/login", {"WWW-Authenticate": "Bearer"})
+        response = await call_next(request)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        if not path.startswith("/docs"):
+            response.headers.setdefault("Content-Security-Policy", _CSP)
+        return response
+
+
+def _install_errors(app: FastAPI) -> None:
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        if exc.status_code == 404:
+            return _error(404, "there is nothing at this address")
+        if exc.status_code == 405:
+            return _error(405, f"{request.method} is not allowed at this address")
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        return _error(400, _validation_sentence(exc))
+
+    @app.exception_handler(UnknownVideo)
+    async def unknown_video(request: Request, exc: UnknownVideo):
+        return _error(404, str(exc))
+
+    @app.exception_handler(NotReady)
+    async def not_ready(request: Request, exc: NotReady):
+        return _error(503, str(exc), {"Retry-After": "2"})
+
+    for kind in BAD_REQUESTS:
+        app.add_exception_handler(kind, _bad_request)
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception):
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return _error(500, "the server could not answer this request; its log says why")
+
+
+async def _bad_request(request: Request, exc: Exception):
+    return _error(400, str(exc))
+
+
+def _validation_sentence(exc: RequestValidationError) -> str:
+    """FastAPI's first validation error as one sentence: "k: input should be ...". """
+    errors = exc.errors()
+    if not errors:
+        return "the request is not valid"
+    first = errors[0]
+    where = ".".join(str(part) for part in first.get("loc", ())
+                     if part not in ("query", "body", "path"))
+    message = str(first.get("msg", "is not valid"))
+    message = message[:1].lower() + message[1:]
+    return f"{where}: {message}" if where else message
+
+
+def _install_pages(app: FastAPI, guard: Guard, settings: Settings) -> None:
+    @app.get("/", include_in_schema=False)
+    def page() -> Response:
+        return Response((STATIC / "index.html").read_bytes(), media_type="text/html",
+                        headers={"Cache-Control": "no-cache"})
+
+    @app.get("/login", include_in_schema=False)
+    def login_page() -> Response:
+        return Response((STATIC / "login.html").read_bytes(), media_type="text/html",
+                        headers={"Cache-Control": "no-store"})
+
+    @app.post("/login", include_in_schema=False)
+    async def login(request: Request) -> Response:
+        form = parse_qs((await request.body())[:4096].decode("utf-8", "replace"))
+        target = safe_next((form.get("next") or ["/"])[0])
+        if not guard.enabled:
+            return RedirectResponse(target, 303)
+        if not guard.is_key((form.get("key") or [""])[0]):
+            await asyncio.sleep(0.5)  # slows guessing
+            return RedirectResponse(f"/login?failed=1&next={quote(target)}", 303)
+        response = RedirectResponse(target, 303)
+        response.set_cookie(COOKIE, guard.session(), max_age=settings.session_ttl_s,
+                            httponly=True, samesite="strict", secure=settings.secure_cookie)
+        return response
+
+
+def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guard,
+                 thumbnails: Thumbnails, batcher: Batcher) -> None:
+    limits = settings.limits
+
+    def links(answer: Answer) -> dict:
+        """The answer's body with the media links of each hit (tokens in them when a key is
+        set); the page's best moments start decoding."""
+        wanted = []
+        for hit, file in zip(answer.body["hits"], answer.files, strict=True):
+            if file is None:  # its file is gone or may not be served
+                hit.update(video=None, thumbnail=None, media_type=None, media_token=None)
+                continue
+            vid = hit["id"]
+            token = f"token={guard.media_token(vid)}" if guard.enabled else ""
+            best = (hit["moment"] or {}).get("best") or {}
+            t = best.get("time") or 0.0
+            wanted.append((file, t))
+            hit["video"] = f"/api/videos/{vid}/stream" + (f"?{token}" if token else "")
+            hit["thumbnail"] = f"/api/videos/{vid}/thumb?t={t:g}" + (f"&{token}" if token
+                                                                        else "")
+            hit["media_type"] = file.media_type
+            hit["media_token"] = token or None  # for links to its other moments
+        thumbnails.prefetch(wanted)
+        return answer.body
+
+    def run_search(request: SearchRequest) -> Response:
+        started = time.perf_counter()
+        engine = service.engine
+        engine.check(request)
+        answer = links(engine.answer(request, batcher.rank(engine, request)))
+        answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
+        return _JSON(answer)  # as it is: FastAPI's encoder pass over it costs milliseconds
+
+    @app.get("/api/health", tags=["service"])
+    def health() -> dict:
+        """The process answers (it may still be opening the index: see /api/ready)."""
+        return {"status": "ok"}
+
+    @app.get("/api/ready", tags=["service"])
+    def ready() -> dict:
+        """The index is open and searchable."""
+        engine = service.engine
+        return {"ready": True, "videos": len(engine.index), "opened_at":
+                engine.opened_at.isoformat(timespec="seconds"), "reloads": service.reloads,
+                "last_reload": service.last_reload, "reload_error": service.reload_error}
+
+    @app.get("/api/info", tags=["service"])
+    def info() -> dict:
+        """What is being searched: videos, model, heads, search modes, backend, limits."""
+        return {**service.engine.info(), "limits": vars(limits), "version": __version__,
+                "api_key": guard.enabled}
+
+    @app.get("/api/search", tags=["search"], response_model=None)
+    def search(q: str, exclude: Annotated[list[str] | None, Query()] = None, k: int = 10,
+               offset: int = 0, candidates: int = 1000, mode: str | None = None,
+               explain: bool = False) -> Response:
+        """Rank the videos for ``q`` ("A without B" leaves B out, as ``exclude`` does): the
+        page ``[offset, offset + k)`` with each hit's frame weights, their times and the best
+        moment, the time per stage, and (``explain``) the words and concepts behind each."""
+        return run_search(_checked(limits, q, exclude or [], k, offset, candidates, mode,
+                                   explain))
+
+    @app.post("/api/search", tags=["search"], response_model=None)
+    def search_body(body: SearchBody) -> Response:
+        """:func:`search` with the parameters in a JSON body."""
+        return run_search(_checked(limits, body.q, body.exclude, body.k, body.offset,
+                                   body.candidates, body.mode, body.explain))
+
+    @app.get("/api/videos/{video_id}", tags=["videos"])
+    def video(video_id: str) -> dict:
+        """A video's name, title, duration and frame rate (never its path)."""
+        return service.engine.details(video_id)
+
+    @app.get("/api/videos/{video_id}/similar", tags=["videos"], response_model=None)
+    def similar(video_id: str, k: int = 10, offset: int = 0,
+                candidates: int = 1000) -> Response:
+        """More like this: the videos whose frames are most like this video's, with moments."""
+        request = _checked(limits, "similar", [], k, offset, candidates, None, False)
+        started = time.perf_counter()
+        engine = service.engine
+        answer = links(engine.similar(video_id, k=request.k, offset=request.offset,
+                                      candidates=request.candidates))
+        answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
+        return _JSON(answer)
+
+    @app.get("/api/videos/{video_id}/stream", tags=["videos"],
+             response_class=Response, responses={206: {"description": "a byte range"}})
+    def stream(video_id: str, request: Request) -> Response:
+        """The video file; ``Range: bytes=...`` gets 206 and ``Content-Range``."""
+        return file_response(service.engine.video(video_id), request.headers)
+
+    @app.get("/api/videos/{video_id}/thumb", tags=["videos"], response_class=Response)
+    def thumb(video_id: str, t: float = 0.0) -> Response:
+        """A JPEG of the frame shown ``t`` seconds into the video (decoded once, cached)."""
+        if not math.isfinite(t) or not 0 <= t <= 86_400:
+            raise ServeError("t must be a time in seconds between 0 and 86400")
+        file = service.engine.video(video_id)
+        try:
+            image = thumbnails.get(file, t)
+        except ThumbnailError:
+            return _error(404, "no thumbnail can be made of this video at that time")
+        return Response(image, media_type="image/jpeg",
+                        headers={"Cache-Control": "private, max-age=86400"})

@@ -1,0 +1,135 @@
+"""``python -m dicosa serve INDEX``: the search service and its page on one index.
+
+    python -m dicosa serve INDEX [--host 127.0.0.1] [--port 8000] [--api-key [KEY]]
+                                 [--media-root DIR ...] [--device cpu|cuda]
+                                 [--max-batch 8] [--reload-interval 2]
+
+The index, its model and its heads are opened before the server listens: a problem with them
+is one sentence and exit status 2, never a server that answers errors. Without ``--host`` the
+server listens on 127.0.0.1 only and answers only requests addressed to the loopback names.
+``--api-key`` without a value makes a random key and prints it; the ``DICOSA_API_KEY``
+environment variable sets one without showing it in the process list.
+
+FastAPI and uvicorn are the optional extra ``dicosa[serve]``; this module imports them only
+when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import secrets
+import sys
+
+__all__ = ["LOOPBACK_NAMES", "MissingExtra", "add_serve_parser", "main", "run_serve"]
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]", "::1")
+ENV_KEY = "DICOSA_API_KEY"
+log = logging.getLogger("dicosa.serve")
+
+
+class MissingExtra(ValueError):
+    """The optional dependencies of the service are not installed (one sentence)."""
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``serve`` command to a ``python -m dicosa`` sub-parser set; returns it."""
+    p = subparsers.add_parser("serve", help="a search service and web page on an index",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("index", help="index folder written by 'python -m dicosa index'")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; another "
+                        "address exposes the index: set an API key)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", nargs="?", const="", default=None, metavar="KEY",
+                   help=f"require this key on every request, media included (default: "
+                        f"${ENV_KEY} if set); without a value a random key is made and printed")
+    p.add_argument("--media-root", action="append", default=[], metavar="DIR",
+                   help="serve only videos inside DIR (repeatable; default: each video in the "
+                        "folder its index row names, links out of it refused)")
+    p.add_argument("--device", default=None, help="where to search (default: CUDA if present)")
+    p.add_argument("--max-batch", type=int, default=8,
+                   help="concurrent searches ranked together (1: no batching)")
+    p.add_argument("--reload-interval", type=float, default=2.0, metavar="SECONDS",
+                   help="how often to look for videos another process added (0: never)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a Host name to answer besides the loopback ones (for a proxy in "
+                        "front of a loopback server)")
+    p.set_defaults(func=run_serve)
+    return p
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Open the index, then serve it until interrupted."""
+    try:
+        import uvicorn
+
+        from .app import Settings, create_app
+        from .engine import Engine
+    except ImportError as exc:
+        raise MissingExtra(f"'python -m dicosa serve' needs FastAPI and uvicorn ({exc.name} is "
+                           "missing): pip install 'dicosa[serve]'") from None
+    key = _api_key(args.api_key)
+    for warning in binding_warnings(args.host, key):
+        log.warning(warning)
+    engine = Engine.open(args.index, device=args.device, media_roots=tuple(args.media_root))
+    settings = Settings(api_key=key, allowed_hosts=allowed_hosts(args.host, args.allowed_host),
+                        max_batch=args.max_batch, reload_interval_s=args.reload_interval)
+    app = create_app(engine, settings)
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"serving {len(engine.index)} videos of {args.index} at http://{shown}:{args.port}/ "
+          f"(Ctrl-C stops){' with an API key' if key else ''}", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=5)
+    return 0
+
+
+def _api_key(option: str | None) -> str | None:
+    if option == "":
+        key = secrets.token_urlsafe(24)
+        print(f"API key (give it to who may search): {key}", flush=True)
+        return key
+    return option or os.environ.get(ENV_KEY) or None
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def binding_warnings(host: str, key: str | None) -> list[str]:
+    """What to tell whoever listens beyond this machine."""
+    if is_loopback(host) or key:
+        return []
+    return [f"listening on {host} without an API key: anyone who reaches this address can "
+            "search the index and play its videos; add --api-key"]
+
+
+def allowed_hosts(host: str, extra: list[str]) -> tuple[str, ...] | None:
+    """The Host headers to answer: the loopback names (and ``extra``) for a loopback server,
+    which guards it against DNS rebinding; any for a server on another address."""
+    if not is_loopback(host):
+        return None
+    return (*LOOPBACK_NAMES, *extra)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dicosa.serve``: the serve command on its own."""
+    from ..errors import USER_ERRORS
+
+    parser = argparse.ArgumentParser(prog="python -m dicosa.serve")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_serve_parser(commands)
+    args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except USER_ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,398 @@
+"""The service's view of one opened index: search, "more like this", the moment, media files.
+
+The routes (``app.py``) call only this module. It opens an index with
+:func:`~dicosa.index.open_index` (the model and every plugin the manifest recorded), searches
+with :meth:`VideoIndex.query` (whose :class:`~dicosa.index.SearchResult` carries the encoded
+query, the candidates and ``explain``), and adds what the page needs: each hit's frame weights
+and times (:mod:`dicosa.search.moment`), paging, and the files it may serve.
+
+An :class:`Engine` is a snapshot: nothing in it changes once it is open, and every request
+passes its parameters along (no shared search settings), so any number of requests use one at
+once. A collection that grows in another process is opened again as a new Engine and swapped
+in whole (``app.Service``): a search sees the old collection or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from ..data.datasets import VIDEO_EXTENSIONS
+from ..index import Hit, SearchResult, VideoIndex, open_index
+from ..model import DiCoSA, TextFeatures
+from ..search.moment import frame_times, frame_weights, moments
+from ..search.query import Query, parse_query
+from ..search.types import EncodedQueries
+from .errors import ServeError, UnknownVideo
+
+__all__ = ["EXPLAINED_AS", "MEDIA_TYPES", "Answer", "Engine", "Ranked", "SearchRequest",
+           "VideoFile"]
+
+# The API's name for each plugin's explanation of a hit (the page reads these).
+EXPLAINED_AS = {"lexical": "words", "concepts": "exclusion", "fusion": "fusion"}
+_SCORE_CHUNK = 1024  # videos per DiCoSA.score call of "more like this"
+# What <video> is told a file is; Chromium plays webm (VP8/VP9/AV1) and H.264 mp4.
+MEDIA_TYPES = {".mp4": "video/mp4", ".m4v": "video/mp4", ".webm": "video/webm",
+               ".mkv": "video/x-matroska", ".mov": "video/quicktime", ".avi": "video/x-msvideo",
+               ".mpg": "video/mpeg", ".mpeg": "video/mpeg", ".3gp": "video/3gpp",
+               ".ogv": "video/ogg"}
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """One search as the routes received it (already checked against the service's limits)."""
+
+    text: str
+    k: int = 10
+    offset: int = 0
+    candidates: int = 1000
+    exclude: tuple[str, ...] = ()
+    mode: str | None = None
+    explain: bool = False
+
+    @property
+    def depth(self) -> int:
+        """Hits to rank so that this page can be cut from them."""
+        return self.offset + self.k
+
+
+@dataclass
+class Ranked:
+    """One query's ranked hits before paging, with what the page needs from its search."""
+
+    hits: list[Hit]
+    text: Tensor  # [1, D] the query's DiCoSA text vector (a video's proxy for "more like this")
+    candidates: np.ndarray  # [C] the row ids reranked
+    times: dict[str, float]  # seconds per stage of the search it ran in
+    stage: str
+    result: SearchResult | None = None  # the index's answer (None: "more like this")
+    batch: int = 1  # queries searched together with it
+
+    @classmethod
+    def of(cls, result: SearchResult, batch: int) -> Ranked:
+        q = result.position
+        return cls(result.hits, result.encoded.text.text[q:q + 1],
+                   result.ids[result.ids >= 0], dict(result.times), result.stage, result, batch)
+
+
+@dataclass(frozen=True)
+class VideoFile:
+    """A video the service may stream: its file checked to lie where its row says."""
+
+    id: int
+    path: Path
+    media_type: str
+    size: int
+    mtime: float
+
+
+@dataclass
+class Answer:
+    """A page of hits as the service answers it, and each hit's file to link to."""
+
+    body: dict  # JSON: the query, the times, the hits (never a path)
+    files: list[VideoFile | None]  # per hit; None: its file may not be served
+
+
+class Engine:
+    """One index with its model and plugins, searched by the service (see the module doc).
+
+    Args:
+        index: an index with its model attached and its plugins in ``index.plugins``
+            (``"lexical"``: words, ``"concepts"``: "A without B", ``"fusion"``: titles).
+        media_roots: folders whose videos may be streamed; empty: each video's own folder as
+            its row names it (a file reached through a link to elsewhere is refused).
+    """
+
+    def __init__(self, index: VideoIndex, *,
+                 media_roots: tuple[str | os.PathLike, ...] = ()):
+        if index.model is None:
+            raise ValueError("the service needs an index with its model attached")
+        self.index = index
+        self.model: DiCoSA = index.model
+        self.plugins = dict(index.plugins)
+        self.directory = index.directory
+        self.media_roots = tuple(Path(r).resolve() for r in media_roots)
+        self.default_mode = ("hybrid" if "lexical" in self.plugins and "hybrid" in index.modes
+                             else "dense")
+        self.opened_at = datetime.datetime.now(datetime.timezone.utc)
+        self._dtype = next(self.model.parameters()).dtype
+        if len(index):  # lazily made parts (the dense summary, codes) made now, not racing
+            index.search("warm up", k=1)
+
+    # -- opening ------------------------------------------------------------------------
+    @classmethod
+    def open(cls, directory: str | os.PathLike, *, model: DiCoSA | None = None,
+             device: str | None = None, media_roots: tuple[str | os.PathLike, ...] = ()
+             ) -> Engine:
+        """Open the index in ``directory`` with the model its manifest recorded (or
+        ``model``: reopening after a change reuses the weights) and its recorded plugins."""
+        return cls(open_index(directory, model, device=device), media_roots=media_roots)
+
+    def reopen(self) -> Engine:
+        """The same index opened again (another process may have added videos)."""
+        return Engine.open(self.directory, model=self.model, device=str(self.index.device),
+                           media_roots=self.media_roots)
+
+    def changed(self) -> bool:
+        """Whether another writer committed since this snapshot was opened."""
+        return self.index.changed()
+
+    # -- facts ----------------------------------------------------------------------------
+    def info(self) -> dict:
+        index, config = self.index, self.model.config
+        source = index.meta.get("model") or {}
+        named = source.get("checkpoint") or source.get("config")
+        return {
+            "videos": len(index),
+            "model": {"source": Path(named).name if named else None, "arch": config.arch,
+                      "frames": config.num_frames, "dim": self.model.embed_dim,
+                      "max_words": config.max_words},
+            "heads": {"lexical": getattr(getattr(self.plugins.get("lexical"), "head", None),
+                                         "kind", None),
+                      "concepts": "concepts" in self.plugins,
+                      "fusion": None if "fusion" not in self.plugins else
+                      "late" if self.plugins["fusion"].late else "mul2vec"},
+            "modes": {name: mode.help for name, mode in index.modes.items()},
+            "default_mode": self.default_mode,
+            "backend": index.stage_spec.get("backend"),
+            "summary": index.stage_spec.get("summary"),
+            "frame_protocol": index.frames.as_dict(),
+            "frame_times": "from the frame protocol and each video's frame count and rate",
+            "opened_at": self.opened_at.isoformat(timespec="seconds"),
+        }
+
+    # -- search ---------------------------------------------------------------------------
+    def check(self, request: SearchRequest) -> Query:
+        """The parsed query, or one sentence on why it cannot be searched here."""
+        query = parse_query(request.text, request.exclude)
+        if request.mode is not None and request.mode not in self.index.modes:
+            raise ServeError(f"this index has no '{request.mode}' search mode; it has "
+                             f"{', '.join(self.index.modes)}")
+        if request.exclude and "concepts" not in self.plugins:
+            raise ServeError("this index has no concepts head, so it cannot leave things out; "
+                             "index it with --concepts HEAD.pt to search 'A without B'")
+        return query
+
+    def rank(self, texts: list[str], *, depth: int, candidates: int,
+             exclude: tuple[str, ...] = (), mode: str | None = None) -> list[Ranked]:
+        """The ``depth`` best hits of each text, searched together (one batch)."""
+        mode = mode or self.default_mode
+        if not len(self.index):
+            empty = torch.zeros(1, self.model.embed_dim)
+            return [Ranked([], empty, np.zeros(0, np.int64), {}, "none")
+                    for _ in texts]
+        results = self.index.query(list(texts), k=depth, candidates=max(candidates, depth),
+                                   exclude=list(exclude), mode=mode)
+        return [Ranked.of(result, len(texts)) for result in results]
+
+    def answer(self, request: SearchRequest, ranked: Ranked) -> Answer:
+        """The page ``[offset, offset + k)`` of ``ranked``: hits with their moments (and
+        explanations when asked), and the time each step took."""
+        started = time.perf_counter()
+        page = ranked.hits[request.offset:request.depth]
+        ids = np.array([h.id for h in page], dtype=np.int64)
+        rows = self.index.store.rows(ids)  # the one metadata read of the page
+        found = self.moments(ranked.text, ids, rows)
+        times = {**ranked.times, "moments_s": time.perf_counter() - started}
+        explained = [{} for _ in page]
+        if request.explain and ranked.result is not None and page:
+            started = time.perf_counter()
+            explained = [self._explain(ranked.result, request.offset + i)
+                         for i in range(len(page))]
+            times["explain_s"] = time.perf_counter() - started
+        hits = [_hit(request.offset + i + 1, hit, row, moment, why)
+                for i, (hit, row, moment, why) in enumerate(
+                    zip(page, rows.to_dict("records"), found, explained, strict=True))]
+        result = ranked.result
+        query = result.encoded.queries[result.position] if result is not None else None
+        return Answer({
+            "query": {"q": request.text, "exclude": list(request.exclude),
+                      "text": query.text if query else None,
+                      "without": list(query.exclude) if query else [],
+                      "mode": request.mode or self.default_mode, "k": request.k,
+                      "offset": request.offset, "candidates": request.candidates,
+                      "explain": request.explain},
+            "videos": len(self.index),
+            "reranked": len(ranked.candidates),
+            "stage": ranked.stage,
+            "truncated": bool(result is not None and result.truncated),
+            "batch": ranked.batch,
+            "more": len(ranked.hits) >= request.depth and len(ranked.candidates) > request.depth,
+            "times_ms": {key[:-2]: round(1000 * value, 3) for key, value in times.items()},
+            "notes": self._notes(query),
+            "hits": hits,
+        }, [self._file(h.id, h.path) for h in page])
+
+    def search(self, request: SearchRequest) -> Answer:
+        """:meth:`check`, :meth:`rank` alone and :meth:`answer`: one request, unbatched."""
+        self.check(request)
+        ranked = self.rank([request.text], depth=request.depth,
+                           candidates=request.candidates, exclude=request.exclude,
+                           mode=request.mode)[0]
+        return self.answer(request, ranked)
+
+    # -- more like this -------------------------------------------------------------------
+    @torch.inference_mode()
+    def similar(self, video_id: object, *, k: int = 10, offset: int = 0,
+                candidates: int = 1000) -> Answer:
+        """Videos like video ``video_id``: its dense proxy (the masked frame mean, Eq. 1 at
+        τ → ∞) asks as a query would: the dense stage proposes, DiCoSA's score ranks (the
+        seed itself left out), and the moments are the frames most like the seed."""
+        seed = self.live_id(video_id)
+        clock = time.perf_counter()
+        depth = offset + k
+        proxy = torch.from_numpy(self.index.store.proxies(np.array([seed])))  # [1, D]
+        text = proxy.to(self.index.device, self._dtype)
+        ids, stage, first = self._similar_candidates(text, max(candidates, depth + 1))
+        ids, first = ids[ids != seed], first[ids != seed]
+        found = time.perf_counter()
+        scores = self._scores(text, ids)  # [C]
+        order = np.argsort(-scores, kind="stable")[:depth]
+        paths = self.index.store.paths(ids[order])
+        hits = [Hit(path=p, score=float(scores[i]), dicosa=float(scores[i]), stage=stage,
+                    stage_score=None if stage == "all" else float(first[i]), id=int(ids[i]))
+                for p, i in zip(paths, order.tolist(), strict=True)]
+        times = {"first_stage_s": found - clock, "rerank_s": time.perf_counter() - found}
+        request = SearchRequest(f"more like video {seed}", k=k, offset=offset,
+                                candidates=candidates, mode="dense")
+        answer = self.answer(request, Ranked(hits, text, ids, times, stage))
+        answer.body["query"].update(like=seed, q=None, mode=None)
+        return answer
+
+    def _similar_candidates(self, text: Tensor, count: int) -> tuple[np.ndarray, str, np.ndarray]:
+        """``(ids [C], stage, the stage's scores [C])`` for a seed's proxy ``text``."""
+        index = self.index
+        stages = index.searcher().stages
+        dense = stages.dense_stage()
+        if dense is None or count >= len(index):
+            ids = index.store.live()
+            return ids, "all", np.zeros(len(ids), np.float32)
+        # The dense stage compares summary vectors: the seed asks in the query's form of them.
+        vectors = TextFeatures(stages.summary().queries(text))
+        found = dense.search(EncodedQueries([Query("more like this")], vectors,
+                                            {"mode": "dense"}), count)
+        ids, scores = found.ids[0], found.scores[0]
+        keep = (ids >= 0) & index.store.is_live(ids)
+        return ids[keep], found.stage, scores[keep]
+
+    def _scores(self, text: Tensor, ids: np.ndarray) -> np.ndarray:
+        parts = [np.zeros(0, np.float32)]
+        for start in range(0, len(ids), _SCORE_CHUNK):
+            video = self.index.store.gather(ids[start:start + _SCORE_CHUNK])
+            video = video.to(self.index.device, self._dtype)
+            parts.append(self.model.score(TextFeatures(text), video)[0].float().cpu().numpy())
+        return np.concatenate(parts)
+
+    # -- the moment -----------------------------------------------------------------------
+    def moments(self, text: Tensor, ids: np.ndarray, rows: pd.DataFrame) -> list[dict | None]:
+        """Each video's relevance timeline under ``text [1, D]`` and its best moment."""
+        if not len(ids):
+            return []
+        video = self.index.store.gather(ids)
+        weights = frame_weights(self.model, text.to(self.index.device), video)  # [n, N]
+        times = frame_times(self.index.frames, video.frame_mask.shape[1], rows,
+                            video.frame_mask)  # [n, N]
+        return [None if m is None else m.as_dict()
+                for m in moments(weights, times, video.frame_mask)]
+
+    # -- explanations ---------------------------------------------------------------------
+    def _explain(self, result: SearchResult, i: int) -> dict:
+        """The plugins' explanations of hit ``i`` under the names the API gives them
+        (:data:`EXPLAINED_AS`), concept dimensions named by their words, no file paths."""
+        out = {EXPLAINED_AS.get(key, key): said for key, said in result.explain(i).items()}
+        if "exclusion" in out and "concepts" in self.plugins:
+            out["exclusion"] = _named_dimensions(out["exclusion"],
+                                                 self.plugins["concepts"].head)
+        if "fusion" in out:
+            out["fusion"] = {k: v for k, v in out["fusion"].items() if k not in ("id", "path")}
+        return out
+
+    def _notes(self, query: Query | None) -> list[str]:
+        if query is not None and query.exclude and "concepts" not in self.plugins:
+            return [f"'{', '.join(query.exclude)}' was not left out: this index has no "
+                    "concepts head"]
+        return []
+
+    # -- videos ---------------------------------------------------------------------------
+    def live_id(self, video_id: object) -> int:
+        """``video_id`` as a live row id: digits only (no sign, no path), else UnknownVideo."""
+        text = str(video_id)
+        if not (text.isascii() and text.isdigit()) or len(text) > 18:
+            raise UnknownVideo(video_id)
+        number = int(text)
+        if not self.index.store.is_live(np.array([number]))[0]:
+            raise UnknownVideo(video_id)
+        return number
+
+    def video(self, video_id: object) -> VideoFile:
+        """The file of video ``video_id`` if it may be served: its row's path, resolved, a
+        regular file with a video extension inside the media roots (module docstring)."""
+        number = self.live_id(video_id)
+        file = self._file(number, self.index.store.paths(np.array([number]))[0])
+        if file is None:
+            raise UnknownVideo(video_id)
+        return file
+
+    def _file(self, number: int, path: str) -> VideoFile | None:
+        recorded = Path(path)
+        try:
+            real = recorded.resolve(strict=True)
+            roots = self.media_roots or (recorded.parent.resolve(),)
+            if (not any(real.is_relative_to(root) for root in roots) or not real.is_file()
+                    or real.suffix.lower() not in VIDEO_EXTENSIONS):
+                return None
+            stat = real.stat()
+        except (OSError, RuntimeError):
+            return None
+        return VideoFile(number, real, MEDIA_TYPES.get(real.suffix.lower(),
+                                                       "application/octet-stream"),
+                         stat.st_size, stat.st_mtime)
+
+    def details(self, video_id: object) -> dict:
+        """A video's metadata, without its path."""
+        number = self.live_id(video_id)
+        row = self.index.store.rows(np.array([number])).iloc[0]
+        return {"id": number, **_row_facts(row)}
+
+
+def _named_dimensions(explained: dict, head) -> dict:
+    """An exclusion explanation with each concept dimension as ``{"dimension", "words"}``."""
+    def named(dims) -> list[dict]:
+        return [{"dimension": int(d), "words": head.dimension_words(int(d))} for d in dims]
+
+    return {**explained, "matched_words": named(d for d, _ in explained["matched"]),
+            "excluded_empty_words": named(explained["excluded_empty"])}
+
+
+def _row_facts(row: dict | pd.Series) -> dict:
+    duration = _finite(row["duration"])
+    title = row["title"] if isinstance(row["title"], str) else ""
+    return {"name": Path(str(row["path"])).name, "title": title, "duration": duration,
+            "fps": _finite(row["fps"])}
+
+
+def _finite(value) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return round(number, 4) if math.isfinite(number) else None
+
+
+def _hit(rank: int, hit: Hit, row: dict, moment: dict | None, explained: dict) -> dict:
+    out = {"rank": rank, "id": hit.id, **_row_facts(row), "score": hit.score,
+           "dicosa": hit.dicosa, "stage": hit.stage, "stage_score": hit.stage_score,
+           "stage_scores": hit.stage_scores, "moment": moment}
+    if explained:
+        out["explain"] = explained
+    return out

@@ -1,0 +1,203 @@
+"""Video files over HTTP with byte ranges (so ``<video>`` can seek), and moment thumbnails.
+
+Ranges: one ``bytes=first-last``, ``bytes=first-`` or ``bytes=-suffix`` range is answered with
+206 and ``Content-Range``; a range past the end with 416 and ``Content-Range: bytes */size``;
+anything else (no header, several ranges, another unit, bad syntax, an ``If-Range`` that no
+longer matches) with the whole file, which RFC 9110 allows a server to send instead.
+
+Thumbnails: the frame shown at a time ``t`` (the last frame that starts at or before it) as a
+JPEG, decoded with PyAV from the nearest earlier keyframe. Each is decoded once and kept in a
+bounded LRU cache keyed by the file's identity and ``t`` in milliseconds; :meth:`Thumbnails.
+prefetch` decodes a result page's best moments on a background thread while the page is sent,
+so the browser's requests usually find them made.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from email.utils import formatdate
+from pathlib import Path
+from typing import BinaryIO
+
+import av
+import numpy as np
+import simplejpeg
+from starlette.responses import Response, StreamingResponse
+
+from .engine import VideoFile
+from .errors import UnknownVideo
+
+__all__ = ["RangeNotSatisfiable", "ThumbnailError", "Thumbnails", "decode_thumbnail",
+           "file_response", "parse_range"]
+
+log = logging.getLogger(__name__)
+
+CHUNK = 256 * 1024  # bytes per read while streaming
+_EPSILON = 1e-3  # seconds: frame times are i / fps, which floating point may put a hair off
+
+
+class RangeNotSatisfiable(Exception):
+    """A byte range that starts past the end of the file."""
+
+
+class ThumbnailError(Exception):
+    """No frame could be decoded at the asked time."""
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """The inclusive ``(first, last)`` byte range ``header`` asks of a ``size``-byte file;
+    None: send the whole file (see the module docstring). Raises RangeNotSatisfiable."""
+    if not header:
+        return None
+    unit, _, spec = header.partition("=")
+    first, dash, last = spec.strip().partition("-")
+    first, last = first.strip(), last.strip()
+    if (unit.strip().lower() != "bytes" or "," in spec or not dash
+            or not (first.isdigit() or not first) or not (last.isdigit() or not last)
+            or not (first or last)):
+        return None
+    if not first:  # the last `last` bytes
+        if int(last) == 0 or size == 0:
+            raise RangeNotSatisfiable
+        return max(0, size - int(last)), size - 1
+    start = int(first)
+    if last and int(last) < start:
+        return None  # not a valid range: ignored
+    if start >= size:
+        raise RangeNotSatisfiable
+    return start, size - 1 if not last else min(int(last), size - 1)
+
+
+def _read(handle: BinaryIO, start: int, length: int) -> Iterator[bytes]:
+    with handle:
+        handle.seek(start)
+        while length > 0:
+            block = handle.read(min(CHUNK, length))
+            if not block:
+                return
+            length -= len(block)
+            yield block
+
+
+def file_response(file: VideoFile, headers: dict[str, str]) -> Response:
+    """The response to a GET of ``file`` with request ``headers`` (lower-case names)."""
+    etag = f'"{file.size:x}-{int(file.mtime * 1000):x}"'
+    common = {"Accept-Ranges": "bytes", "ETag": etag, "Cache-Control": "private, no-cache",
+              "Last-Modified": formatdate(file.mtime, usegmt=True)}
+    if headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers=common)
+    wanted = headers.get("range")
+    if wanted and headers.get("if-range", etag) != etag:
+        wanted = None  # the file changed since the client's first part: start again
+    try:
+        span = parse_range(wanted, file.size)
+    except RangeNotSatisfiable:
+        return Response(b'{"error":"the requested byte range lies past the end of the file"}',
+                        status_code=416, media_type="application/json",
+                        headers={**common, "Content-Range": f"bytes */{file.size}"})
+    first, last = span if span is not None else (0, file.size - 1)
+    length = max(0, last - first + 1)
+    try:
+        handle = open(file.path, "rb")  # noqa: SIM115 (closed by the stream)
+    except OSError:  # removed or made unreadable since it was checked
+        raise UnknownVideo(file.id) from None
+    out = {**common, "Content-Length": str(length)}
+    if span is not None:
+        out["Content-Range"] = f"bytes {first}-{last}/{file.size}"
+    return StreamingResponse(_read(handle, first, length), status_code=206 if span else 200,
+                             media_type=file.media_type, headers=out)
+
+
+def decode_thumbnail(path: str | Path, t: float, width: int = 320, quality: int = 80) -> bytes:
+    """JPEG of the frame shown at ``t`` seconds into ``path`` (the last frame starting at or
+    before ``t``; the last frame for a time past the end), at most ``width`` pixels wide."""
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            if t > 0 and stream.time_base:
+                container.seek(int(t / stream.time_base), stream=stream, backward=True)
+            chosen = None
+            for frame in container.decode(stream):
+                if chosen is not None and frame.time is not None and frame.time > t + _EPSILON:
+                    break
+                chosen = frame
+            if chosen is None:
+                raise ThumbnailError(f"{path}: no frame decodes at {t:.3f} s")
+            scaled = min(width, chosen.width)
+            height = max(2, round(scaled * chosen.height / chosen.width / 2) * 2)
+            image = chosen.to_ndarray(width=scaled, height=height, format="rgb24")
+    except (av.FFmpegError, OSError, IndexError) as exc:
+        raise ThumbnailError(f"{path}: {exc}") from None
+    return simplejpeg.encode_jpeg(np.ascontiguousarray(image), quality=quality,
+                                  colorspace="RGB")
+
+
+class Thumbnails:
+    """Moment thumbnails, decoded once on a small thread pool and kept (LRU, bounded bytes).
+
+    Args:
+        max_bytes: the cache's budget; the least recently used thumbnails leave first.
+        width: thumbnails' largest width in pixels.
+        workers: decoding threads (decodes run there, never more at once).
+    """
+
+    def __init__(self, max_bytes: int = 64 << 20, width: int = 320, workers: int = 2):
+        self.max_bytes, self.width = max_bytes, width
+        self._cache: OrderedDict[tuple, bytes] = OrderedDict()
+        self._pending: dict[tuple, Future] = {}
+        self._size = 0
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dicosa-thumbnails")
+        self.decoded = 0  # how many were decoded (not served from the cache)
+
+    @staticmethod
+    def key(file: VideoFile, t: float) -> tuple:
+        """A thumbnail's identity: the file as it is now and the time in milliseconds."""
+        return (str(file.path), file.size, file.mtime, round(t * 1000))
+
+    def get(self, file: VideoFile, t: float) -> bytes:
+        """The thumbnail at ``t``: from the cache, or decoded now (waiting for a decode of
+        the same one already under way). Raises ThumbnailError."""
+        return self._future(file, t).result()
+
+    def prefetch(self, items: Iterable[tuple[VideoFile, float]]) -> None:
+        """Start decoding these thumbnails in the background (failures are only logged)."""
+        for file, t in items:
+            self._future(file, t)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _future(self, file: VideoFile, t: float) -> Future:
+        key = self.key(file, t)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                done: Future = Future()
+                done.set_result(self._cache[key])
+                return done
+            if key not in self._pending:
+                self._pending[key] = self._pool.submit(self._decode, key, file.path, t)
+            return self._pending[key]
+
+    def _decode(self, key: tuple, path: Path, t: float) -> bytes:
+        try:
+            image = decode_thumbnail(path, t, self.width)
+        except ThumbnailError as exc:
+            log.warning("no thumbnail: %s", exc)
+            with self._lock:
+                self._pending.pop(key, None)
+            raise
+        with self._lock:
+            self._pending.pop(key, None)
+            self.decoded += 1
+            self._cache[key] = image
+            self._size += len(image)
+            while self._size > self.max_bytes and len(self._cache) > 1:
+                _, old = self._cache.popitem(last=False)
+                self._size -= len(old)
+        return image

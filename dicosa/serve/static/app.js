@@ -1,0 +1,314 @@
+// dicosa's search page: plain JavaScript, no build step.
+// State lives in the URL (?q=&without=&mode=&page= or ?like=ID&page=), so a search can be
+// shared and the Back button works. Everything shown comes from /api/...; text from the server
+// is put in with textContent only.
+"use strict";
+
+const PAGE = 12;
+const $ = (id) => document.getElementById(id);
+const el = {
+  form: $("search"), q: $("q"), without: $("without"), mode: $("mode"),
+  modeField: $("mode-field"), facts: $("facts"), status: $("status"), notes: $("notes"),
+  results: $("results"), pager: $("pager"), prev: $("prev"), next: $("next"),
+  pageLabel: $("page-label"), playerBox: $("player-box"), player: $("player"),
+  nowPlaying: $("now-playing"), closePlayer: $("close-player"),
+  template: $("hit-template"),
+};
+let info = null;
+let current = 0; // the request in flight: older answers are dropped
+
+function clock(seconds) {
+  if (seconds === null || seconds === undefined) return "?";
+  const m = Math.floor(seconds / 60);
+  const s = seconds - 60 * m;
+  return `${m}:${s < 10 ? "0" : ""}${s.toFixed(1)}`;
+}
+
+function say(text, kind = "") {
+  el.status.textContent = text;
+  el.status.className = `status ${kind}`;
+}
+
+function state() {
+  const p = new URLSearchParams(location.search);
+  return {
+    q: p.get("q") || "", without: p.get("without") || "", mode: p.get("mode") || "",
+    like: p.get("like") || "", page: Math.max(1, parseInt(p.get("page") || "1", 10) || 1),
+  };
+}
+
+function go(next, replace = false) {
+  const p = new URLSearchParams();
+  if (next.like) p.set("like", next.like);
+  else {
+    if (next.q) p.set("q", next.q);
+    if (next.without) p.set("without", next.without);
+    if (next.mode) p.set("mode", next.mode);
+  }
+  if (next.page > 1) p.set("page", String(next.page));
+  const url = `${location.pathname}${p.toString() ? "?" + p : ""}`;
+  if (replace) history.replaceState(null, "", url);
+  else history.pushState(null, "", url);
+  window.scrollTo(0, 0);
+  show();
+}
+
+async function ask(url, options) {
+  let response;
+  try {
+    response = await fetch(url, { credentials: "same-origin", ...options });
+  } catch (e) {
+    throw new Error("the server cannot be reached");
+  }
+  if (response.status === 401) {
+    location.href = `/login?next=${encodeURIComponent(location.pathname + location.search)}`;
+    throw new Error("this server needs its API key");
+  }
+  let body = null;
+  try { body = await response.json(); } catch (e) { body = null; }
+  if (!response.ok) {
+    const error = new Error((body && body.error) || `the server answered ${response.status}`);
+    error.status = response.status;
+    throw error;
+  }
+  return body;
+}
+
+async function loadInfo() {
+  try {
+    info = await ask("/api/info");
+  } catch (e) {
+    if (e.status === 503) { setTimeout(loadInfo, 2000); say("The index is still opening…"); }
+    else say(`The service does not answer: ${e.message}.`, "error");
+    return;
+  }
+  const heads = [];
+  if (info.heads.lexical) heads.push("words");
+  if (info.heads.concepts) heads.push("“without”");
+  if (info.heads.fusion) heads.push("titles");
+  el.facts.textContent = `${info.videos.toLocaleString()} videos · ${info.model.arch}` +
+    (heads.length ? ` · ${heads.join(", ")}` : "");
+  el.mode.replaceChildren();
+  for (const [name, help] of Object.entries(info.modes)) {
+    const option = new Option(name, name, false, name === info.default_mode);
+    option.title = help;
+    el.mode.add(option);
+  }
+  el.modeField.hidden = Object.keys(info.modes).length < 2;
+  el.without.disabled = !info.heads.concepts;
+  el.without.title = info.heads.concepts ? "what must not be in the video"
+    : "this index has no concepts head, so it cannot leave things out";
+  show();
+}
+
+function show() {
+  if (!info) return;
+  const s = state();
+  el.q.value = s.q;
+  el.without.value = s.without;
+  if (s.mode && info.modes[s.mode]) el.mode.value = s.mode;
+  if (s.like) return run(s, `/api/videos/${encodeURIComponent(s.like)}/similar?` +
+    new URLSearchParams({ k: PAGE, offset: (s.page - 1) * PAGE }));
+  if (!s.q.trim()) {
+    el.results.replaceChildren(); el.notes.replaceChildren(); el.pager.hidden = true;
+    say("Type what you are looking for, for example “a red circle moves left”. " +
+        (info.heads.concepts ? "Put what must not be in the video under “without”." : ""));
+    return;
+  }
+  const p = new URLSearchParams({ q: s.q, k: PAGE, offset: (s.page - 1) * PAGE,
+                                  explain: "true" });
+  for (const part of s.without.split(",")) if (part.trim()) p.append("exclude", part.trim());
+  if (s.mode) p.set("mode", s.mode);
+  run(s, `/api/search?${p}`);
+}
+
+async function run(s, url) {
+  const mine = ++current;
+  say("Searching…", "busy");
+  el.results.setAttribute("aria-busy", "true");
+  let answer;
+  try {
+    answer = await ask(url);
+  } catch (e) {
+    if (mine !== current) return;
+    el.results.replaceChildren(); el.pager.hidden = true;
+    el.results.removeAttribute("aria-busy");
+    say(`The search did not work: ${e.message}.`, "error");
+    return;
+  }
+  if (mine !== current) return;
+  el.results.removeAttribute("aria-busy");
+  render(s, answer);
+}
+
+function render(s, answer) {
+  el.notes.replaceChildren(...answer.notes.map((n) => {
+    const li = document.createElement("li"); li.textContent = n; return li;
+  }));
+  if (answer.truncated) {
+    const li = document.createElement("li");
+    li.textContent = `Only the first ${info.model.max_words} tokens of the query were read.`;
+    el.notes.append(li);
+  }
+  el.results.replaceChildren(...answer.hits.map((hit) => card(hit, answer)));
+  const what = s.like ? `videos like video ${s.like}` : `“${s.q}”` +
+    (s.without ? ` without “${s.without}”` : "");
+  if (!answer.hits.length) {
+    say(s.page > 1 ? `There are no more results for ${what}.`
+      : `No video matches ${what}. Try other words, or fewer of them.`, "empty");
+  } else {
+    const first = answer.query.offset + 1;
+    const t = answer.times_ms;
+    const parts = [["text", t.encode], ["first stage", t.first_stage], ["rerank", t.rerank],
+                   ["moments", t.moments]].filter(([, v]) => v !== undefined)
+      .map(([n, v]) => `${n} ${v.toFixed(0)}`);
+    say(`Results ${first}–${first + answer.hits.length - 1} for ${what} · ` +
+        `${(t.total || 0).toFixed(0)} ms (${parts.join(" · ")})`);
+  }
+  el.pager.hidden = s.page === 1 && !answer.more;
+  el.prev.disabled = s.page === 1;
+  el.next.disabled = !answer.more;
+  el.pageLabel.textContent = `page ${s.page}`;
+}
+
+function card(hit, answer) {
+  const node = el.template.content.firstElementChild.cloneNode(true);
+  node.dataset.id = hit.id;
+  node.id = `hit-${hit.rank}`;
+  const stages = hit.stage_scores
+    ? Object.entries(hit.stage_scores).map(([k, v]) => `${k} ${v.toFixed(4)}`).join(", ")
+    : "every video reranked";
+  node.title = `score ${hit.score.toFixed(4)} · DiCoSA ${hit.dicosa.toFixed(4)} · ` +
+    `proposed by ${hit.stage} (${stages})`;
+  node.querySelector(".name").textContent = hit.title || hit.name;
+  node.querySelector(".rank").textContent = `#${hit.rank}`;
+  node.querySelector(".score").textContent = hit.score.toFixed(3);
+  node.querySelector(".stage").textContent = hit.stage;
+  const thumb = node.querySelector(".thumb");
+  const img = thumb.querySelector("img");
+  const best = hit.moment ? hit.moment.best : null;
+  if (hit.thumbnail) img.src = hit.thumbnail;
+  else thumb.classList.add("missing");
+  img.alt = `${hit.name}${best && best.time !== null ? " at " + clock(best.time) : ""}`;
+  thumb.querySelector(".when").textContent = best && best.time !== null ? clock(best.time) : "";
+  thumb.addEventListener("click", () => play(hit, best ? best.time : 0, node));
+  timeline(node, hit);
+  chips(node, hit, answer);
+  node.querySelector(".like").addEventListener("click",
+    () => go({ like: String(hit.id), page: 1 }));
+  return node;
+}
+
+function timeline(node, hit) {
+  const box = node.querySelector(".timeline");
+  box.setAttribute("aria-label", "where the query matches, frame by frame");
+  if (!hit.moment) { box.textContent = "no frames (indexed from its title)"; return; }
+  const frames = hit.moment.frames.filter((f) => f.time !== null);
+  if (!frames.length) { box.textContent = "frame times unknown"; box.classList.add("none"); }
+  const top = Math.max(...hit.moment.frames.map((f) => f.weight), 1e-9);
+  for (const f of frames) {
+    const bar = document.createElement("button");
+    bar.type = "button";
+    bar.className = "frame" + (f.frame === hit.moment.best.frame ? " best" : "");
+    bar.style.setProperty("--w", String(f.weight / top));
+    bar.dataset.time = String(f.time);
+    bar.dataset.frame = String(f.frame);
+    bar.setAttribute("aria-label", `play from ${clock(f.time)} (weight ${f.weight.toFixed(2)})`);
+    bar.title = `${clock(f.time)} · weight ${f.weight.toFixed(3)}`;
+    bar.addEventListener("click", () => play(hit, f.time, node));
+    bar.addEventListener("keydown", (event) => {
+      const step = { ArrowLeft: -1, ArrowRight: 1 }[event.key];
+      if (!step) return;
+      const all = [...box.querySelectorAll(".frame")];
+      const i = all.indexOf(bar) + step;
+      if (all[i]) { all[i].focus(); event.preventDefault(); }
+    });
+    box.append(bar);
+  }
+}
+
+function chip(text, kind, title) {
+  const li = document.createElement("li");
+  li.className = `chip ${kind}`;
+  li.textContent = text;
+  if (title) li.title = title;
+  return li;
+}
+
+function chips(node, hit, answer) {
+  const why = hit.explain || {};
+  const words = node.querySelector(".words");
+  if (why.words) {
+    const shared = Object.entries(why.words.words).slice(0, 6);
+    for (const [w, c] of shared) words.append(chip(w, "word", `contributes ${c.toFixed(3)}`));
+    if (!shared.length) words.append(chip("no shared words", "word none"));
+  }
+  const concepts = node.querySelector(".concepts");
+  if (why.exclusion) {
+    const named = (list) => [...new Set(list.flatMap((d) => d.words))].slice(0, 4).join(", ");
+    const matched = named(why.exclusion.matched_words);
+    const absent = named(why.exclusion.excluded_empty_words);
+    if (matched) concepts.append(chip(`✓ ${matched}`, "concept matched",
+      "concepts of the query this video shows"));
+    if (absent) concepts.append(chip(`✗ ${absent}`, "concept absent",
+      `concepts of “${answer.query.without.join(", ")}” absent from this video`));
+    if (why.exclusion.demoted) concepts.append(chip("shows it: moved back", "concept demoted"));
+  }
+}
+
+function play(hit, time, node) {
+  if (!hit.video) { say(`${hit.name} cannot be played: its file is not available.`, "error");
+                    return; }
+  if (hit.media_type && el.player.canPlayType(hit.media_type) === "") {
+    say(`This browser cannot play ${hit.name} (${hit.media_type}); the thumbnails still ` +
+        "show the moment.", "error");
+    return;
+  }
+  const start = time || 0;
+  el.playerBox.hidden = false;
+  el.nowPlaying.textContent = `${hit.title || hit.name} · from ${clock(start)}`;
+  document.querySelectorAll(".hit.playing").forEach((n) => n.classList.remove("playing"));
+  if (node) node.classList.add("playing");
+  const seek = () => {
+    el.player.currentTime = start;
+    el.player.play().catch(() => { /* autoplay refused: the controls are there */ });
+  };
+  if (el.player.dataset.id !== String(hit.id)) {
+    el.player.dataset.id = String(hit.id);
+    el.player.src = hit.video;
+    el.player.addEventListener("loadedmetadata", seek, { once: true });
+    el.player.load();
+  } else if (el.player.readyState >= 1) seek();
+  else el.player.addEventListener("loadedmetadata", seek, { once: true });
+  if (node && hit.media_token !== undefined) {
+    const img = node.querySelector(".thumb img");
+    img.src = `/api/videos/${hit.id}/thumb?t=${start}` +
+      (hit.media_token ? `&${hit.media_token}` : "");
+    node.querySelector(".when").textContent = clock(start);
+  }
+  el.playerBox.scrollIntoView({ block: "nearest" });
+}
+
+function closePlayer() {
+  el.player.pause();
+  el.playerBox.hidden = true;
+  document.querySelectorAll(".hit.playing").forEach((n) => n.classList.remove("playing"));
+}
+
+el.form.addEventListener("submit", (event) => {
+  event.preventDefault();
+  const q = el.q.value.trim();
+  if (!q) { say("Type what to look for first.", "error"); el.q.focus(); return; }
+  const mode = el.modeField.hidden || el.mode.value === info.default_mode ? "" : el.mode.value;
+  go({ q, without: el.without.value.trim(), mode, page: 1 });
+});
+el.prev.addEventListener("click", () => go({ ...state(), page: state().page - 1 }));
+el.next.addEventListener("click", () => go({ ...state(), page: state().page + 1 }));
+el.closePlayer.addEventListener("click", closePlayer);
+window.addEventListener("popstate", show);
+document.addEventListener("keydown", (event) => {
+  const typing = ["INPUT", "SELECT", "TEXTAREA"].includes(document.activeElement.tagName);
+  if (event.key === "/" && !typing) { event.preventDefault(); el.q.focus(); el.q.select(); }
+  if (event.key === "Escape" && !el.playerBox.hidden) closePlayer();
+});
+loadInfo();
