@@ -115,3 +115,28 @@ def test_a_model_without_confidence_mlp_is_told_its_first_stage_is_the_frame_mea
                                             num_frames=4))
     kwargs, notice = default_summary(None, model)
     assert kwargs == {"summary": "confidence"} and "frame mean" in notice
+
+
+def test_training_ends_by_fitting_the_summary_and_logs_its_cost(tmp_path):
+    from dicosa.config import config_from_dict
+    from dicosa.data.synthetic import make_synthetic
+    from dicosa.training import read_log, train
+
+    root = make_synthetic(tmp_path / "data", num_train=12, num_test=0, size=32, seconds=0.5,
+                          num_workers=1)
+    run = tmp_path / "run"
+    cfg = config_from_dict({
+        "model": {"arch": "dicosa-tiny", "pretrained": None, "temporal_layers": 2,
+                  "num_frames": 4, "max_words": 16},
+        "data": {"dataset": "synthetic", "root": str(root), "val_fraction": 0.25,
+                 "num_workers": 0},
+        "train": {"batch_size": 4, "epochs": 1, "max_steps": 1, "mixed_precision": "no",
+                  "output_dir": str(run), "summary_options": SMALL},
+        "eval": {"batch_size": 16}})
+    train(cfg)
+    events = [r for r in read_log(run / "log.jsonl", event=None) if r["event"] == "summary"]
+    assert len(events) == 1 and events[0]["videos"] == 9 and events[0]["seconds"] >= 0
+    assert carried_summary(run / "best.pt", load(run / "best.pt")[0]) is not None
+    fitted = (run / "best.summary.pt").stat().st_mtime_ns
+    train(cfg, resume=True)  # a finished run resumed keeps the summary of its best.pt
+    assert (run / "best.summary.pt").stat().st_mtime_ns == fitted
