@@ -21,8 +21,19 @@ backgrounds and pixel noise sampled as the benchmark samples them), rendered to 
 encoded by the trained model, so every video is a real encoding, not a perturbed copy. Every
 test caption is a query; t2v R@1/R@5 count its own video among all of them.
 
+Backends (``--backend``, several compared in one run): the latency part reports, per backend,
+the seconds the adds took (``ingest_s``) and the final save (``index_wait_s``: on a Milvus
+server, flushing and then waiting until it has indexed and serves every row), search p50/p99,
+and the dense stage's recall@10 against the exact top 10 over the same vectors, measured once
+the index is saved (so indexed). For Milvus also the server's resident memory (``/proc``:
+``--milvus-server`` starts a server for the run, with the ``milvus`` package's shipped
+settings; or ``--uri`` plus ``--milvus-pid``). Each index gets its own collection
+(``bench_latency_<videos>_<summary>``), dropped before and after the run.
+
     python benchmarks/search.py --videos 1000000 --quality-videos 100000   # the lead, alone
     python benchmarks/search.py --videos 100000 --quality-videos 100000    # under contention
+    python benchmarks/search.py --videos 100000 --quality-videos 0 --backend local milvus \
+        --milvus-server /work/artifacts/milvus-bench                        # local vs server
     python benchmarks/search.py --smoke
 """
 
@@ -31,6 +42,7 @@ from __future__ import annotations
 import argparse
 import gc
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -61,13 +73,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="C values timed (latency) and scored (quality)")
     p.add_argument("--brute-videos", type=int, default=50_000)
     p.add_argument("--brute-queries", type=int, default=5)
-    p.add_argument("--backend", default="local", help="first stage: local, exact, ivfpq, milvus")
-    p.add_argument("--uri", default=None, help="Milvus URI (a .db file is milvus-lite)")
+    p.add_argument("--backend", nargs="+", default=["local"],
+                   help="first stage(s): local, exact, milvus; several: the latency part runs "
+                        "for each in the same run, the quality part for the first")
+    p.add_argument("--uri", default=None,
+                   help="Milvus URI: http://host:19530 (a server), or a .db file (milvus-lite)")
+    p.add_argument("--milvus-server", default=None, metavar="DIR",
+                   help="start a Milvus standalone server (the milvus package, 2.3.5, shipped "
+                        "settings) with its data in DIR for this run, and stop it at the end")
+    p.add_argument("--milvus-pid", type=int, default=None,
+                   help="the process id of the Milvus server at --uri, to read its memory")
+    p.add_argument("--milvus-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="Milvus stage option, e.g. ef_search=128 or index_type=IVF_FLAT")
+    p.add_argument("--recall-queries", type=int, default=50,
+                   help="latency part: queries whose dense-stage top 10 is compared with the "
+                        "exact top 10 over the same vectors")
     p.add_argument("--shard-size", type=int, default=8192)
     p.add_argument("--summary", default="confidence",
                    help="latency part: dense summary (confidence: 2D-vectors; mean: D)")
     p.add_argument("--stage-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="first-stage option, e.g. storage=sq8 (faiss HNSW at 1 byte/dim)")
+                   help="first-stage option of the local backends, e.g. storage=sq8 (faiss "
+                        "HNSW at 1 byte/dim)")
     p.add_argument("--quality-videos", type=int, default=100_000,
                    help="quality part: index size (0 skips it)")
     p.add_argument("--quality-candidates", type=int, nargs="+", default=[100, 300, 1000])
@@ -96,7 +122,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.queries, args.brute_videos, args.brute_queries = 20, 1000, 2
         args.candidates, args.quality_candidates = [100], [50, 200]
         args.quality_videos, args.shard_size = (2000 if args.quality_videos else 0), 512
-        args.work = "search-bench-smoke"
+        args.work, args.recall_queries = "search-bench-smoke", 10
+    if "milvus" in args.backend and not (args.uri or args.milvus_server):
+        p.error("--backend milvus needs --uri or --milvus-server")
     return args
 
 
@@ -128,6 +156,66 @@ def fresh(path: Path) -> Path:
     if path.exists():
         shutil.rmtree(path)
     return path
+
+
+# -- Milvus -----------------------------------------------------------------------------------
+class MilvusServerInfo:
+    """A Milvus standalone server this run started (``--milvus-server DIR``), with the
+    package's shipped settings: the test suite's helper (``tests/_milvus_server.py``), which
+    also puts the embedded etcd on free ports."""
+
+    def __init__(self, server) -> None:
+        self.server = server
+
+    @classmethod
+    def start(cls, directory: str) -> MilvusServerInfo:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests._milvus_server import StandaloneServer
+
+        started = time.perf_counter()
+        info = cls(StandaloneServer(directory, fast=False).start())
+        info.start_s = round(time.perf_counter() - started, 1)
+        return info
+
+    @property
+    def uri(self) -> str:
+        return self.server.uri
+
+    @property
+    def pid(self) -> int:
+        return self.server.pid
+
+    def describe(self) -> dict:
+        import milvus
+
+        return {"package": f"milvus {milvus.__version__}", "settings": "shipped",
+                "data_dir": str(self.server.base_dir), "start_s": self.start_s}
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def server_memory(server: MilvusServerInfo | None, pid: int | None) -> dict | None:
+    """The Milvus server process's resident memory in GiB (now and its peak), from /proc."""
+    pid = server.pid if server else pid
+    if pid is None:
+        return None
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return {key: round(int(fields[name].split()[0]) / 2**20, 3)
+            for key, name in (("rss_gib", "VmRSS"), ("peak_gib", "VmHWM"))}
+
+
+def drop_collection(uri: str, collection: str) -> None:
+    """Drop a benchmark collection left by an earlier run (its index folder is gone)."""
+    from pymilvus import MilvusClient
+
+    client = MilvusClient(uri=uri)
+    try:
+        if client.has_collection(collection):
+            client.drop_collection(collection)
+    finally:
+        client.close()
 
 
 # -- latency ----------------------------------------------------------------------------------
@@ -164,9 +252,10 @@ def timed_searches(index: VideoIndex, texts: list[str], candidates: int | None) 
 
 
 def build_latency_index(index: VideoIndex, centres: torch.Tensor, args,
-                        directory: Path) -> float:
+                        directory: Path) -> tuple[float, float]:
     """Fill ``index`` with ``args.videos`` synthetic videos shard by shard into
-    ``directory``; returns the seconds it took."""
+    ``directory``; returns the seconds the adds took and those the final save took (on a
+    Milvus server: flushing, then waiting until it has indexed and serves every row)."""
     index.save(fresh(directory))
     rng = torch.Generator().manual_seed(1)
     start = time.perf_counter()
@@ -174,8 +263,9 @@ def build_latency_index(index: VideoIndex, centres: torch.Tensor, args,
         count = min(args.shard_size, args.videos - first)
         index.add_features(synthetic_shard(centres, count, args.frames, rng),
                            [{"path": f"synthetic/{first + i}"} for i in range(count)])
+    added = time.perf_counter()
     index.save(index.directory)
-    return time.perf_counter() - start
+    return added - start, time.perf_counter() - added
 
 
 def latency_head(model: DiCoSA, centres: torch.Tensor, args):
@@ -201,7 +291,9 @@ def index_tokenizer(model: DiCoSA):
     return get_tokenizer(model.config.arch, model.config.max_words)
 
 
-def latency(args, work: Path) -> dict:
+def latency(args, work: Path, server: MilvusServerInfo | None) -> dict:
+    """The latency part for every ``--backend`` (one result, or one per backend); the brute
+    force reference is timed once, on the first."""
     torch.manual_seed(0)
     model = random_model(args.arch, "released", args.frames).eval()
     tokenize = index_tokenizer(model)
@@ -209,19 +301,34 @@ def latency(args, work: Path) -> dict:
         centres = torch.cat([model.encode_text(tokenize(captions(min(256, args.clusters - s),
                                                                   seed=s))).text
                              for s in range(0, args.clusters, 256)])
+    results = {}
+    for n, backend in enumerate(args.backend):
+        results[backend] = latency_of(args, work, model, centres, backend, server,
+                                      brute_force=n == 0)
+    return results[args.backend[0]] if len(args.backend) == 1 else results
+
+
+def latency_of(args, work: Path, model: DiCoSA, centres: torch.Tensor, backend: str,
+               server: MilvusServerInfo | None, brute_force: bool) -> dict:
     suffix = "" if args.summary == "confidence" else f"-{args.summary}"
-    directory = work / f"latency-{args.videos}{suffix}"
-    build_s, memory_after_build, head_s = None, None, None
+    directory = work / f"latency-{args.videos}{suffix}-{backend}"
+    options, uri = stage_options(args.stage_option), None
+    if backend == "milvus":
+        uri = server.uri if server else args.uri
+        options = {"collection": f"bench_latency_{args.videos}_{args.summary}",
+                   **stage_options(args.milvus_option)}
+    build, memory_after_build, head_s = None, None, None
     if not (args.reuse and (directory / "manifest.json").is_file()):
+        if backend == "milvus":
+            drop_collection(uri, options["collection"])
         head = None
         if args.summary == "distilled":
             started = time.perf_counter()
             head = args.summary_head or latency_head(model, centres, args)
             head_s = round(time.perf_counter() - started, 1)
-        index = VideoIndex(model, device="cpu", backend=args.backend, uri=args.uri,
-                           summary=args.summary, summary_head=head,
-                           stage_options=stage_options(args.stage_option))
-        build_s = build_latency_index(index, centres, args, directory)
+        index = VideoIndex(model, device="cpu", backend=backend, uri=uri,
+                           summary=args.summary, summary_head=head, stage_options=options)
+        build = build_latency_index(index, centres, args, directory)
         memory_after_build = resident()
         del index
     if args.towers == "text":  # what a search process loads (checkpoint.load towers="text")
@@ -235,7 +342,35 @@ def latency(args, work: Path) -> dict:
     index.search(texts[0], k=10)  # warm-up
     runs = {str(c): timed_searches(index, texts, c) for c in args.candidates}
     memory_searched = resident()
+    result = {
+        "videos": len(index), "dim": model.embed_dim, "frames": args.frames,
+        "backend": backend, "summary": args.summary, "towers": args.towers,
+        "summary_head_fit_s": head_s,
+        "stage_options": options,
+        "build_s": None if build is None else round(sum(build), 1), "reused": build is None,
+        "ingest_s": None if build is None else round(build[0], 1),
+        "index_wait_s": None if build is None else round(build[1], 1),
+        "store_gib": round(sum(p.stat().st_size for p in directory.glob("shard-*"))
+                           / 2**30, 2),
+        "two_stage": runs,
+        "first_stage_recall@10_vs_exact": first_stage_recall(index, texts[:args.recall_queries]),
+        "memory_gib": {"after_build": memory_after_build, "after_load": memory_loaded,
+                       "after_searches": memory_searched},
+    }
+    if backend == "milvus":
+        result["milvus"] = {"uri": uri, "server": server.describe() if server else None,
+                            "server_memory_gib": server_memory(server, args.milvus_pid)}
+    if brute_force:
+        result["brute_force"] = brute_force_ms(index, texts, args)
+    if not args.keep:
+        if backend == "milvus":
+            drop_collection(uri, options["collection"])
+        shutil.rmtree(directory)
+    return result
 
+
+def brute_force_ms(index: VideoIndex, texts: list[str], args) -> dict:
+    """Exhaustive DiCoSA.score on the first ``--brute-videos`` rows, extrapolated."""
     brute_videos = min(args.brute_videos, len(index))
     ids = index.ids[:brute_videos]
     times = []
@@ -246,26 +381,40 @@ def latency(args, work: Path) -> dict:
             index.searcher().exhaustive(encoded.text, ids, chunk=1024)
         times.append(time.perf_counter() - start)
     brute_ms = float(np.median(times)) * 1000
-    result = {
-        "videos": len(index), "dim": model.embed_dim, "frames": args.frames,
-        "backend": args.backend, "summary": args.summary, "towers": args.towers,
-        "summary_head_fit_s": head_s,
-        "stage_options": stage_options(args.stage_option),
-        "build_s": None if build_s is None else round(build_s, 1), "reused": build_s is None,
-        "store_gib": round(sum(p.stat().st_size for p in directory.glob("shard-*"))
-                           / 2**30, 2),
-        "two_stage": runs,
-        "brute_force": {"measured_videos": brute_videos, "measured_p50_ms": round(brute_ms, 1),
-                        "extrapolated_ms_at_videos": round(brute_ms * len(index)
-                                                           / brute_videos, 1),
-                        "how": "exhaustive DiCoSA.score on the first measured_videos rows, "
-                               "times videos / measured_videos (linear)"},
-        "memory_gib": {"after_build": memory_after_build, "after_load": memory_loaded,
-                       "after_searches": memory_searched},
-    }
-    if not args.keep:
-        shutil.rmtree(directory)
-    return result
+    return {"measured_videos": brute_videos, "measured_p50_ms": round(brute_ms, 1),
+            "extrapolated_ms_at_videos": round(brute_ms * len(index) / brute_videos, 1),
+            "how": "exhaustive DiCoSA.score on the first measured_videos rows, "
+                   "times videos / measured_videos (linear)"}
+
+
+def first_stage_recall(index: VideoIndex, texts: list[str]) -> float | None:
+    """|dense stage top 10 ∩ exact top 10| / 10 over ``texts``, the exact top 10 computed
+    shard by shard from the stored videos (the stage's own vectors, recomputed)."""
+    from dicosa.model import TextFeatures
+    from dicosa.search.dense import ExactStage
+    from dicosa.search.types import EncodedQueries
+
+    if not texts:
+        return None
+    summary = index._stages.summary()
+    with torch.inference_mode():
+        encoded = index.encode_queries(texts)
+        dense = EncodedQueries(encoded.queries, TextFeatures(summary.queries(encoded.text.text)),
+                               encoded.extra)
+    found = index.stages[0].search(dense, 10).ids
+    best_ids = np.full((len(texts), 0), -1, np.int64)
+    best_scores = np.full((len(texts), 0), -np.inf, np.float32)
+    for ids, proxies in index.store.iter_proxies():
+        exact = ExactStage(summary.dim, normalize=summary.normalize)
+        exact.add(ids, index._stages.summary_vectors(ids, proxies))
+        part = exact.search(dense, 10)
+        best_ids = np.concatenate([best_ids, part.ids], axis=1)
+        best_scores = np.concatenate([best_scores, part.scores], axis=1)
+        order = np.argsort(-best_scores, axis=1, kind="stable")[:, :10]
+        best_ids = np.take_along_axis(best_ids, order, 1)
+        best_scores = np.take_along_axis(best_scores, order, 1)
+    return round(float(np.mean([len(set(a) & set(b)) / 10 for a, b in
+                                zip(found, best_ids, strict=True)])), 4)
 
 
 # -- quality ----------------------------------------------------------------------------------
@@ -340,8 +489,15 @@ def recall_at(ranked: list[list[int]], truth: list[int], k: int) -> float:
 
 
 def quality_index(args, work: Path, model: DiCoSA, test: VideoFeatures,
-                  others: VideoFeatures, summary: str, checkpoint: str
+                  others: VideoFeatures, summary: str,
+                  server: MilvusServerInfo | None, checkpoint: str
                   ) -> tuple[VideoIndex, np.ndarray]:
+    backend, uri, options = args.backend[0], None, {}
+    if backend == "milvus":
+        uri = server.uri if server else args.uri
+        options = {"collection": f"bench_quality_{args.quality_videos}_{summary}",
+                   **stage_options(args.milvus_option)}
+        drop_collection(uri, options["collection"])
     head = None
     if summary == "distilled":  # the given head, else the one the checkpoint carries
         from dicosa.heads.summary import carried_summary, summary_beside
@@ -350,7 +506,7 @@ def quality_index(args, work: Path, model: DiCoSA, test: VideoFeatures,
         if head is None:
             raise SystemExit(f"--summaries distilled: give --summary-head, or fit the "
                              f"checkpoint's own ({summary_beside(checkpoint)})")
-    index = VideoIndex(model, device="cpu", backend=args.backend, uri=args.uri,
+    index = VideoIndex(model, device="cpu", backend=backend, uri=uri, stage_options=options,
                        summary=summary, summary_head=head)
     index.save(fresh(work / f"quality-{args.quality_videos}-{summary}"))
     test_ids = index.add_features(VideoFeatures(test.frames.half(), test.frame_mask),
@@ -362,7 +518,7 @@ def quality_index(args, work: Path, model: DiCoSA, test: VideoFeatures,
     return index, test_ids
 
 
-def quality(args, work: Path) -> dict:
+def quality(args, work: Path, server: MilvusServerInfo | None) -> dict:
     model, data = base_features(args, work)
     test = data["test"]
     extra = max(0, args.quality_videos - len(test))
@@ -373,7 +529,7 @@ def quality(args, work: Path) -> dict:
     result = {"checkpoint": data["checkpoint"], "queries": len(texts), "two_stage": {}}
     exhaustive = None
     for summary in args.summaries:
-        index, test_ids = quality_index(args, work, model, test, others, summary,
+        index, test_ids = quality_index(args, work, model, test, others, summary, server,
                                         data["checkpoint"])
         truth = test_ids[data["caption_video"].numpy()].tolist()
 
@@ -402,6 +558,9 @@ def quality(args, work: Path) -> dict:
             rows[str(c)] = {"recall@10_vs_exhaustive": round(float(overlap), 4),
                             "R@1": recall_at(got, truth, 1), "R@5": recall_at(got, truth, 5)}
         if not args.keep:
+            if args.backend[0] == "milvus":
+                drop_collection(index.stage_spec["uri"],
+                                index.stage_spec["options"]["collection"])
             shutil.rmtree(index.directory)
     return result
 
@@ -411,10 +570,15 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    result = {"benchmark": "search", **environment("cpu"),
-              "threads": torch.get_num_threads(), "smoke": args.smoke,
-              "latency": latency(args, work) if args.videos else None,
-              "quality": quality(args, work) if args.quality_videos else None}
+    server = MilvusServerInfo.start(args.milvus_server) if args.milvus_server else None
+    try:
+        result = {"benchmark": "search", **environment("cpu"),
+                  "threads": torch.get_num_threads(), "smoke": args.smoke,
+                  "latency": latency(args, work, server) if args.videos else None,
+                  "quality": quality(args, work, server) if args.quality_videos else None}
+    finally:
+        if server is not None:
+            server.stop()
     if args.smoke:
         shutil.rmtree(work, ignore_errors=True)
     return report(result, args.out)

@@ -88,3 +88,17 @@ def random_batch(batch: int = 4, frames: int = 4, words: int = 16, size: int = 3
     mask[1, frames // 2:] = False
     mask[-1, 1:] = False
     return {"tokens": tokens, "frames": video, "frame_mask": mask}
+
+
+@pytest.fixture(scope="session")
+def milvus_server(tmp_path_factory):
+    """One Milvus standalone server (the ``milvus`` package) for the whole test run, in a
+    temporary folder on free ports: starting one takes about 10 s. Skipped only where the
+    package's binary cannot run (not Linux x86-64)."""
+    from tests._milvus_server import SUPPORTED, WHY_NOT, StandaloneServer
+
+    if not SUPPORTED:
+        pytest.skip(WHY_NOT)
+    server = StandaloneServer(tmp_path_factory.mktemp("milvus-server")).start()
+    yield server
+    server.stop()
