@@ -15,15 +15,17 @@ import pickle
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import yaml
+from torch import nn
 
 from .clip import load_clip
 from .config import Config, ModelConfig, config_from_dict
 from .errors import CheckpointError, NoSpaceError
 from .files import write_bytes_atomic, write_text_atomic  # noqa: F401 (re-exported)
+from .fingerprint import fingerprint_config, model_fingerprint, weights_sha256
 from .model import DiCoSA
 
 FORMAT_VERSION = 1
@@ -115,8 +117,12 @@ def content_sha256(state: Mapping[str, Any]) -> str:
     return digest.hexdigest()
 
 
-def read_checkpoint_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
+def read_checkpoint_file(path: str | Path, map_location: str | torch.device = "cpu",
+                         mmap: bool = False) -> Any:
     """``torch.load(path, weights_only=True)``, with every failure as one sentence.
+
+    ``mmap``: the tensors are views of the file's pages (``torch.load(mmap=True)``), read
+    when touched and never copied into the process's own memory.
 
     Raises:
         FileNotFoundError: no such file.
@@ -134,7 +140,7 @@ def read_checkpoint_file(path: str | Path, map_location: str | torch.device = "c
         raise CheckpointError(f"{path} is not a checkpoint: not a PyTorch file "
                               f"({size} bytes, starting {head!r})")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         if "was not an allowed global" in str(exc) or "Unsupported global" in str(exc):
             raise CheckpointError(
@@ -162,10 +168,11 @@ def _last_reason(exc: BaseException) -> str:
     return reason.split(". This is an internal")[0][:160]
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
+                    mmap: bool = False) -> dict:
     """Read a training checkpoint written by :func:`save_checkpoint` (``weights_only=True``);
     see :func:`read_checkpoint_file` for the errors."""
-    state = read_checkpoint_file(path, map_location)
+    state = read_checkpoint_file(path, map_location, mmap)
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         if isinstance(state, dict) and state and all(
                 isinstance(v, torch.Tensor) for v in state.values()):
@@ -219,7 +226,12 @@ def load_model_weights(model: DiCoSA, weights: Mapping[str, torch.Tensor], sourc
     A plain ``RuntimeError`` from PyTorch lists hundreds of keys; this says what kind of
     mismatch it is (another architecture, another variant, other frame/word counts).
     """
-    expected = model.state_dict()
+    _check_weights(model.state_dict(), weights, source)
+    model.load_state_dict(weights)
+
+
+def _check_weights(expected: Mapping[str, torch.Tensor], weights: Mapping[str, torch.Tensor],
+                   source: str) -> None:
     missing = sorted(set(expected) - set(weights))
     unexpected = sorted(set(weights) - set(expected))
     shapes = sorted(
@@ -237,7 +249,6 @@ def load_model_weights(model: DiCoSA, weights: Mapping[str, torch.Tensor], sourc
             f"{source} was written for another model configuration/architecture; "
             + "; ".join(parts)
         )
-    model.load_state_dict(weights)
 
 
 def offline_model(model_cfg: ModelConfig) -> DiCoSA:
@@ -252,8 +263,66 @@ def offline_model(model_cfg: ModelConfig) -> DiCoSA:
     return DiCoSA(clip, dataclasses.replace(model_cfg, pretrained=None))
 
 
+class ImageTowerNotLoaded(nn.Module):
+    """Stands where CLIP's image tower is in a model loaded for search
+    (``load(..., towers="text")``): encoding a video with it is one clear error."""
+
+    def __init__(self, image_size: int):
+        super().__init__()
+        self.image_size = image_size
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        pass
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        raise ValueError("this model was loaded for search only (towers='text'), without "
+                         "CLIP's image tower; load the checkpoint with towers='all' to encode "
+                         "videos")
+
+
+def drop_image_tower(model: DiCoSA) -> DiCoSA:
+    """``model`` without CLIP's image tower (for search), fingerprinted as it was whole."""
+    model.recorded_fingerprint = model_fingerprint(model)
+    model.clip.visual = ImageTowerNotLoaded(model.image_size)
+    return model
+
+
+def text_model(model_cfg: ModelConfig, weights: Mapping[str, torch.Tensor],
+               source: str) -> DiCoSA:
+    """The model of ``model_cfg`` holding ``weights`` (a whole checkpoint's) but for CLIP's
+    image tower: what search needs (the text tower, the temporal transformer's and the
+    head's weights, the logit scale). The architecture is built on the meta device, so the
+    image tower is never allocated; the model records the fingerprint of all of
+    ``weights`` (:func:`dicosa.fingerprint.model_fingerprint` returns it), so an index built
+    with the whole model accepts it.
+    """
+    quick_gelu = True if model_cfg.pretrained == "openai" else None
+    clip = load_clip(model_cfg.arch, None, quick_gelu=quick_gelu, device="meta")
+    # CLIP's causal mask (additive, -inf above the diagonal) is a buffer left out of state
+    # dicts: built again, on the CPU.
+    context = clip.positional_embedding.shape[0]
+    clip.attn_mask = torch.full((context, context), float("-inf")).triu_(1)
+    model = DiCoSA(clip, dataclasses.replace(model_cfg, pretrained=None))
+    expected = model.state_dict()  # meta tensors: names, shapes, dtypes
+    _check_weights(expected, weights, source)
+    weights = {k: v.to(expected[k].dtype) for k, v in weights.items()}
+    recorded = {"weights_sha256": weights_sha256(weights),
+                "config": fingerprint_config(model.config)}
+    model.clip.visual = ImageTowerNotLoaded(model.image_size)
+    # clone: the model's own memory, not views of a (possibly mapped) checkpoint file
+    model.load_state_dict({k: v.clone() for k, v in weights.items()
+                           if not k.startswith("clip.visual.")}, assign=True)
+    left = [name for name, t in [*model.named_parameters(), *model.named_buffers()]
+            if t.is_meta]
+    if left:
+        raise RuntimeError(f"loading the text tower left {left[:5]} unset")
+    model.recorded_fingerprint = recorded
+    return model
+
+
 def load(path: str | Path, device: str | torch.device = "cpu",
-         model_config: ModelConfig | None = None) -> tuple[DiCoSA, Config]:
+         model_config: ModelConfig | None = None,
+         towers: Literal["all", "text"] = "all") -> tuple[DiCoSA, Config]:
     """Rebuild a trained model from a checkpoint file, in eval mode on ``device``.
 
     Args:
@@ -261,12 +330,22 @@ def load(path: str | Path, device: str | torch.device = "cpu",
         device: where to put the model.
         model_config: build this architecture instead of the checkpoint's own (e.g. to check
             a checkpoint against a config); a mismatch raises ValueError.
+        towers: ``"all"``, or ``"text"`` for a search process: no CLIP image tower (about
+            a third of ViT-B/32's weights), fingerprinted as the whole checkpoint
+            (:func:`text_model`).
 
     Returns:
         ``(model, config)``; the config is the one the checkpoint was trained with.
     """
-    state = load_checkpoint(path)
+    if towers not in ("all", "text"):
+        raise ValueError(f"towers must be 'all' or 'text', got {towers!r}")
+    # Read for search, the file is mapped: the image tower's pages are hashed (the file's
+    # checksum, the fingerprint) but never copied into the process's memory.
+    state = load_checkpoint(path, mmap=towers == "text")
     cfg = checkpoint_config(state)
-    model = offline_model(model_config or cfg.model)
-    load_model_weights(model, state["model"], str(path))
+    if towers == "text":
+        model = text_model(model_config or cfg.model, state.pop("model"), str(path))
+    else:
+        model = offline_model(model_config or cfg.model)
+        load_model_weights(model, state["model"], str(path))
     return model.to(device).eval(), cfg

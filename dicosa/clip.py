@@ -65,6 +65,7 @@ def load_clip(
     *,
     cache_dir: str | None = None,
     quick_gelu: bool | None = None,
+    device: str | None = None,
 ) -> CLIP:
     """Build an open_clip CLIP model and load its weights.
 
@@ -78,7 +79,9 @@ def load_clip(
     OpenAI's weights were trained with QuickGELU; open_clip's plain ``ViT-B-32`` config uses
     nn.GELU, so QuickGELU is forced whenever ``pretrained == "openai"``. ``quick_gelu``
     overrides that rule: rebuilding a model fine-tuned from OpenAI's weights without them
-    (``pretrained=None``) must keep QuickGELU.
+    (``pretrained=None``) must keep QuickGELU. ``device="meta"`` (with ``pretrained=None``)
+    builds the architecture without allocating or initialising any weight, for weights
+    that are assigned afterwards (:func:`dicosa.checkpoint.load` of one tower).
     """
     register_architectures()
     if arch not in open_clip.list_models():
@@ -116,7 +119,7 @@ def load_clip(
         # initialized randomly" says nothing the caller does not know (the demo says it once).
         with _quiet_random_init():
             model = open_clip.create_model(
-                arch, pretrained=None,
+                arch, pretrained=None, device=device or "cpu",
                 force_quick_gelu=_wants_quick_gelu(arch) if quick_gelu is None else quick_gelu)
         log.debug("CLIP '%s' built with random weights (pretrained: None)", arch)
     else:

@@ -46,7 +46,7 @@ class ModelConfig:
     max_words: int = 32  # N_t
     num_concepts: int = 8  # K
     pool_temperature: float = 3.0  # τ of Eq. 1
-    temporal_layers: int = 4
+    temporal_layers: int = 4  # 0: no temporal transformer (the frame vectors as CLIP gives them)
     confidence_expansion: int = 4  # hidden width of the Eq. 8 MLP, in multiples of D/K
     logit_scale_max: float = 100.0  # 1/τ' of Eq. 10
     alpha: float = 0.01
@@ -54,7 +54,36 @@ class ModelConfig:
     # Ablation switches (benchmarks/ablation.py); the defaults are the full method.
     use_factors: bool = True
     use_adaptive_pooling: bool = True
+    # L2-normalise T and every frame vector (CLIP's cosine space): Eq. 1 then weighs the
+    # frames by their cosine to the text, and S is a cosine of unit vectors' pools. The
+    # ``zero-shot`` preset's setting (:data:`MODEL_PRESETS`); DiCoSA scores raw vectors.
+    normalize_features: bool = False
     grad_checkpointing: bool = False
+
+
+# Named model presets: ModelConfig fields on top of the defaults.
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    # CLIP as it comes, scored by a parameter-free text-conditioned pooling of the frames:
+    # S = cos(T, Σ_i a_i f_i) with a = softmax_i(cos(T, f_i) / τ) over unit vectors (the
+    # zero-shot form of X-Pool's pooling; τ → ∞ gives the frame mean). No temporal
+    # transformer (temporal_layers 0), no concept factors or confidence MLP (use_factors
+    # off: K = 1, g = 1): nothing untrained touches the features or the score. τ = 0.01 is
+    # CLIP's own temperature (its logit scale, 100), the scale on which CLIP's cosines were
+    # trained to be compared; frames are text-pooled as sharply as CLIP ranks images. The
+    # 77 text positions are CLIP's own context, so the text vector is CLIP's.
+    "zero-shot": {"arch": "ViT-B-32", "pretrained": "openai", "variant": "paper",
+                  "num_frames": 12, "max_words": 77, "num_concepts": 1,
+                  "pool_temperature": 0.01, "temporal_layers": 0, "use_factors": False,
+                  "use_adaptive_pooling": False, "normalize_features": True},
+}
+
+
+def model_preset(name: str, **overrides: Any) -> ModelConfig:
+    """The :class:`ModelConfig` of preset ``name`` (:data:`MODEL_PRESETS`) with ``overrides``
+    (e.g. ``arch``, ``pretrained`` for a random-weight test model)."""
+    if name not in MODEL_PRESETS:
+        raise ConfigError(f"unknown model preset {name!r}; known: {', '.join(MODEL_PRESETS)}")
+    return _build(ModelConfig, {**MODEL_PRESETS[name], **overrides}, "model.")
 
 
 @dataclass(frozen=True)
@@ -117,6 +146,12 @@ class TrainConfig:
     # parameters before the all-gather (towers, temporal transformer) get 1/W of it under W
     # processes, as with the released all-gather (its backward keeps the local slice only).
     tower_grad: Literal["full", "released"] = "full"
+    # After training, fit the distilled first-stage summary of best.pt on the training split
+    # (dicosa/heads/summary.py) and keep it beside it as best.summary.pt, where index finds
+    # it. Minutes on a CPU for MSR-VTT-sized splits (the run log's "summary" event says).
+    fit_summary: bool = True
+    # key=value settings of that summary head (as ``heads train summary --set``).
+    summary_options: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -436,6 +471,8 @@ def validate(cfg: Config) -> None:
     m = cfg.model
     if m.num_concepts < 1:
         raise ConfigError(f"model.num_concepts must be >= 1, got {m.num_concepts}")
+    if m.temporal_layers < 0:
+        raise ConfigError(f"model.temporal_layers must be >= 0, got {m.temporal_layers}")
     if m.num_frames < 1 or m.max_words < 3:
         raise ConfigError("model.num_frames must be >= 1 and model.max_words >= 3")
     if m.pool_temperature <= 0:

@@ -7,8 +7,10 @@ same one.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -16,15 +18,28 @@ from .config import load_config
 from .data.protocol import FrameProtocol
 from .model import DiCoSA
 
-__all__ = ["DEFAULT_CONFIG", "load_model", "model_from_source"]
+__all__ = ["DEFAULT_CONFIG", "ZERO_SHOT_NOTICE", "load_model", "model_from_source"]
 
-DEFAULT_CONFIG = "configs/msrvtt.yaml"
+log = logging.getLogger(__name__)
+
+# Without a checkpoint or a config: CLIP zero-shot (the "zero-shot" model preset), which ranks
+# as CLIP does; DiCoSA built from CLIP weights alone would score through an untrained temporal
+# transformer and concept head.
+DEFAULT_CONFIG = "configs/zero-shot.yaml"
+ZERO_SHOT_NOTICE = ("no checkpoint given: using CLIP zero-shot (configs/zero-shot.yaml: CLIP's "
+                    "text-video cosine under a text-conditioned pooling of the frames, no "
+                    "DiCoSA training); --checkpoint CKPT uses a trained DiCoSA")
 
 
 def load_model(checkpoint: str | None, config: str | None,
-               overrides: Sequence[str] = ()) -> tuple[DiCoSA, dict, FrameProtocol]:
+               overrides: Sequence[str] = (), towers: Literal["all", "text"] = "all",
+               ) -> tuple[DiCoSA, dict, FrameProtocol]:
     """The model of a checkpoint or a config, a record of where it came from, and the
-    frames it reads.
+    frames it reads. With neither, the ``zero-shot`` preset (:data:`DEFAULT_CONFIG`), said
+    in one line (:data:`ZERO_SHOT_NOTICE`, logged).
+
+    ``towers="text"``: without CLIP's image tower, for a process that only searches
+    (:func:`dicosa.checkpoint.load`); it keeps the whole model's fingerprint.
 
     Returns:
         ``(model, source, frames)``; ``source`` is ``{"checkpoint": path}`` or ``{"config":
@@ -35,22 +50,29 @@ def load_model(checkpoint: str | None, config: str | None,
     if checkpoint is not None:
         from .checkpoint import load
 
-        model, cfg = load(checkpoint)
+        model, cfg = load(checkpoint, towers=towers)
         return (model.eval(), {"checkpoint": str(Path(checkpoint).resolve())},
                 FrameProtocol.of(cfg.data))
     from .config import find_config
 
+    if config is None:
+        log.info(ZERO_SHOT_NOTICE)
     path = find_config(config or DEFAULT_CONFIG)
     cfg = load_config(path, overrides)
     if cfg.model.pretrained is None:
         # Random initial weights must be the same in every process that uses this index.
         torch.manual_seed(cfg.train.seed)
     model = DiCoSA.from_config(cfg.model).eval()
+    if towers == "text":
+        from .checkpoint import drop_image_tower
+
+        model = drop_image_tower(model)
     return (model, {"config": str(path.resolve()), "overrides": list(overrides)},
             FrameProtocol.of(cfg.data))
 
 
-def model_from_source(source: dict) -> DiCoSA:
-    """The model a ``source`` record of :func:`load_model` names."""
+def model_from_source(source: dict, towers: Literal["all", "text"] = "all") -> DiCoSA:
+    """The model a ``source`` record of :func:`load_model` names (``towers="text"``: for a
+    process that only searches)."""
     return load_model(source.get("checkpoint"), source.get("config"),
-                      source.get("overrides", ()))[0]
+                      source.get("overrides", ()), towers)[0]

@@ -167,6 +167,10 @@ class ConceptHead(nn.Module):
 class DiCoSA(nn.Module):
     """CLIP towers + temporal transformer + concept head; ``forward(batch)`` returns the losses."""
 
+    # The fingerprint of the checkpoint a model was loaded from without some of its weights
+    # (dicosa.checkpoint.load(towers="text")); None: it is computed from the weights held.
+    recorded_fingerprint: dict | None = None
+
     def __init__(self, clip: CLIP, config: ModelConfig):
         super().__init__()
         self.config = config
@@ -175,7 +179,9 @@ class DiCoSA(nn.Module):
         self.embed_dim = dims["embed_dim"]
         self.image_size = dims["image_size"]
         self.num_concepts = config.num_concepts if config.use_factors else 1
-        self.temporal = TemporalTransformer(clip, config.temporal_layers, config.num_frames)
+        # temporal_layers 0: the frame vectors go to the head as CLIP's image tower gives them.
+        self.temporal = (TemporalTransformer(clip, config.temporal_layers, config.num_frames)
+                         if config.temporal_layers else None)
         self.head = ConceptHead(
             self.embed_dim,
             self.num_concepts,
@@ -210,7 +216,8 @@ class DiCoSA(nn.Module):
         (``nn.Module.compile`` keeps state-dict keys, so checkpoints are unaffected)."""
         self.clip.visual.compile(**compile_kwargs)
         self.clip.transformer.compile(**compile_kwargs)
-        self.temporal.compile(**compile_kwargs)
+        if self.temporal is not None:
+            self.temporal.compile(**compile_kwargs)
 
     def compile_scoring(self, **compile_kwargs) -> None:
         """torch.compile the pairwise similarity (fuses the confidence MLP's epilogue)."""
@@ -223,8 +230,11 @@ class DiCoSA(nn.Module):
 
     # -- encoders -------------------------------------------------------------------------
     def encode_text(self, tokens: Tensor) -> TextFeatures:
-        """``tokens [B_t, L]`` (L = max_words) -> T ``[B_t, D]``."""
-        return TextFeatures(encode_text_tokens(self.clip, tokens))
+        """``tokens [B_t, L]`` (L = max_words) -> T ``[B_t, D]`` (unit vectors with
+        ``normalize_features``)."""
+        text = encode_text_tokens(self.clip, tokens)
+        return TextFeatures(F.normalize(text, dim=-1) if self.config.normalize_features
+                            else text)
 
     def encode_video(self, frames: Tensor, frame_mask: Tensor | None = None) -> VideoFeatures:
         """``frames [B_v, N, 3, H, W]`` (uint8 0–255, or float already normalised) and
@@ -247,7 +257,11 @@ class DiCoSA(nn.Module):
         if images.dtype == torch.uint8:
             images = (images.float() / 255.0 - self.pixel_mean) / self.pixel_std
         frame_vectors = self.clip.encode_image(images).view(batch, num, -1)  # [B_v, N, D]
-        return VideoFeatures(self.temporal(frame_vectors, frame_mask), frame_mask)
+        if self.temporal is not None:
+            frame_vectors = self.temporal(frame_vectors, frame_mask)
+        if self.config.normalize_features:
+            frame_vectors = F.normalize(frame_vectors, dim=-1)
+        return VideoFeatures(frame_vectors, frame_mask)
 
     # -- scoring --------------------------------------------------------------------------
     def score(self, text: TextFeatures, video: VideoFeatures, chunk: int | None = None) -> Tensor:

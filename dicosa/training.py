@@ -66,6 +66,7 @@ __all__ = [
     "build_run",
     "build_train_loader",
     "evaluate_and_select",
+    "fit_run_summary",
     "forward_backward",
     "make_accelerator",
     "resolve_config",
@@ -585,7 +586,34 @@ def train(cfg: Config, resume: bool = False) -> Path:
                           f"selected on {run.selected_on}" if run.select_split is not None else
                           f"done: {state.step} steps; no selection split (last.pt only)")
     run.accelerator.end_training()
+    if run.is_main and cfg.train.fit_summary and run.best_path.is_file():
+        fit_run_summary(run)
     return run.run_dir
+
+
+def fit_run_summary(run: Run) -> None:
+    """Fit best.pt's distilled first-stage summary on the training split (minus the
+    validation videos) and log what it cost; kept when one fitted for these weights is
+    already there (a finished run resumed)."""
+    from .checkpoint import load
+    from .heads.summary import carried_summary, summary_beside
+    from .heads.train import fit_checkpoint_summary
+
+    if carried_summary(run.best_path, load(run.best_path)[0]) is not None:
+        return
+    started = time.perf_counter()
+    path, trained = fit_checkpoint_summary(run.best_path, run.cfg.train.summary_options,
+                                           device=run.accelerator.device, progress=False)
+    seconds = time.perf_counter() - started
+    run.log.write({"event": "summary", "path": str(path), "seconds": round(seconds, 1),
+                   "encode_seconds": trained["encode_seconds"],
+                   "fit_seconds": trained["fit_seconds"], "videos": trained.get("videos"),
+                   "captions": trained.get("captions")})
+    run.accelerator.print(
+        f"fitted the first-stage summary of best.pt on {trained['train_split']} in "
+        f"{seconds:.0f} s (features {trained['encode_seconds']:.0f} s, fit "
+        f"{trained['fit_seconds']:.0f} s): {summary_beside(run.best_path)}; skip it with "
+        "train.fit_summary=false (train.py --no-summary)")
 
 
 def read_log(path: str | Path, event: str | None = "step") -> list[dict]:

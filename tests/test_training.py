@@ -56,6 +56,8 @@ def run_config(root: Path, out: Path, protocol: str = "dicosa", **train) -> Conf
                  "test_split": "test", "val_fraction": 0.2, "num_workers": 0},
         "train": {"batch_size": 4, "epochs": 2, "lr": 1e-3, "clip_lr": 1e-3,
                   "mixed_precision": "no", "output_dir": str(out), "log_every": 1,
+                  # the first-stage summary fit is tested in test_carried_summary.py
+                  "fit_summary": False,
                   **train},
         "eval": {"batch_size": 16},
     }

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,7 +41,8 @@ from ..functional import video_proxy
 from ..model import DiCoSA, TextFeatures, VideoFeatures
 from .base import Head
 
-__all__ = ["DistilledSummaryHead", "fit_summary", "teacher_scores"]
+__all__ = ["SUMMARY_SUFFIX", "DistilledSummaryHead", "carried_summary", "default_summary",
+           "fit_summary", "summary_beside", "summary_fit_command", "teacher_scores"]
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +158,11 @@ class DistilledSummaryHead(Head):
         HeadData` (its training split's videos and captions: few videos on the benchmarks,
         so prefer many unlabelled ones)."""
         if hasattr(data, "train"):
-            data = (data.train.video, data.train.text.text)
+            # a seeded sample of the captions: a split lists each video's captions together,
+            # so its first ``teacher_queries`` would describe only its first videos
+            text = data.train.text.text
+            pick = torch.randperm(len(text), generator=torch.Generator().manual_seed(seed))
+            data = (data.train.video, text[pick[:config.teacher_queries]])
         videos, text = data
         return fit_summary(model, videos, text, config, seed=seed, progress=progress)
 
@@ -220,7 +226,9 @@ def fit_summary(model: DiCoSA, videos: VideoFeatures, text: Tensor,
         if window > top and config.near:
             near = torch.randint(top, window, (config.near,), generator=generator)
             own = torch.cat([own, ranked[qs][:, near]], 1)  # [B, top + near]
-        vec = prepared.videos(head, torch.cat([shared, own.flatten()]))
+        # Each distinct video once: on a small training set most of a step's videos repeat.
+        unique, where = torch.unique(torch.cat([shared, own.flatten()]), return_inverse=True)
+        vec = prepared.videos(head, unique)[where]
         query = prepared.queries(head, qs)
         student = torch.cat([query @ vec[:shared_count].t(),
                              torch.einsum("bm,bcm->bc", query,
@@ -244,6 +252,7 @@ def fit_summary(model: DiCoSA, videos: VideoFeatures, text: Tensor,
     head.radius = 1.25 * float(norms.max())
     head.trained = {"videos": len(videos), "captions": len(text), "steps": config.steps,
                     "loss": float(loss.item()), "seconds": round(time.perf_counter() - started)}
+    head.fit_report = dict(head.trained)  # what ``heads train`` records in the head file
     return head.eval()
 
 
@@ -277,3 +286,81 @@ class _Prepared:
             return head.query(text)
         conf = self.conf_text[qs]
         return torch.cat([head.query(torch.cat([text, conf], -1)), head.alpha * conf], -1)
+
+
+# -- the summary a checkpoint carries -----------------------------------------------------------
+# A checkpoint ``best.pt`` carries its fitted summary as ``best.summary.pt`` beside it (a head
+# file: the model's fingerprint inside, so a summary of another model is never used).
+SUMMARY_SUFFIX = ".summary.pt"
+# recall@10 of the exhaustive DiCoSA top 10 in the two-stage top 10 at C = 1,000 of 100,000
+# videos (benchmarks/RESULTS.md, "Search": the trained tiny model on the synthetic benchmark)
+_RECALL = {"distilled": 0.98, "confidence": 0.57}
+
+
+def summary_beside(checkpoint: str | Path) -> Path:
+    """Where the summary of ``checkpoint`` is kept: ``best.pt`` -> ``best.summary.pt``."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.with_name(checkpoint.stem + SUMMARY_SUFFIX)
+
+
+def summary_fit_command(checkpoint: str | Path) -> str:
+    """The one command that fits the summary of ``checkpoint`` on its training data and
+    keeps it where :func:`carried_summary` finds it."""
+    return (f"python -m dicosa heads train summary --checkpoint {checkpoint} "
+            f"--out {summary_beside(checkpoint)}")
+
+
+def carried_summary(checkpoint: str | Path, model: DiCoSA) -> DistilledSummaryHead | None:
+    """The distilled summary fitted for ``checkpoint`` (:func:`summary_beside`), checked
+    against ``model`` (the checkpoint's, loaded), or None when there is none or it was
+    fitted for other weights (a ``best.pt`` rewritten after its summary was fitted)."""
+    from .base import HeadMismatchError, load_head
+
+    path = summary_beside(checkpoint)
+    if not path.is_file():
+        return None
+    try:
+        return load_head(path, model, kind="summary")
+    except HeadMismatchError as exc:
+        log.warning("not using %s: %s", path, exc)
+        return None
+
+
+def default_summary(checkpoint: str | Path | None, model: DiCoSA,
+                    choice: str | None = None) -> tuple[dict, str]:
+    """The first-stage summary an index of ``model`` uses, as ``VideoIndex`` keyword
+    arguments, and the one line that says which it is and what recall to expect.
+
+    Args:
+        checkpoint: the checkpoint ``model`` was loaded from (None: a model from a config).
+        choice: the user's ``--summary``: ``"confidence"``, ``"distilled"`` (the carried
+            one, an error without it) or a head file; None takes the carried summary when
+            there is one, else ``"confidence"``.
+    """
+    from .base import load_head
+
+    if choice not in (None, "confidence", "distilled"):
+        head = load_head(choice, model, kind="summary")
+        return ({"summary": "distilled", "summary_head": head},
+                f"first stage: the distilled summary {choice}")
+    head = carried_summary(checkpoint, model) if checkpoint is not None else None
+    if choice == "distilled" and head is None:
+        where = (f"{checkpoint} carries none ({summary_beside(checkpoint)})" if checkpoint
+                 else "a model without a checkpoint carries none")
+        raise ValueError(f"--summary distilled needs a fitted summary and {where}; fit one "
+                         f"with: {summary_fit_command(checkpoint or 'CKPT')}")
+    if head is not None and choice != "confidence":
+        return ({"summary": "distilled", "summary_head": head},
+                f"first stage: the distilled summary fitted with {checkpoint} (on the "
+                f"synthetic benchmark it keeps ~{_RECALL['distilled']:.0%} of DiCoSA's top 10 "
+                "at C=1,000 of 100k)")
+    if not model.head.adaptive:  # e.g. the zero-shot preset: nothing to linearise
+        return ({"summary": "confidence"},
+                "first stage: the cosine of the frame mean (this model has no confidence MLP)")
+    if choice == "confidence" or checkpoint is None:
+        return {"summary": "confidence"}, "first stage: the 'confidence' summary"
+    return ({"summary": "confidence"},
+            f"first stage: the 'confidence' summary ({checkpoint} carries no fitted summary: "
+            f"expect two-stage search to keep ~{_RECALL['confidence']:.0%} of DiCoSA's top 10 "
+            f"at C=1,000 of 100k rather than ~{_RECALL['distilled']:.0%}; fit one with: "
+            f"{summary_fit_command(checkpoint)})")

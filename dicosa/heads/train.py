@@ -15,7 +15,7 @@ from ..config import ConfigError, replace
 from .base import head_class, save_head
 from .features import head_data
 
-__all__ = ["parse_head_overrides", "train_head"]
+__all__ = ["fit_checkpoint_summary", "parse_head_overrides", "train_head"]
 
 log = logging.getLogger(__name__)
 
@@ -72,3 +72,23 @@ def train_head(kind: str, checkpoint: str | Path, out: str | Path, overrides: It
     path = save_head(head, out, model, trained)
     log.info("saved the %s head to %s", kind, path)
     return path
+
+
+def fit_checkpoint_summary(checkpoint: str | Path, overrides: Iterable[str] = (), *,
+                           device: str | torch.device = "cpu",
+                           progress: bool = True) -> tuple[Path, dict]:
+    """Fit the distilled first-stage summary of ``checkpoint`` on its own training split
+    (minus the validation videos that chose it) and keep it beside it
+    (:func:`dicosa.heads.summary.summary_beside`), where ``index`` finds it.
+
+    Returns:
+        ``(path, trained)``: the head file and its record (``encode_seconds`` for the
+        features, read back from the cache when evaluation or an earlier head wrote them,
+        and ``fit_seconds``).
+    """
+    from .base import read_head_file
+    from .summary import summary_beside
+
+    path = train_head("summary", checkpoint, summary_beside(checkpoint), overrides,
+                      device=device, progress=progress)
+    return path, read_head_file(path)["trained"]

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..model import DiCoSA
+from ..model import DiCoSA, VideoFeatures
 
 __all__ = ["SUMMARIES", "Summary"]
 
@@ -108,6 +108,23 @@ class Summary:
                              raw @ head.conf_video.t() - mean_hidden)  # c_k(v) [n, K]
         return torch.cat([unit.flatten(1), (shift[..., None] * unit).flatten(1)],
                          dim=1).float().cpu().numpy()
+
+    @torch.inference_mode()
+    def frames(self, video: VideoFeatures) -> tuple[np.ndarray, np.ndarray]:
+        """Every frame summarised as a video of one frame: ``[n, N, D]`` frames ->
+        ``([n, N, dim] float32, [n, N] bool mask)``, the rows of the per-frame first stage
+        (:mod:`dicosa.search.frames_stage`), compared with :meth:`queries`. Its max over a
+        video's frames is the τ → 0 limit of Eq. 1's pooling, as the proxy is the τ → ∞ one.
+        """
+        if self.kind == "distilled":
+            raise ValueError("the per-frame stage summarises frames with the 'confidence' or "
+                             "'mean' summary; the distilled head pools frames itself")
+        count, num, width = video.frames.shape
+        flat = video.frames.reshape(-1, width).float().cpu().numpy()
+        vectors = np.concatenate([self.videos(flat[i:i + 65536])
+                                  for i in range(0, len(flat), 65536)] or
+                                 [np.zeros((0, self.dim), np.float32)])
+        return vectors.reshape(count, num, -1), video.frame_mask.cpu().numpy().astype(bool)
 
     @torch.inference_mode()
     def queries(self, text: Tensor) -> Tensor:
