@@ -40,6 +40,7 @@ settings; or ``--uri`` plus ``--milvus-pid``). Each index gets its own collectio
 from __future__ import annotations
 
 import argparse
+import gc
 import shutil
 import sys
 import time
@@ -99,8 +100,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--summaries", nargs="+", default=["confidence", "mean"],
                    help="dense first-stage summaries compared (dicosa/search/proxy.py)")
     p.add_argument("--summary-head", default=None,
-                   help="the trained head of the 'distilled' summary "
-                        "(benchmarks/summary_head.py)")
+                   help="the trained head of the 'distilled' summary (benchmarks/summary_head."
+                        "py); quality part: default the one --checkpoint carries "
+                        "(best.summary.pt, fitted by train.py)")
+    p.add_argument("--towers", choices=("text", "all"), default="text",
+                   help="latency part: the model the searching index holds; 'text' drops "
+                        "CLIP's image tower as a search process loads it")
     p.add_argument("--checkpoint", default=None,
                    help="trained tiny DiCoSA (default: synthetic_checkpoint under --work)")
     p.add_argument("--work", default="benchmarks/results/search-bench",
@@ -326,6 +331,11 @@ def latency_of(args, work: Path, model: DiCoSA, centres: torch.Tensor, backend: 
         build = build_latency_index(index, centres, args, directory)
         memory_after_build = resident()
         del index
+    if args.towers == "text":  # what a search process loads (checkpoint.load towers="text")
+        from dicosa.checkpoint import drop_image_tower
+
+        model = drop_image_tower(model)
+        gc.collect()
     index = VideoIndex.load(directory, model, device="cpu")  # a fresh process's view
     memory_loaded = resident()
     texts = captions(args.queries, seed=10_000)
@@ -334,7 +344,7 @@ def latency_of(args, work: Path, model: DiCoSA, centres: torch.Tensor, backend: 
     memory_searched = resident()
     result = {
         "videos": len(index), "dim": model.embed_dim, "frames": args.frames,
-        "backend": backend, "summary": args.summary,
+        "backend": backend, "summary": args.summary, "towers": args.towers,
         "summary_head_fit_s": head_s,
         "stage_options": options,
         "build_s": None if build is None else round(sum(build), 1), "reused": build is None,
@@ -480,16 +490,24 @@ def recall_at(ranked: list[list[int]], truth: list[int], k: int) -> float:
 
 def quality_index(args, work: Path, model: DiCoSA, test: VideoFeatures,
                   others: VideoFeatures, summary: str,
-                  server: MilvusServerInfo | None) -> tuple[VideoIndex, np.ndarray]:
+                  server: MilvusServerInfo | None, checkpoint: str
+                  ) -> tuple[VideoIndex, np.ndarray]:
     backend, uri, options = args.backend[0], None, {}
     if backend == "milvus":
         uri = server.uri if server else args.uri
         options = {"collection": f"bench_quality_{args.quality_videos}_{summary}",
                    **stage_options(args.milvus_option)}
         drop_collection(uri, options["collection"])
+    head = None
+    if summary == "distilled":  # the given head, else the one the checkpoint carries
+        from dicosa.heads.summary import carried_summary, summary_beside
+
+        head = args.summary_head or carried_summary(checkpoint, model)
+        if head is None:
+            raise SystemExit(f"--summaries distilled: give --summary-head, or fit the "
+                             f"checkpoint's own ({summary_beside(checkpoint)})")
     index = VideoIndex(model, device="cpu", backend=backend, uri=uri, stage_options=options,
-                       summary=summary,
-                       summary_head=args.summary_head if summary == "distilled" else None)
+                       summary=summary, summary_head=head)
     index.save(fresh(work / f"quality-{args.quality_videos}-{summary}"))
     test_ids = index.add_features(VideoFeatures(test.frames.half(), test.frame_mask),
                                   [{"path": f"test/{i}"} for i in range(len(test))])
@@ -511,7 +529,8 @@ def quality(args, work: Path, server: MilvusServerInfo | None) -> dict:
     result = {"checkpoint": data["checkpoint"], "queries": len(texts), "two_stage": {}}
     exhaustive = None
     for summary in args.summaries:
-        index, test_ids = quality_index(args, work, model, test, others, summary, server)
+        index, test_ids = quality_index(args, work, model, test, others, summary, server,
+                                        data["checkpoint"])
         truth = test_ids[data["caption_video"].numpy()].tolist()
 
         def ranked(candidates, index=index):
