@@ -33,7 +33,7 @@ settings; or ``--uri`` plus ``--milvus-pid``). Each index gets its own collectio
     python benchmarks/search.py --videos 1000000 --quality-videos 100000   # the lead, alone
     python benchmarks/search.py --videos 100000 --quality-videos 100000    # under contention
     python benchmarks/search.py --videos 100000 --quality-videos 0 --backend local milvus \
-        --milvus-server /work/artifacts/milvus-bench                        # local vs server
+        --milvus-server benchmarks/results/milvus-bench                        # local vs server
     python benchmarks/search.py --smoke
 """
 

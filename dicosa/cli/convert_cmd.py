@@ -27,6 +27,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"converted {args.source} into {out}; evaluate it with: python evaluate.py "
           f"--config {args.config or 'configs/msrvtt-released.yaml'} --checkpoint {out} "
           "--postprocess qbnorm data.root=...")
+    from ..convert import summary_hint
+
+    print(summary_hint(out))
     return 0
 
 

@@ -40,9 +40,10 @@ def add_parser(commands) -> None:
     p.add_argument("--sparse-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a seismic setting, repeatable (e.g. heap_factor=0.8, query_cut=16, "
                         "n_postings=6000; docs/search.md)")
-    p.add_argument("--summary-head", metavar="HEAD.pt",
-                   help="a summary head (heads train summary): the dense stage compares its "
-                        "distilled vectors instead of the default 'confidence' summary")
+    p.add_argument("--summary", "--summary-head", dest="summary", metavar="SUMMARY",
+                   help="what the dense first stage compares per video: confidence, "
+                        "distilled (the summary the checkpoint carries; the default when it "
+                        "carries one) or a summary head file (heads train summary)")
     p.add_argument("--no-wait", action="store_true",
                    help="fail at once (one sentence) when another process is writing the index, "
                         "instead of waiting for it")
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         # seismic missing or a bad option fails before any video is encoded
         check_sparse_backend(args.sparse_backend or "exact", sparse_options)
     model, source, frames = load_model(args.checkpoint, args.config, args.set)
+    summary = _summary(args, model)
     # A head of another model fails before anything is encoded.
     if args.head is not None:
         load_lexical_head(args.head, model)
@@ -78,8 +80,7 @@ def run(args: argparse.Namespace) -> int:
                              uri=args.uri, stage_options=options(args.stage_option) or None,
                              titles=args.titles, frame_sampling=frames.sampling,
                              frame_padding=frames.padding,
-                             lock_timeout=0 if args.no_wait else None,
-                             **_summary(args.summary_head, model))
+                             lock_timeout=0 if args.no_wait else None, **summary)
     except PeerFailed:
         # The main process prints why and exits non-zero, which fails the launch; a non-zero
         # status here could let torchrun stop the main process before it has printed.
@@ -111,11 +112,16 @@ def _report(index, report, out: str) -> None:
         print(f"  {path}: {reason}")
 
 
-def _summary(head_path: str | None, model) -> dict:
-    """The dense stage's summary for ``index --summary-head``: its head, checked against the
-    model before any video is encoded."""
-    if head_path is None:
-        return {}
-    from ..heads import load_head
+def _summary(args: argparse.Namespace, model) -> dict:
+    """The dense stage's summary (``--summary``, else the one the checkpoint carries), checked
+    before any video is encoded; one line says which, and what recall to expect. An index
+    that exists keeps its own unless ``--summary`` is given."""
+    from pathlib import Path
 
-    return {"summary": "distilled", "summary_head": load_head(head_path, model, kind="summary")}
+    from ..heads.summary import default_summary
+
+    if args.summary is None and (Path(args.out) / "manifest.json").is_file():
+        return {}
+    kwargs, notice = default_summary(args.checkpoint, model, args.summary)
+    print(notice)
+    return kwargs

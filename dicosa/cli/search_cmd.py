@@ -79,8 +79,9 @@ def run(args: argparse.Namespace) -> int:
     if args.checkpoint is not None or args.config is not None:
         from ..loading import load_model
 
-        model = load_model(args.checkpoint, args.config, args.set)[0]
-    index = open_index(args.index, model, strict=not args.no_strict, skip=_overridden(args))
+        model = load_model(args.checkpoint, args.config, args.set, towers="text")[0]
+    index = open_index(args.index, model, strict=not args.no_strict, skip=_overridden(args),
+                       towers="text")
     _apply_overrides(index, args)
     if args.exclude and "concepts" not in index.plugins:
         raise QueryError("--exclude needs a concepts head: add --concepts HEAD.pt (train one "

@@ -451,9 +451,12 @@ class VideoIndex(Transactional, PluginHost, Searching):
 
 def open_index(directory: str | os.PathLike, model: DiCoSA | None = None, *,
                device: torch.device | str | None = None, strict: bool = True,
-               skip: Iterable[str] = (), lock_timeout: float | None = None) -> VideoIndex:
+               skip: Iterable[str] = (), lock_timeout: float | None = None,
+               towers: str = "all") -> VideoIndex:
     """An index ready to search as it was recorded: the model its manifest names (unless
-    ``model`` is given) and every plugin it recorded (but those in ``skip``)."""
+    ``model`` is given) and every plugin it recorded (but those in ``skip``).
+    ``towers="text"`` loads that model without CLIP's image tower: a process that only
+    searches (adding videos then says it needs the whole model)."""
     if model is None:
         from ..loading import model_from_source
 
@@ -462,6 +465,6 @@ def open_index(directory: str | os.PathLike, model: DiCoSA | None = None, *,
         if not source:
             raise ValueError(f"the index at {directory} does not record its model; pass the "
                              "model (python -m dicosa search --checkpoint CKPT)")
-        model = model_from_source(source)
+        model = model_from_source(source, towers)
     return VideoIndex.load(directory, model, device=device, strict=strict, skip=skip,
                            lock_timeout=lock_timeout)

@@ -136,7 +136,8 @@ class Engine:
              ) -> Engine:
         """Open the index in ``directory`` with the model its manifest recorded (or
         ``model``: reopening after a change reuses the weights) and its recorded plugins."""
-        return cls(open_index(directory, model, device=device), media_roots=media_roots)
+        return cls(open_index(directory, model, device=device, towers="text"),
+                   media_roots=media_roots)
 
     def reopen(self) -> Engine:
         """The same index opened again (another process may have added videos)."""
