@@ -26,16 +26,18 @@ square" for B. Rows, all on the same pairs, each a list of C = ``candidates`` vi
   oracle                   S(A) with every clip holding B removed (uses the labels): the most
                            any rule that only demotes can reach; not a method
 
-Every hyper-parameter (head width d and top-k; K, t, C; the filter's window and threshold;
-the demote rule's window, ρ, λ and codes term) is chosen on the validation collections of
-both kinds at once (the mean of their AP@10); the demote rule must in addition lose at most
-0.005 AP@10 against plain S(A) on the rare-B validation collection (do no harm). The test
-collections are only measured. Metrics @10: AP (metrics.ranked_list_metrics), precision of
-A (share of the top 10 showing A), violation (share showing B), MRR, NDCG.
+Every hyper-parameter (head width d and top-k; K, t, C; the filter's window and threshold)
+is chosen per seed on the validation collections of both kinds at once (the mean of their
+AP@10). The demote rule's window, ρ, λ and codes term are one setting for every seed (what
+``ExclusionConfig`` ships): the best mean validation AP@10 over the seeds among the settings
+that, on every seed's validation collections, lose at most 0.005 AP@10 against plain S(A) on
+rare-B (do no harm) and halve plain's violation rate on frequent-B (issue 27's bars). The
+test collections are only measured. Metrics @10: AP (metrics.ranked_list_metrics), precision
+of A (share of the top 10 showing A), violation (share showing B), MRR, NDCG.
 
     python benchmarks/exclusion.py --workdir WORK
         # the RESULTS.md figures: 3 DiCoSAs (seeds 0-2, 1000 training clips; each trained
-        # when WORK has none, 6-20 min), a concepts head per seed, ~6 min a seed on a busy
+        # when WORK has none, 6-20 min), a concepts head per seed, 1.5-6 min a seed on a busy
         # 2-core CPU (add --dims 64 128 256 --top-ks 8 16 to sweep the head: ~3x longer)
     python benchmarks/exclusion.py --workdir WORK --frozen-seed 0   # one DiCoSA, 3 heads
     python benchmarks/exclusion.py --smoke               # tiny data, a minute
@@ -83,8 +85,8 @@ FILTERED = {"per-frame filter": PLAIN, "codes + filter": "codes"}
 REGIMES = ("rare-B", "frequent-B")
 METRICS = ("AP@10", "precision_A", "violation", "MRR@10", "NDCG@10")
 NO_HARM = 0.005  # the demote rule may lose this much AP@10 on rare-B validation, no more
-DEMOTE_GRID = {"window": [1, 2], "presence_ratio": [0.3, 0.35, 0.4, 0.45, 0.5, 0.6],
-               "demotion": [0.5, 1.0, 2.0, 4.0],
+DEMOTE_GRID = {"window": [1, 2], "presence_ratio": [0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6],
+               "demotion": [0.5, 1.0, 2.0, 4.0, 8.0],
                "code_threshold": [float("inf"), 0.05, 0.1]}
 
 
@@ -380,20 +382,51 @@ def choose_filter(val: dict, base: Settings, name: str, windows: list[int]) -> d
     return {"window": best[1], "threshold": best[2], "val_AP@10": round(best[0], 4)}
 
 
-def choose_demote(val: dict, base: Settings, grid: dict) -> tuple[ExclusionConfig, dict]:
-    """The demote rule's window, ρ, λ and codes threshold maximising the mean validation
-    AP@10 among those that lose at most ``NO_HARM`` against plain S(A) on rare-B (none
-    better than plain: the rule off, λ = 0)."""
-    plain_ap, plain_each = mean_ap(val, base, PLAIN)
-    plain = plain_each["rare-B"]
-    best = (plain_ap, ExclusionConfig(demotion=0.0), plain_each)  # off: the plain ranking
-    for values in itertools.product(*grid.values()):
-        cfg = ExclusionConfig(**dict(zip(grid, values, strict=True)))
-        ap, each = mean_ap(val, replace(base, demote=cfg), DEFAULT)
-        if each["rare-B"] >= plain - NO_HARM and ap > best[0]:
-            best = (ap, cfg, each)
-    return best[1], {"val_AP@10": round(best[0], 4), "val_each": best[2],
-                     "val_plain_rare": plain}
+def demote_grid(val: dict, base: Settings, grid: dict) -> list[dict]:
+    """Every setting of the demote rule's ``grid`` (first: the rule off, λ = 0, which is
+    plain S(A)) with its validation AP@10 and violation per regime."""
+    settings = [ExclusionConfig(demotion=0.0)] + [
+        ExclusionConfig(**dict(zip(grid, values, strict=True)))
+        for values in itertools.product(*grid.values())]
+    out = []
+    for cfg in settings:
+        found = {}
+        for regime, (split, codes) in val.items():
+            ranked = rankings(split, *codes, replace(base, demote=cfg), (DEFAULT,))[DEFAULT]
+            metrics = measure(split, ranked)
+            found[regime] = {"AP@10": metrics["AP@10"], "violation": metrics["violation"]}
+        out.append({"config": cfg, "val": found})
+    return out
+
+
+def choose_demote(grids: list[list[dict]]) -> tuple[ExclusionConfig, dict]:
+    """One setting of the demote rule for every seed (what ``ExclusionConfig`` ships): the
+    best mean over the seeds of the mean validation AP@10 of both regimes, among the
+    settings that, on every seed's validation collections, lose at most ``NO_HARM`` AP@10
+    against plain S(A) (the first, rule-off entry) on rare-B and at least halve plain's
+    violation rate on frequent-B (issue 27's bars; none: the AP@10 condition alone)."""
+    def ap(row: dict) -> float:
+        return statistics.mean(row["val"][regime]["AP@10"] for regime in REGIMES)
+
+    def harmless(row: dict, plain: dict) -> bool:
+        return row["val"]["rare-B"]["AP@10"] >= plain["val"]["rare-B"]["AP@10"] - NO_HARM
+
+    def halves(row: dict, plain: dict) -> bool:
+        return (row["val"]["frequent-B"]["violation"]
+                <= plain["val"]["frequent-B"]["violation"] / 2)
+
+    plains = [grid[0] for grid in grids]
+    columns = list(zip(*grids, strict=True))
+    allowed = [c for c in columns if all(harmless(r, p) and halves(r, p)
+                                         for r, p in zip(c, plains, strict=True))]
+    allowed = allowed or [c for c in columns if all(
+        harmless(r, p) for r, p in zip(c, plains, strict=True))]  # the rule off is in
+    best = max(allowed, key=lambda c: statistics.mean(ap(row) for row in c))
+    return best[0]["config"], {
+        "val_AP@10_mean_over_seeds": round(statistics.mean(ap(row) for row in best), 4),
+        "violation_halved_on_validation": all(
+            halves(r, p) for r, p in zip(best, plains, strict=True)),
+        "val": [row["val"] for row in best], "val_plain": [p["val"] for p in plains]}
 
 
 def fit_head(model, data, values: dict, seed: int) -> ConceptCodesHead:
@@ -460,31 +493,42 @@ def run_seed(seed: int, args, work: Path) -> dict:
     val = {regime: (splits[(regime, "val")], codes[(regime, "val")]) for regime in REGIMES}
     base = Settings(exclusion, ExclusionConfig())
     filters = {name: choose_filter(val, base, name, windows) for name in FILTERED}
-    demote_cfg, demote_choice = choose_demote(val, base, args.demote_grid)
 
     def measured(part: str) -> dict:
         out = {}
         for regime in REGIMES:
             split, rows = splits[(regime, part)], {}
             for name in ROWS:
+                if name == DEFAULT:  # measured by measure_default, once chosen for all seeds
+                    continue
                 chosen = filters.get(name, {"window": 1, "threshold": float("inf")})
-                settings = Settings(exclusion, demote_cfg, chosen["window"],
+                settings = Settings(exclusion, ExclusionConfig(), chosen["window"],
                                     chosen["threshold"])
                 ranked = rankings(split, *codes[(regime, part)], settings, (name,))
                 rows[name] = measure(split, ranked[name])
             out[regime] = rows
         return out
 
-    return {"seed": seed, "dicosa_seed": dicosa_seed, "checkpoint": str(checkpoint),
+    record = {"seed": seed, "dicosa_seed": dicosa_seed, "checkpoint": str(checkpoint),
             "pairs": {f"{r}/{p}": len(s.pairs) for (r, p), s in splits.items()},
             "videos": {f"{r}/{p}": s.features.num_videos for (r, p), s in splits.items()},
             "head": {"dim": head.config.dim, "top_k": head.config.top_k,
                      "fit_report": head.fit_report},
             "head_sweep_val": sweep, "exclusion": asdict(exclusion),
-            "demote": {**_finite(asdict(demote_cfg)), **demote_choice},
             "filters": {name: _finite(f) for name, f in filters.items()},
             "val": measured("val"), "test": measured("test"),
             "seconds": round(time.perf_counter() - started, 1)}
+    context = {"splits": splits, "codes": codes, "base": base,
+               "grid": demote_grid(val, base, args.demote_grid)}
+    return record, context
+
+
+def measure_default(record: dict, context: dict, default: ExclusionConfig) -> None:
+    """Fill in the new default's row of ``record`` (validation and test) with ``default``."""
+    settings = replace(context["base"], demote=default)
+    for (regime, part), split in context["splits"].items():
+        ranked = rankings(split, *context["codes"][(regime, part)], settings, (DEFAULT,))
+        record[part][regime][DEFAULT] = measure(split, ranked[DEFAULT])
 
 
 def _finite(values: dict) -> dict:
@@ -593,7 +637,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.workdir or tmp)
-        runs = [run_seed(seed, args, work) for seed in args.seeds]
+        seeds = [run_seed(seed, args, work) for seed in args.seeds]
+    default, choice = choose_demote([context["grid"] for _, context in seeds])
+    for record, context in seeds:
+        measure_default(record, context, default)
+    runs = [record for record, _ in seeds]
     mean = summary(runs)
     result = {"benchmark": "exclusion", "split": "synthetic test collections, rare-B and "
               "frequent-B (hyper-parameters chosen on their validation collections)",
@@ -601,9 +649,14 @@ def main(argv: list[str] | None = None) -> dict:
               "num_train": args.num_train, "num_test": args.num_test,
               "val_clips": args.val_clips, "frequent_clips": args.frequent_clips,
               "couples": args.couples, "smoke": args.smoke, **environment("cpu"),
+              "demote_default": {**_finite(asdict(default)), **choice},
+              "shipped_default_is_this_choice": default == ExclusionConfig(),
               "test_mean": mean, "bars": bars(mean), "runs": runs, "table": table(mean)}
     report(result, args.out)
     print(result["table"])
+    if not result["shipped_default_is_this_choice"]:
+        print("note: dicosa's ExclusionConfig() defaults differ from this choice:",
+              result["demote_default"])
     return result
 
 

@@ -249,7 +249,7 @@ def test_rerank_hook_per_frame_alone_and_codes_alone(scene):
     with pytest.raises(ValueError, match="per-frame check"):
         hook(scene, method="tiers", codes=False)  # no threshold: nothing would happen
     with pytest.raises(ValueError, match="per-frame check"):
-        hook(scene, frames=False)  # demote with no frames and the codes' term off
+        hook(scene, frames=False, code_threshold=float("inf"))  # demote with nothing to see
     with pytest.raises(ValueError, match="prepare"):
         hook(scene)(EncodedQueries([Query(A, (B,))], TextFeatures(
             scene["queries"][:1])), np.zeros((1, 1), dtype=np.int64), torch.zeros(1, 1))
@@ -289,7 +289,7 @@ def test_demotions_take_off_only_what_the_evidence_of_b_exceeds():
     positive = torch.tensor([0.9, 0.8, 0.5, 0.3])
     presence = torch.tensor([[0.1, 0.6, 0.2, 0.7],    # B1's best window in each candidate
                              [0.0, 0.0, 0.5, 0.0]])   # B2's
-    config = ExclusionConfig(presence_ratio=0.5, demotion=2.0)
+    config = ExclusionConfig(presence_ratio=0.5, demotion=2.0, code_threshold=float("inf"))
     frames, codes, threshold = demotions(positive, presence, config)
     assert threshold == pytest.approx(0.45)  # ρ · the best S(A)
     torch.testing.assert_close(frames, torch.tensor([[0.0, 0.3, 0.0, 0.5],
@@ -333,9 +333,8 @@ def test_demote_hook_is_the_rule_over_its_checked_candidates(scene):
     model, collection = scene["model"], scene["collection"]
     dicosa = model.score(TextFeatures(scene["queries"][:1]), collection).float()  # [1, V]
     queries = scene_queries(scene, Query(A, (B,)), Query(A))
-    config = ExclusionConfig(window=1, presence_ratio=0.4, demotion=4.0, depth=20)
-    rerank = hook(scene, **{k: getattr(config, k) for k in ("window", "presence_ratio",
-                                                             "demotion", "depth")})
+    settings = dict(window=1, presence_ratio=0.4, demotion=4.0, depth=20)
+    rerank = hook(scene, **settings, code_threshold=float("inf"))
     adjusted = rerank.rerank_matrix(queries, dicosa.expand(2, -1).contiguous())
     # By hand: the 20 best by S(A) lose 4 · max(0, S(B, best frame) - 0.4 · max S(A)).
     checked = dicosa[0].topk(20).indices
@@ -344,6 +343,15 @@ def test_demote_hook_is_the_rule_over_its_checked_candidates(scene):
     expected = dicosa[0].clone()
     expected[checked] -= 4 * (presence - 0.4 * dicosa.max()).clamp_min(0)
     torch.testing.assert_close(adjusted[0], expected, rtol=1e-5, atol=1e-5)
+    # With the codes' term: each also loses 3 · max(0, code(v) · code(B) - 0.02).
+    coded = hook(scene, **settings, code_threshold=0.02, code_weight=3.0)
+    similarity = scene["head"].encode_videos(collection[checked]) @ queries.extra[
+        "exclude"].codes[0]
+    with_codes = expected.clone()
+    with_codes[checked] -= 3 * (similarity - 0.02).clamp_min(0)
+    assert (similarity > 0.02).any()
+    torch.testing.assert_close(coded.rerank_matrix(queries, dicosa.expand(2, -1).contiguous())[0],
+                               with_codes, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(adjusted[1], dicosa[0], rtol=0, atol=0)  # no exclusion
     order = adjusted[0].argsort(descending=True)
     assert sorted(order[:4].tolist()) == [0, 1, 2, 3]  # the answers; every A-and-B demoted

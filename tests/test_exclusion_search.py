@@ -232,24 +232,27 @@ def test_a_without_b_keeps_the_plain_top_10_where_b_never_comes_with_a(tmp_path)
 
 def test_a_without_b_demotes_the_clips_that_show_b(tmp_path):
     """B comes with A in most of A's clips (throughout, or in one frame): the default rule
-    puts A's clips without B first and says why each clip with B fell."""
+    moves every clip with B down, keeps the others' scores, and says why each one fell."""
     scenes = ([[A, B]] * 8 + [[A, CLEAR[i]] for i in range(4)]
               + [s for s in random_scenes(40, seed=12) if A not in s])
     visible = {i: {B: [i % 4]} for i in range(4)}  # clips 0-3: B in one frame only
     index = scene_index(tmp_path, scenes, visible)
     plain = index.search(article(A), k=4)
-    assert any(B in scenes[h.id] for h in plain)
+    assert sum(B in scenes[h.id] for h in plain) >= 2
     rerank = attach_exclusion(index, trained_head()[1])
-    hits = index.search(f"{article(A)} without {article(B)}", k=12)
-    assert sorted(h.id for h in hits[:4]) == [8, 9, 10, 11]
-    assert all(h.score == pytest.approx(h.dicosa) for h in hits[:4])  # kept their scores
+    hits = index.search(f"{article(A)} without {article(B)}", k=len(scenes))
+    assert not any(B in scenes[h.id] for h in hits[:12])
+    assert {8, 9, 10, 11} <= {h.id for h in hits[:8]}
     explained = explain_hits(rerank, hits)
     for hit, e in zip(hits, explained, strict=True):
-        assert e["demoted"] == (B in scenes[hit.id])
+        assert e["demoted"] == (e["penalty"] > 0)
         assert e["penalty"] == pytest.approx(hit.dicosa - hit.score, abs=1e-5)
-        if e["demoted"]:
-            (frames,) = e["evidence"]
-            assert frames["source"] == "frames" and frames["exclusion"] == article(B)
-            assert frames["value"] >= frames["threshold"] and frames["penalty"] > 0
+        frames = next(x for x in e["evidence"] if x["source"] == "frames")
+        assert frames["exclusion"] == article(B)
+        if B in scenes[hit.id]:
+            assert e["demoted"] and frames["value"] >= frames["threshold"] > 0
+            assert frames["penalty"] > 0
             if hit.id < 4:  # the window found is the frame that shows B
-                assert frames["frames"][0] == hit.id % 4
+                assert tuple(frames["frames"]) == (hit.id % 4, hit.id % 4)
+        if not e["demoted"]:
+            assert hit.score == pytest.approx(hit.dicosa)  # kept its plain score

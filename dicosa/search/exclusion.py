@@ -7,11 +7,13 @@ evidence of B, so a clip without evidence keeps its score and can only rise:
     adjusted(v) = S(A, v) - λ · max(0, S_w(B, v) - ρ · max_c S(A, c))
                           - λ_c · max(0, code(v) · code(B) - τ_c)
 
-S_w(B, v) is DiCoSA's score of B on v's best window of ``window`` consecutive frames
-(:func:`best_windows`; a video shows B if any stretch of it does), max_c S(A, c) the best
-plain score among the candidates (so ρ is a share of "what a match looks like" for this model
-and query, not a number on one model's scale), and the optional second term the concepts
-head's code similarity to B. ρ, λ, the window and the codes' τ_c, λ_c are chosen on
+summed over the exclusions B₁..B_n. S_w(B, v) is DiCoSA's score of B on v's best window of
+``window`` consecutive frames (:func:`best_windows`; a video shows B if any stretch of it
+does), max_c S(A, c) the best plain score among the candidates (so ρ is a share of "what a
+match looks like" for this model and query, not a number on one model's scale; it assumes
+scores near 0 for unrelated pairs, as DiCoSA's cosines are), and the optional second term
+the concepts head's code similarity to B (off by default: validation found it adds nothing
+to the windows). ρ, λ, the window and the codes' τ_c, λ_c are chosen on
 validation collections of both kinds, B rare among A's results and B frequent
 (``benchmarks/exclusion.py``). :func:`demotions` computes the penalties,
 :class:`Demotions` keeps them with their evidence for the explanation.
@@ -88,9 +90,9 @@ class ExclusionConfig:
 
     method: Literal["demote", "tiers"] = "demote"
     window: int = 1                  # frames per window of the per-frame check
-    presence_ratio: float = 0.4      # ρ: B's best window counts above ρ · best S(A)
-    demotion: float = 1.0            # λ: score taken off per unit of S(B) above that
-    code_threshold: float = float("inf")  # τ_c on code(v) · code(B); inf: codes' term off
+    presence_ratio: float = 0.45     # ρ: B's best window counts above ρ · best S(A)
+    demotion: float = 8.0            # λ: score taken off per unit of S(B) above that
+    code_threshold: float = 0.05     # τ_c on code(v) · code(B) (with a head); inf: off
     code_weight: float = 1.0         # λ_c
     depth: int = 100                 # demote: the best `depth` candidates by S(A) are checked
     top_k_results: int = 5           # K: results per label whose codes define D_A, D_B
