@@ -324,7 +324,8 @@ def test_clips_without_evidence_keep_their_order_and_never_lose_a_place():
 
 def test_exclusion_config_rejects_impossible_settings():
     for bad in ({"window": 0}, {"depth": 0}, {"demotion": -1.0}, {"demotion": float("inf")},
-                {"code_weight": float("nan")}, {"presence_ratio": float("nan")}):
+                {"code_weight": float("nan")}, {"presence_ratio": float("nan")},
+                {"method": "filter"}):
         with pytest.raises(ValueError, match="exclusion"):
             ExclusionConfig(**bad)
 
@@ -371,3 +372,15 @@ def test_demote_hook_is_the_rule_over_its_checked_candidates(scene):
     assert describe_evidence(unchecked).startswith("not checked")
     with pytest.raises(ValueError, match="call the hook"):
         rerank.explain(scene_queries(scene, Query(A, (B,))), 0, beyond, beyond)
+
+
+def test_demote_hook_leaves_pads_and_unscored_rows_alone(scene):
+    rerank = hook(scene)
+    queries = scene_queries(scene, Query(A, (B,)))
+    nothing = torch.tensor([[-torch.inf, -torch.inf]])
+    out = rerank(queries, np.array([[4, -1]]), nothing)  # no finite score: nothing to check
+    assert out.isneginf().all() and queries.extra["exclusion"] == {}
+    some = rerank(queries, np.array([[4, 0, -1]]), torch.tensor([[0.9, 0.8, -torch.inf]]))
+    assert some[0, 2] == -torch.inf and some[0, 1] == 0.8  # 0: A without B keeps its score
+    assert some[0, 0] < 0.8  # 4: A with B throughout, demoted behind it
+    assert queries.extra["exclusion"][0].rows.tolist() == [4, 0]

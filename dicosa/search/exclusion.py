@@ -101,6 +101,8 @@ class ExclusionConfig:
     presence_threshold: float = float("inf")  # tiers: B present at S(B, window) >= this
 
     def __post_init__(self) -> None:
+        if self.method not in ("demote", "tiers"):
+            raise ValueError(f"exclusion method must be 'demote' or 'tiers', got {self.method!r}")
         if self.window < 1 or self.depth < 1:
             raise ValueError("exclusion window and depth must be at least 1")
         if not (self.demotion >= 0 and self.code_weight >= 0 and math.isfinite(self.demotion)
@@ -465,7 +467,8 @@ class ExclusionRerank:
             mine = excluded.owner == q
             row_ids = np.asarray(ids[q])
             valid = row_ids >= 0
-            if not mine.any() or not valid.any():
+            if not mine.any() or not scores[q][torch.from_numpy(valid).to(
+                    scores.device)].isfinite().any():
                 continue
             if self.config.method == "demote":
                 records[q] = self._demote(excluded, mine, row_ids, scores[q], adjusted[q])
