@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,10 @@ from dicosa.search.exclusion import (
     ExclusionDimensions,
     ExclusionRerank,
     active_dimensions,
+    best_windows,
     demote,
+    demotions,
+    describe_evidence,
     exclusion_dimensions,
     explain_exclusion,
     magnitude_scores,
@@ -103,15 +108,20 @@ def test_window_presence_equals_scoring_each_window_alone():
     text = TextFeatures(torch.randn(2, 64, generator=g))
     for window in (1, 2, 5):
         got = window_presence(model, text, VideoFeatures(frames, mask), window)
+        scores, starts = best_windows(model, text, VideoFeatures(frames, mask), window)
         expected = torch.full((2, 3), float("-inf"))
+        where = torch.zeros(2, 3, dtype=torch.long)
         for v in range(3):
             for start in range(5 - window + 1):
                 part = VideoFeatures(frames[v:v + 1, start:start + window],
                                      mask[v:v + 1, start:start + window])
                 if part.frame_mask.any():
                     score = model.score(text, part)[:, 0]
+                    where[:, v] = torch.where(score > expected[:, v], start, where[:, v])
                     expected[:, v] = torch.maximum(expected[:, v], score)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(scores, got)
+        assert starts.tolist() == where.tolist()
 
 
 A, B = "red circle", "blue square"
@@ -190,8 +200,8 @@ def test_rerank_hook_matches_the_pipeline_and_spares_plain_queries(scene):
     dicosa = model.score(TextFeatures(scene["queries"][:1]), collection).float()  # [1, V]
     queries = scene_queries(scene, Query(A, (B,)), Query(A))
     scores = dicosa.expand(2, -1).contiguous()
-    rerank = hook(scene, top_k_results=5, mass_fraction=0.5, candidates=12, window=1,
-                  presence_threshold=0.5)
+    rerank = hook(scene, method="tiers", top_k_results=5, mass_fraction=0.5, candidates=12,
+                  window=1, presence_threshold=0.5)
     adjusted = rerank.rerank_matrix(queries, scores)
     order = adjusted[0].argsort(descending=True)
     assert sorted(order[:4].tolist()) == [0, 1, 2, 3]  # the answers, as the pipeline found
@@ -227,24 +237,27 @@ def test_rerank_hook_per_frame_alone_and_codes_alone(scene):
         return ranked_list_metrics(order, relevant, k=4)["AP@4"]
 
     plain = ranked_list_metrics(dicosa.argsort(descending=True), relevant, k=4)["AP@4"]
-    frames_only = ap(hook(scene, codes=False, window=1, presence_threshold=0.5))
+    frames_only = ap(hook(scene, method="tiers", codes=False, window=1, presence_threshold=0.5))
     assert frames_only == 1.0 > plain
     # The codes alone (one proxy per video) cannot see a square shown in one frame: videos 6
     # and 7 stay on top; the square shown throughout (video 4, 8th by S(A)) leaves the 12.
-    codes_only = hook(scene, frames=False, top_k_results=5, mass_fraction=0.5, candidates=12)
+    codes_only = hook(scene, method="tiers", frames=False, top_k_results=5, mass_fraction=0.5,
+                      candidates=12)
     order = codes_only.rerank_matrix(queries, dicosa.float()).argsort(descending=True)[0]
     assert sorted(order[:2].tolist()) == [6, 7] and 4 not in order[:12].tolist()
     assert 4 in dicosa.argsort(descending=True)[0, :8].tolist()
     with pytest.raises(ValueError, match="per-frame check"):
-        hook(scene, codes=False)  # no threshold: nothing would happen
+        hook(scene, method="tiers", codes=False)  # no threshold: nothing would happen
+    with pytest.raises(ValueError, match="per-frame check"):
+        hook(scene, frames=False, code_threshold=float("inf"))  # demote with nothing to see
     with pytest.raises(ValueError, match="prepare"):
-        hook(scene, presence_threshold=0.5)(EncodedQueries([Query(A, (B,))], TextFeatures(
+        hook(scene)(EncodedQueries([Query(A, (B,))], TextFeatures(
             scene["queries"][:1])), np.zeros((1, 1), dtype=np.int64), torch.zeros(1, 1))
 
 
 def test_explain_names_matched_and_empty_excluded_dimensions(scene):
-    rerank = hook(scene, top_k_results=5, mass_fraction=0.5, candidates=12, window=1,
-                  presence_threshold=0.5)
+    rerank = hook(scene, method="tiers", top_k_results=5, mass_fraction=0.5, candidates=12,
+                  window=1, presence_threshold=0.5)
     queries = scene_queries(scene, Query(A, (B,)))
     ids = np.arange(len(scene["relevant"]))
     explained = rerank.explain(queries, 0, ids, ids[:8])
@@ -267,3 +280,107 @@ def test_prepare_encodes_each_exclusion_once_with_its_owner():
     assert excluded.owner.tolist() == [0, 0, 2] and excluded.codes is None
     expected = model.encode_text(tokenize(["a blue square", "a cross", "a cat"])).text
     torch.testing.assert_close(excluded.text.text, expected)
+
+
+# ---------------------------------------------------------------- the demote rule (default)
+
+
+def test_demotions_take_off_only_what_the_evidence_of_b_exceeds():
+    positive = torch.tensor([0.9, 0.8, 0.5, 0.3])
+    presence = torch.tensor([[0.1, 0.6, 0.2, 0.7],    # B1's best window in each candidate
+                             [0.0, 0.0, 0.5, 0.0]])   # B2's
+    config = ExclusionConfig(presence_ratio=0.5, demotion=2.0, code_threshold=float("inf"))
+    frames, codes, threshold = demotions(positive, presence, config)
+    assert threshold == pytest.approx(0.45)  # ρ · the best S(A)
+    torch.testing.assert_close(frames, torch.tensor([[0.0, 0.3, 0.0, 0.5],
+                                                     [0.0, 0.0, 0.1, 0.0]]))
+    assert not codes.any()  # the codes' term is off while its threshold is infinite
+    similarity = torch.tensor([[0.2, 0.0, 0.0, 0.05], [0.0, 0.0, 0.0, 0.3]])
+    assert not demotions(positive, presence, config, similarity)[1].any()
+    coded = replace(config, code_threshold=0.1, code_weight=3.0)
+    torch.testing.assert_close(demotions(positive, None, coded, similarity)[1],
+                               torch.tensor([[0.3, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.6]]))
+    assert demotions(positive, None, coded, similarity)[0].shape == (2, 4)  # no frames: zeros
+    # Padded candidates (-inf) neither set the threshold nor get a penalty.
+    padded = torch.tensor([0.9, -torch.inf])
+    _, _, t = demotions(padded, torch.tensor([[0.0, 0.9]]), config)
+    assert t == pytest.approx(0.45)
+
+
+def test_clips_without_evidence_keep_their_order_and_never_lose_a_place():
+    g = torch.Generator().manual_seed(3)
+    positive = torch.rand(200, generator=g)
+    presence = torch.rand(2, 200, generator=g)
+    frames, codes, _ = demotions(positive, presence, ExclusionConfig(presence_ratio=0.7))
+    penalty = frames.sum(0) + codes.sum(0)
+    assert (penalty > 0).any() and (penalty == 0).any()
+    plain = positive.argsort(descending=True)
+    adjusted = (positive - penalty).argsort(descending=True)
+    kept = penalty == 0
+    assert adjusted[kept[adjusted]].tolist() == plain[kept[plain]].tolist()
+    place = {int(v): i for i, v in enumerate(adjusted)}
+    assert all(place[int(v)] <= i for i, v in enumerate(plain) if kept[v])
+
+
+def test_exclusion_config_rejects_impossible_settings():
+    for bad in ({"window": 0}, {"depth": 0}, {"demotion": -1.0}, {"demotion": float("inf")},
+                {"code_weight": float("nan")}, {"presence_ratio": float("nan")},
+                {"method": "filter"}):
+        with pytest.raises(ValueError, match="exclusion"):
+            ExclusionConfig(**bad)
+
+
+def test_demote_hook_is_the_rule_over_its_checked_candidates(scene):
+    model, collection = scene["model"], scene["collection"]
+    dicosa = model.score(TextFeatures(scene["queries"][:1]), collection).float()  # [1, V]
+    queries = scene_queries(scene, Query(A, (B,)), Query(A))
+    settings = dict(window=1, presence_ratio=0.4, demotion=4.0, depth=20)
+    rerank = hook(scene, **settings, code_threshold=float("inf"))
+    adjusted = rerank.rerank_matrix(queries, dicosa.expand(2, -1).contiguous())
+    # By hand: the 20 best by S(A) lose 4 · max(0, S(B, best frame) - 0.4 · max S(A)).
+    checked = dicosa[0].topk(20).indices
+    presence = window_presence(model, TextFeatures(scene["queries"][1:]),
+                               collection[checked], 1)[0]
+    expected = dicosa[0].clone()
+    expected[checked] -= 4 * (presence - 0.4 * dicosa.max()).clamp_min(0)
+    torch.testing.assert_close(adjusted[0], expected, rtol=1e-5, atol=1e-5)
+    # With the codes' term: each also loses 3 · max(0, code(v) · code(B) - 0.02).
+    coded = hook(scene, **settings, code_threshold=0.02, code_weight=3.0)
+    similarity = scene["head"].encode_videos(collection[checked]) @ queries.extra[
+        "exclude"].codes[0]
+    with_codes = expected.clone()
+    with_codes[checked] -= 3 * (similarity - 0.02).clamp_min(0)
+    assert (similarity > 0.02).any()
+    torch.testing.assert_close(coded.rerank_matrix(queries, dicosa.expand(2, -1).contiguous())[0],
+                               with_codes, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(adjusted[1], dicosa[0], rtol=0, atol=0)  # no exclusion
+    order = adjusted[0].argsort(descending=True)
+    assert sorted(order[:4].tolist()) == [0, 1, 2, 3]  # the answers; every A-and-B demoted
+    # Explanations: the evidence, its window and what it cost, from the call's record.
+    plain = dicosa[0].argsort(descending=True)[:8]  # the A-and-B clips among them
+    explained = rerank.explain(queries, 0, np.arange(len(dicosa[0])), plain.numpy())
+    for e, v in zip(explained, plain.tolist(), strict=True):
+        (frames,) = [x for x in e.evidence if x.source == "frames"]
+        assert frames.exclusion == B and 0 <= frames.frames[0] <= 3  # the Query says "B"
+        assert e.penalty == pytest.approx(float(dicosa[0, v] - adjusted[0, v]), abs=1e-5)
+        assert e.demoted == (e.penalty > 0) == scene["contains_b"][v]
+        assert describe_evidence(e).startswith("demoted by" if e.demoted else "kept its place")
+    assert any(e.demoted for e in explained) and not all(e.demoted for e in explained)
+    beyond = dicosa[0].argsort(descending=True)[-1:].numpy()  # past the checked depth
+    (unchecked,) = rerank.explain(queries, 0, np.arange(len(dicosa[0])), beyond)
+    assert unchecked.penalty == 0.0 and not unchecked.evidence
+    assert describe_evidence(unchecked).startswith("not checked")
+    with pytest.raises(ValueError, match="call the hook"):
+        rerank.explain(scene_queries(scene, Query(A, (B,))), 0, beyond, beyond)
+
+
+def test_demote_hook_leaves_pads_and_unscored_rows_alone(scene):
+    rerank = hook(scene)
+    queries = scene_queries(scene, Query(A, (B,)))
+    nothing = torch.tensor([[-torch.inf, -torch.inf]])
+    out = rerank(queries, np.array([[4, -1]]), nothing)  # no finite score: nothing to check
+    assert out.isneginf().all() and queries.extra["exclusion"] == {}
+    some = rerank(queries, np.array([[4, 0, -1]]), torch.tensor([[0.9, 0.8, -torch.inf]]))
+    assert some[0, 2] == -torch.inf and some[0, 1] == 0.8  # 0: A without B keeps its score
+    assert some[0, 0] < 0.8  # 4: A with B throughout, demoted behind it
+    assert queries.extra["exclusion"][0].rows.tolist() == [4, 0]

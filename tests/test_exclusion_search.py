@@ -29,8 +29,9 @@ from .conftest import loads, tiny_config
 
 A, B = "red circle", "blue square"
 PHRASES = [article(o) for o in OBJECTS]
-CONFIG = ExclusionConfig(top_k_results=5, mass_fraction=0.5, candidates=12, window=1,
-                         presence_threshold=0.5)
+# The paper's tiers: the tests of the codes' cache and of the command line use them.
+CONFIG = ExclusionConfig(method="tiers", top_k_results=5, mass_fraction=0.5, candidates=12,
+                         window=1, presence_threshold=0.5)
 
 
 def tokenize(texts: list[str]) -> torch.Tensor:
@@ -193,3 +194,71 @@ def test_demo_pair_has_a_with_and_without_b():
     objects["v6"] = objects["v7"] = {"green cross"}  # as many answers: together more often
     assert exclusion_pair(objects, list(objects)) == ("green cross", "white cross")
     assert exclusion_pair({"v": {"a b"}}, ["v"]) is None
+
+
+# ---------------------------------------------------------------- the default rule, demote
+
+CLEAR = ["green circle", "green cross", "white circle", "white cross"]  # nothing of B's
+
+
+def scene_index(folder, scenes: list[list[str]], visible: dict | None = None) -> VideoIndex:
+    """An index (in memory) of ``scenes`` for the lookup model."""
+    videos = [scene_video(s, visible=(visible or {}).get(i), seed=200 + i)
+              for i, s in enumerate(scenes)]
+    features = split(scenes, videos, seed=4).video
+    index = VideoIndex(lookup_model(), tokenizer=tokenize)
+    index.add_features(type(features)(features.frames.half(), features.frame_mask),
+                       [{"path": str(folder / f"s{i}.mp4")} for i in range(len(scenes))])
+    return index
+
+
+def test_a_without_b_keeps_the_plain_top_10_where_b_never_comes_with_a(tmp_path):
+    """B shows up in the collection, never with A: the default "A without B" returns the
+    plain query's top 10, in its order and with its scores."""
+    others = [s for s in random_scenes(60, seed=11) if A not in s]
+    scenes = [[A, CLEAR[i % 4]] for i in range(12)] + others
+    assert any(B in s for s in others)
+    index = scene_index(tmp_path, scenes)
+    plain = index.search(article(A), k=10)
+    assert not any(has_b({"scenes": scenes}, plain))  # nothing to exclude there
+    attach_exclusion(index, trained_head()[1])  # the recorded settings: none, the defaults
+    assert index.hooks[-1].config == ExclusionConfig()
+    for hits in (index.search(f"{article(A)} without {article(B)}", k=10),
+                 index.search(article(A), k=10, exclude=[article(B)])):
+        assert [h.id for h in hits] == [h.id for h in plain]
+        np.testing.assert_allclose([h.score for h in hits], [h.score for h in plain],
+                                   rtol=1e-6)
+    assert not any(e["demoted"] for e in explain_hits(index.hooks[-1], hits))
+    # The paper's tiers on the same collection do reorder it (the codes' top C by magnitude).
+    tiers = attach_exclusion(index, trained_head()[1], ExclusionConfig(
+        method="tiers", top_k_results=5, mass_fraction=0.5, candidates=12))
+    hits = index.search(article(A), k=10, exclude=[article(B)], hooks=[tiers])
+    assert [h.id for h in hits] != [h.id for h in plain]
+
+
+def test_a_without_b_demotes_the_clips_that_show_b(tmp_path):
+    """B comes with A in most of A's clips (throughout, or in one frame): the default rule
+    moves every clip with B down, keeps the others' scores, and says why each one fell."""
+    scenes = ([[A, B]] * 8 + [[A, CLEAR[i]] for i in range(4)]
+              + [s for s in random_scenes(40, seed=12) if A not in s])
+    visible = {i: {B: [i % 4]} for i in range(4)}  # clips 0-3: B in one frame only
+    index = scene_index(tmp_path, scenes, visible)
+    plain = index.search(article(A), k=4)
+    assert sum(B in scenes[h.id] for h in plain) >= 2
+    rerank = attach_exclusion(index, trained_head()[1])
+    hits = index.search(f"{article(A)} without {article(B)}", k=len(scenes))
+    assert not any(B in scenes[h.id] for h in hits[:12])
+    assert {8, 9, 10, 11} <= {h.id for h in hits[:8]}
+    explained = explain_hits(rerank, hits)
+    for hit, e in zip(hits, explained, strict=True):
+        assert e["demoted"] == (e["penalty"] > 0)
+        assert e["penalty"] == pytest.approx(hit.dicosa - hit.score, abs=1e-5)
+        frames = next(x for x in e["evidence"] if x["source"] == "frames")
+        assert frames["exclusion"] == article(B)
+        if B in scenes[hit.id]:
+            assert e["demoted"] and frames["value"] >= frames["threshold"] > 0
+            assert frames["penalty"] > 0
+            if hit.id < 4:  # the window found is the frame that shows B
+                assert tuple(frames["frames"]) == (hit.id % 4, hit.id % 4)
+        if not e["demoted"]:
+            assert hit.score == pytest.approx(hit.dicosa)  # kept its plain score

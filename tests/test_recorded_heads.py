@@ -76,22 +76,26 @@ def test_exclusion_settings_are_recorded_and_kept(built, tmp_path, capsys, monke
 
     assert cli.main(search) == 0
     default = json.loads(capsys.readouterr().out)["results"]
-    # Every window counts as showing B: every candidate is demoted below the others' scores.
-    assert cli.main([*search, "--exclusion-set", "presence_threshold=-1e9",
-                     "--exclusion-set", "window=1"]) == 0
+    # The paper's tiers, every window counting as showing B: every candidate is demoted
+    # below the others' scores.
+    assert cli.main([*search, "--exclusion-set", "method=tiers",
+                     "--exclusion-set", "presence_threshold=-1e9"]) == 0
     given = json.loads(capsys.readouterr().out)["results"]
     assert [r["score"] for r in given] != [r["score"] for r in default]
-    assert recorded()["settings"] == {"presence_threshold": -1e9, "window": 1}
+    assert recorded()["settings"] == {"method": "tiers", "presence_threshold": -1e9}
     assert cli.main(search) == 0  # without the option: the recorded settings
     assert json.loads(capsys.readouterr().out)["results"] == given
     index = VideoIndex.load(folder, built["model"])
-    assert recorded_config(index, window=3) == ExclusionConfig(presence_threshold=-1e9, window=3)
-    # One key changed, the other kept; the default again drops a key from the record.
-    assert cli.main([*search, "--exclusion-set", "presence_threshold=inf"]) == 0
+    assert recorded_config(index, window=3) == ExclusionConfig(
+        method="tiers", presence_threshold=-1e9, window=3)
+    # One key changed, the other kept; the default again drops a key from the record (the
+    # default rule, demote, does not read the tiers' threshold).
+    assert cli.main([*search, "--exclusion-set", "method=demote"]) == 0
     assert json.loads(capsys.readouterr().out)["results"] == default
-    assert recorded()["settings"] == {"window": 1}
+    assert recorded()["settings"] == {"presence_threshold": -1e9}
     assert cli.main([*search, "--exclusion-set", "widow=1"]) == 2
-    assert "widow" in capsys.readouterr().err and recorded()["settings"] == {"window": 1}
+    assert "widow" in capsys.readouterr().err
+    assert recorded()["settings"] == {"presence_threshold": -1e9}
 
 
 def test_search_head_replaces_a_moved_lexical_head(built, tmp_path, capsys, monkeypatch):

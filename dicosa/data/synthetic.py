@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -233,6 +234,7 @@ def make_synthetic(
     test_captions: Literal["first", "all"] = "first",
     num_workers: int | None = None,
     codec: str = "auto",
+    scenes: Callable[[np.random.Generator], list[SceneObject]] = sample_scene,
 ) -> Path:
     """Write the synthetic benchmark under ``root`` (see the module docstring for the layout).
 
@@ -248,6 +250,9 @@ def make_synthetic(
             per video as in MSR-VTT 1k-A) or ``"all"`` (multi-caption evaluation).
         num_workers: processes encoding clips; default ``os.cpu_count()``.
         codec: ``"libx264"``, ``"mpeg4"`` or ``"auto"`` (libx264 when available).
+        scenes: draws one clip's objects from the clip's generator (default
+            :func:`sample_scene`: independent objects); a benchmark passes its own to make
+            objects co-occur (``benchmarks/exclusion.py``'s frequent-B split).
 
     Returns:
         ``root`` as a Path.
@@ -265,7 +270,7 @@ def make_synthetic(
     for n in range(total):
         rng = np.random.default_rng([seed, n])
         vid = f"video{n}"
-        objects = sample_scene(rng)
+        objects = scenes(rng)
         length = seconds if np.isscalar(seconds) else rng.uniform(*seconds)
         num_frames = max(2, round(float(length) * fps))
         background = _BACKGROUNDS[int(rng.integers(len(_BACKGROUNDS)))]

@@ -1,15 +1,32 @@
-"""Exclusion ranking: videos with A and without B (paper 003, Sec. 4.3, plus a per-frame check).
+"""Exclusion ranking: videos with A and without B.
 
-The pieces are pure functions over tensors, so an index only has to call them in order:
+The default rule, "demote" (ours), starts from the plain ranking of A (the same first stage
+and DiCoSA rerank as the query "A" alone) and only moves down the candidates that show
+evidence of B, so a clip without evidence keeps its score and can only rise:
+
+    adjusted(v) = S(A, v) - λ · max(0, S_w(B, v) - ρ · max_c S(A, c))
+                          - λ_c · max(0, code(v) · code(B) - τ_c)
+
+summed over the exclusions B₁..B_n. S_w(B, v) is DiCoSA's score of B on v's best window of
+``window`` consecutive frames (:func:`best_windows`; a video shows B if any stretch of it
+does), max_c S(A, c) the best plain score among the candidates (so ρ is a share of "what a
+match looks like" for this model and query, not a number on one model's scale; it assumes
+scores near 0 for unrelated pairs, as DiCoSA's cosines are), and the optional second term
+the concepts head's code similarity to B (off by default: validation found it adds nothing
+to the windows). ρ, λ, the window and the codes' τ_c, λ_c are chosen on
+validation collections of both kinds, B rare among A's results and B frequent
+(``benchmarks/exclusion.py``). :func:`demotions` computes the penalties,
+:class:`Demotions` keeps them with their evidence for the explanation.
+
+The paper's rule (003, Sec. 4.3) is ``method="tiers"``, pure functions called in order:
 
 1. :func:`exclusion_dimensions` — D_A: the concept dimensions that carry ``mass_fraction``
    of the magnitude of the top-K videos for A (by code similarity); D_B the same for each B;
    keep D_A \\ D_B.
 2. :func:`magnitude_scores` — rank videos by the magnitude of their codes on D_A \\ D_B.
 3. DiCoSA reranks the best ``candidates`` of them by S(A, v) (any scorer; the index's).
-4. :func:`window_presence` — for each candidate, DiCoSA's score of B on every window of
-   ``window`` consecutive frames; B is present where the best window reaches the threshold
-   chosen on validation. :func:`demote` moves those candidates behind the others.
+4. :func:`window_presence` — B is present where the best window reaches the absolute
+   ``presence_threshold``; :func:`demote` moves those candidates behind the others.
 5. :func:`explain_exclusion` — per result, the dimensions of D_A \\ D_B it matched, the
    B-dimensions that were empty in it, and B's best window score.
 
@@ -20,8 +37,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -34,14 +51,19 @@ if TYPE_CHECKING:
     from ..heads.concepts import ConceptCodesHead
 
 __all__ = [
+    "Demotions",
+    "Evidence",
     "ExcludedTexts",
     "ExclusionConfig",
     "ExclusionDimensions",
     "ExclusionExplanation",
     "ExclusionRerank",
     "active_dimensions",
+    "best_windows",
     "demote",
+    "demotions",
     "describe_dimensions",
+    "describe_evidence",
     "exclusion_dimensions",
     "explain_exclusion",
     "magnitude_scores",
@@ -51,16 +73,43 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ExclusionConfig:
-    """Settings of an exclusion search. K, t, C and the window are what the synthetic
-    benchmark's validation split chose most often; the presence threshold is on DiCoSA's score
-    scale, which differs per model, so it is off until chosen on validation for the model
-    (``benchmarks/exclusion.py`` prints it)."""
+    """Settings of an exclusion search.
 
+    ``method="demote"`` (the default) keeps the plain ranking of A and demotes evidence of B:
+    ``window``, ``presence_ratio`` (ρ), ``demotion`` (λ), ``code_threshold`` and
+    ``code_weight`` (the codes' term, off while the threshold is infinite) and ``depth``.
+    ρ and λ are shares of DiCoSA's own scores, so they carry over between models better than
+    a number on one model's scale; they are what the synthetic benchmark's validation
+    collections (B rare and B frequent) chose (``benchmarks/exclusion.py`` prints its
+    choices: pass them with ``--exclusion-set`` for another model).
+
+    ``method="tiers"`` is the paper's retrieval (Sec. 4.3) plus the per-frame filter: K, t,
+    C (``top_k_results``, ``mass_fraction``, ``candidates``) and the absolute
+    ``presence_threshold`` (off while infinite).
+    """
+
+    method: Literal["demote", "tiers"] = "demote"
+    window: int = 1                  # frames per window of the per-frame check
+    presence_ratio: float = 0.45     # ρ: B's best window counts above ρ · best S(A)
+    demotion: float = 8.0            # λ: score taken off per unit of S(B) above that
+    code_threshold: float = 0.05     # τ_c on code(v) · code(B) (with a head); inf: off
+    code_weight: float = 1.0         # λ_c
+    depth: int = 100                 # demote: the best `depth` candidates by S(A) are checked
     top_k_results: int = 5           # K: results per label whose codes define D_A, D_B
     mass_fraction: float = 0.3       # t: D_A carries this share of their magnitude
     candidates: int = 50             # C: videos DiCoSA reranks
-    window: int = 2                  # frames per window of the presence check
-    presence_threshold: float = float("inf")  # B present at S(B, window) >= this; inf: off
+    presence_threshold: float = float("inf")  # tiers: B present at S(B, window) >= this
+
+    def __post_init__(self) -> None:
+        if self.method not in ("demote", "tiers"):
+            raise ValueError(f"exclusion method must be 'demote' or 'tiers', got {self.method!r}")
+        if self.window < 1 or self.depth < 1:
+            raise ValueError("exclusion window and depth must be at least 1")
+        if not (self.demotion >= 0 and self.code_weight >= 0 and math.isfinite(self.demotion)
+                and math.isfinite(self.code_weight)):
+            raise ValueError("exclusion demotion and code_weight must be finite and >= 0")
+        if not math.isfinite(self.presence_ratio):
+            raise ValueError("exclusion presence_ratio must be finite")
 
 
 @dataclass(frozen=True)
@@ -125,9 +174,10 @@ def magnitude_scores(video_codes: Tensor, dimensions: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def window_presence(model: DiCoSA, text: TextFeatures, video: VideoFeatures,
-                    window: int = 1) -> Tensor:
-    """DiCoSA's score of each text on each video's best window: ``[B_t, B_v]``.
+def best_windows(model: DiCoSA, text: TextFeatures, video: VideoFeatures,
+                 window: int = 1) -> tuple[Tensor, Tensor]:
+    """DiCoSA's score of each text on each video's best window, and where that window
+    starts (frame index): ``[B_t, B_v]`` float and ``[B_t, B_v]`` long.
 
     A video contains B if any stretch of it does, so each window of ``window`` consecutive
     frames is scored as a video of its own (pooling over its frames only) and the best window
@@ -140,13 +190,74 @@ def window_presence(model: DiCoSA, text: TextFeatures, video: VideoFeatures,
     valid = window_mask.any(-1)  # [B_v, W]
     scores = torch.full((len(text), *valid.shape), float("-inf"), device=frames.device)
     scores[:, valid] = model.score(text, VideoFeatures(windows[valid], window_mask[valid])).float()
-    return scores.amax(dim=-1)
+    best = scores.max(dim=-1)
+    return best.values, best.indices
+
+
+def window_presence(model: DiCoSA, text: TextFeatures, video: VideoFeatures,
+                    window: int = 1) -> Tensor:
+    """DiCoSA's score of each text on each video's best window: ``[B_t, B_v]``
+    (:func:`best_windows` without the positions)."""
+    return best_windows(model, text, video, window)[0]
 
 
 def demote(order: Tensor, present: Tensor) -> Tensor:
     """``order`` (video ids, best first) with the videos where ``present`` (aligned with
     ``order``) moved behind the others, each group keeping its order."""
     return torch.cat([order[~present], order[present]])
+
+
+def demotions(positive: Tensor, presence: Tensor | None, config: ExclusionConfig,
+              code_similarity: Tensor | None = None) -> tuple[Tensor, Tensor, float]:
+    """The demote rule: what each piece of evidence of B takes off each candidate's score.
+
+    Args:
+        positive: ``[n]`` DiCoSA's S(A) of the candidates (their plain ranking).
+        presence: ``[E, n]`` each exclusion's best window score in each candidate, or None
+            (the per-frame check did not run).
+        config: ρ (``presence_ratio``), λ (``demotion``), τ_c and λ_c.
+        code_similarity: ``[E, n]`` code(v) · code(B) per exclusion, or None.
+
+    Returns:
+        ``(frames [E, n], codes [E, n], threshold)``: the penalties from the windows and from
+        the codes (zeros where a source is off), and the presence threshold
+        ``ρ · max S(A)``. ``adjusted = positive - frames.sum(0) - codes.sum(0)``: a candidate
+        without evidence keeps its score.
+    """
+    count = len(presence) if presence is not None else (
+        len(code_similarity) if code_similarity is not None else 0)
+    zeros = positive.new_zeros(count, len(positive))
+    finite = positive[positive.isfinite()]
+    threshold = config.presence_ratio * float(finite.max()) if len(finite) else float("inf")
+    frames = codes = zeros
+    if presence is not None:
+        frames = config.demotion * (presence.to(positive) - threshold).clamp_min(0)
+    if code_similarity is not None and math.isfinite(config.code_threshold):
+        codes = config.code_weight * (code_similarity.to(positive)
+                                      - config.code_threshold).clamp_min(0)
+    return frames, codes, threshold
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One piece of evidence that a result shows an exclusion, and what it cost the result.
+
+    Attributes:
+        source: ``"frames"`` (DiCoSA's S(B) on the best window) or ``"codes"`` (the concepts
+            head's code similarity to B).
+        exclusion: the excluded text (B).
+        value: the score (S(B, window) or code similarity).
+        threshold: where that source starts counting.
+        penalty: what it took off the result's score (0: below the threshold).
+        frames: ``(first, last)`` frame index of the best window (frames only).
+    """
+
+    source: str
+    exclusion: str
+    value: float
+    threshold: float
+    penalty: float
+    frames: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -158,7 +269,9 @@ class ExclusionExplanation:
         excluded_empty: dimensions of D_B where the video's code is zero.
         excluded_active: ``(dimension, value)`` of D_B active in the video's code.
         presence: B's best window score (None: the per-frame check did not run).
-        demoted: True if the per-frame check found B and moved the video back.
+        demoted: True if the rule moved the video back (a penalty, or the filter's tier).
+        penalty: score the demote rule took off (0: kept its plain score; None: tiers).
+        evidence: per exclusion and source, the evidence of B and its share of the penalty.
     """
 
     matched: list[tuple[int, float]]
@@ -166,6 +279,25 @@ class ExclusionExplanation:
     excluded_active: list[tuple[int, float]]
     presence: float | None = None
     demoted: bool = False
+    penalty: float | None = None
+    evidence: list[Evidence] = field(default_factory=list)
+
+
+def describe_evidence(explanation: ExclusionExplanation) -> str:
+    """One readable line: ``demoted by 0.112: "a blue square" in frames 2-3 (0.61 >= 0.24)``,
+    or ``kept its place: no evidence of "a blue square" (best 0.05 < 0.24)``."""
+    def one(e: Evidence) -> str:
+        where = f" in frames {e.frames[0]}-{e.frames[1]}" if e.frames else f" ({e.source})"
+        relation = ">=" if e.penalty > 0 else "<"
+        return f'"{e.exclusion}"{where} ({e.value:.3f} {relation} {e.threshold:.3f})'
+
+    shown = [e for e in explanation.evidence if e.penalty > 0]
+    if shown:
+        return f"demoted by {explanation.penalty:.3f}: " + "; ".join(one(e) for e in shown)
+    if not explanation.evidence:
+        return "not checked for B (below the checked depth)"
+    best = max(explanation.evidence, key=lambda e: e.value - e.threshold)
+    return "kept its place: no evidence of B, closest " + one(best)
 
 
 def _active(code: Tensor, dimensions: Tensor) -> list[tuple[int, float]]:
@@ -206,7 +338,7 @@ class ExcludedTexts:
 
     Attributes:
         text: DiCoSA vectors of every exclusion of the batch, ``[E, D]``.
-        owner: ``[E]`` long, the query each exclusion belongs to.
+        owner: ``[E]`` long, the query each exclusion belongs to (in the query's order).
         codes: ``[E, d]`` concept codes of the exclusions (None without a concepts head).
         positive_codes: ``[Q, d]`` concept codes of the queries' own text (None likewise).
     """
@@ -217,26 +349,55 @@ class ExcludedTexts:
     positive_codes: Tensor | None = None
 
 
+@dataclass(frozen=True)
+class Demotions:
+    """What the demote rule found among one query's checked candidates; the hook keeps one
+    per query in ``EncodedQueries.extra["exclusion"]`` so that explaining a result reads it
+    instead of scoring the windows again.
+
+    Attributes:
+        rows: ``[n]`` int64 the checked candidates (store row ids).
+        frames: ``[E_q, n]`` penalty from each exclusion's best window (zeros: check off).
+        codes: ``[E_q, n]`` penalty from each exclusion's code similarity (zeros: off).
+        presence: ``[E_q, n]`` each exclusion's best window score (None: check off).
+        starts: ``[E_q, n]`` where that window starts (frame index).
+        similarity: ``[E_q, n]`` code(v) · code(B) (None: codes' term off).
+        threshold: the presence threshold, ρ · the best S(A) among the candidates.
+    """
+
+    rows: np.ndarray
+    frames: Tensor
+    codes: Tensor
+    presence: Tensor | None
+    starts: Tensor | None
+    similarity: Tensor | None
+    threshold: float
+
+    @property
+    def penalty(self) -> Tensor:
+        """``[n]`` what the rule took off each checked candidate's score."""
+        return self.frames.sum(0) + self.codes.sum(0)
+
+
 class ExclusionRerank:
     """"A without B" as a :class:`~dicosa.search.types.RerankHook` over DiCoSA's rescored
-    candidates: the concept codes' D_A \\ D_B (Sec. 4.3), the per-frame presence check, or both.
+    candidates.
 
-    Each candidate of a query with exclusions gets a tier, and the adjusted scores order the
-    tiers first and DiCoSA's score within a tier:
+    ``config.method="demote"`` (default): the ``config.depth`` best candidates by DiCoSA's
+    S(A) are checked for B (each exclusion's best window; the codes' similarity if its
+    threshold is finite) and lose what :func:`demotions` says; every other score is left as
+    it was, so the ranking is the plain query's wherever there is no evidence of B.
 
-    - +1 if the codes are on and the candidate is not among the ``config.candidates`` largest
-      magnitudes on D_A \\ D_B (the paper's retrieval; DiCoSA then reranks those, as the issue
-      asks);
-    - +2 if the per-frame check is on and B's best window reaches ``config.presence_threshold``
-      (a video that shows B ranks behind every video that does not).
+    ``config.method="tiers"``: each candidate gets a tier and the adjusted scores order the
+    tiers first and DiCoSA's score within a tier: +1 if the codes are on and the candidate is
+    not among the ``config.candidates`` largest magnitudes on D_A \\ D_B (the paper's
+    retrieval, D_A and D_B from the top ``config.top_k_results`` of the candidates given);
+    +2 if B's best window reaches ``config.presence_threshold``.
 
-    D_A and D_B are taken from the top ``config.top_k_results`` of the candidates the hook is
-    given (the paper takes them over the whole collection: pass every video, as the exhaustive
-    :meth:`rerank_matrix` does, or let the first stage return a few times K candidates).
     Queries without exclusions keep their scores.
 
     Args:
-        config: K, t, C, the window and the presence threshold (choose them on validation;
+        config: the method and its settings (choose them on validation;
             ``benchmarks/exclusion.py`` does).
         head: the trained concepts head (``load_head(path, model, kind="concepts")``).
         video_codes: ``ids [n] int64 -> [n, d]`` the head's codes of those rows, i.e. what the
@@ -256,15 +417,26 @@ class ExclusionRerank:
             raise ValueError("the codes need both head and video_codes")
         if (model is None) != (video_frames is None):
             raise ValueError("the per-frame check needs both model and video_frames")
-        if head is None and (video_frames is None or math.isinf(config.presence_threshold)):
-            raise ValueError("ExclusionRerank needs the codes (head, video_codes) or the "
-                             "per-frame check (model, video_frames, a finite presence_threshold)")
         self.config, self.head, self.video_codes = config, head, video_codes
         self.model, self.video_frames = model, video_frames
+        if config.method == "demote" and video_frames is None and not self.uses_codes:
+            raise ValueError("the demote rule needs the per-frame check (model, video_frames) "
+                             "or the codes (head, video_codes, a finite code_threshold)")
+        if config.method == "tiers" and head is None and not self.uses_frames:
+            raise ValueError("ExclusionRerank needs the codes (head, video_codes) or the "
+                             "per-frame check (model, video_frames, a finite presence_threshold)")
 
     @property
     def uses_frames(self) -> bool:
-        return self.video_frames is not None and not math.isinf(self.config.presence_threshold)
+        """Whether the per-frame check runs (tiers: only with a finite presence threshold)."""
+        if self.video_frames is None:
+            return False
+        return self.config.method == "demote" or not math.isinf(self.config.presence_threshold)
+
+    @property
+    def uses_codes(self) -> bool:
+        """Whether the demote rule's codes term runs."""
+        return self.head is not None and not math.isinf(self.config.code_threshold)
 
     @torch.no_grad()
     def prepare(self, queries: EncodedQueries, model: DiCoSA,
@@ -290,17 +462,19 @@ class ExclusionRerank:
         """``ids`` int64 ``[Q, k]`` (-1 pads), ``scores [Q, k]`` -> adjusted scores ``[Q, k]``."""
         excluded = self._excluded(queries)
         adjusted = scores.clone()
+        records: dict[int, Demotions] = {}
         for q in range(len(queries)):
             mine = excluded.owner == q
-            valid = np.asarray(ids[q]) >= 0
-            if not mine.any() or not valid.any():
+            row_ids = np.asarray(ids[q])
+            valid = row_ids >= 0
+            if not mine.any() or not scores[q][torch.from_numpy(valid).to(
+                    scores.device)].isfinite().any():
                 continue
-            tiers = self._tiers(excluded, q, mine, np.asarray(ids[q])[valid])  # [n]
-            where = torch.from_numpy(valid).to(scores.device)
-            ranked = scores[q, where]
-            finite = ranked[ranked.isfinite()]
-            spread = float(finite.max() - finite.min()) + 1.0 if len(finite) else 1.0
-            adjusted[q, where] = ranked - tiers.to(ranked) * spread
+            if self.config.method == "demote":
+                records[q] = self._demote(excluded, mine, row_ids, scores[q], adjusted[q])
+            else:
+                self._tier(excluded, q, mine, row_ids, valid, scores[q], adjusted[q])
+        queries.extra["exclusion"] = records
         return adjusted
 
     def rerank_matrix(self, queries: EncodedQueries, scores: Tensor) -> Tensor:
@@ -308,23 +482,100 @@ class ExclusionRerank:
         ids = np.broadcast_to(np.arange(scores.shape[1], dtype=np.int64), scores.shape)
         return self(queries, ids, scores)
 
+    def _demote(self, excluded: ExcludedTexts, mine: Tensor, row_ids: np.ndarray,
+                scores: Tensor, adjusted: Tensor) -> Demotions:
+        """Check the ``depth`` best candidates of one query; lower ``adjusted`` in place."""
+        ranked = scores.masked_fill(torch.from_numpy(row_ids < 0).to(scores.device),
+                                    float("-inf"))
+        finite = int(ranked.isfinite().sum())
+        cols = ranked.topk(min(self.config.depth, finite)).indices  # [n] columns, best first
+        rows = row_ids[cols.cpu().numpy()]
+        positive = scores[cols].float().cpu()  # [n]
+        presence = starts = similarity = None
+        if self.video_frames is not None:
+            presence, starts = best_windows(self.model, excluded.text[mine],
+                                            self.video_frames(rows), self.config.window)
+            presence, starts = presence.cpu(), starts.cpu()
+        if self.uses_codes:
+            similarity = excluded.codes[mine].float() @ self.video_codes(rows).float().T
+        frames, codes, threshold = demotions(positive, presence, self.config, similarity)
+        record = Demotions(rows, frames, codes, presence, starts, similarity, threshold)
+        adjusted[cols] = scores[cols] - record.penalty.to(scores)
+        return record
+
+    def _tier(self, excluded: ExcludedTexts, q: int, mine: Tensor, row_ids: np.ndarray,
+              valid: np.ndarray, scores: Tensor, adjusted: Tensor) -> None:
+        """The paper's tiers for one query; lowers ``adjusted`` in place."""
+        tiers = self._tiers(excluded, q, mine, row_ids[valid])  # [n]
+        where = torch.from_numpy(valid).to(scores.device)
+        ranked = scores[where]
+        finite = ranked[ranked.isfinite()]
+        spread = float(finite.max() - finite.min()) + 1.0 if len(finite) else 1.0
+        adjusted[where] = ranked - tiers.to(ranked) * spread
+
     @torch.no_grad()
     def explain(self, queries: EncodedQueries, q: int, candidates: np.ndarray,
                 results: np.ndarray) -> list[ExclusionExplanation]:
-        """Why each of ``results`` answered query ``q``: the D_A \\ D_B dimensions it carries,
-        the D_B dimensions empty in it, and B's best window score. D_A and D_B come from
-        ``candidates`` (the ids the hook ranked, as in ``__call__``). Needs the codes."""
+        """Why each of ``results`` answered query ``q`` of the last call.
+
+        Every explanation carries the evidence of each B (best window with its frames, code
+        similarity), its threshold and the penalty it cost (demote), or B's best window and
+        whether the filter's tier moved it (tiers). With the concepts head it also names the
+        D_A \\ D_B dimensions the result carries and the D_B dimensions empty in it, D_A and
+        D_B taken from ``candidates`` (the ids the hook ranked)."""
         excluded = self._excluded(queries)
-        if self.head is None:
-            raise ValueError("explanations need the concepts head")
         mine = excluded.owner == q
-        dims = exclusion_dimensions(self.video_codes(np.asarray(candidates)),
-                                    excluded.positive_codes[q], excluded.codes[mine],
-                                    self.config.top_k_results, self.config.mass_fraction)
         results = np.asarray(results)
-        presence = self._presence(excluded, mine, results) if self.uses_frames else None
-        return explain_exclusion(self.video_codes(results), dims, presence,
-                                 self.config.presence_threshold)
+        base = self._dimensions(excluded, q, mine, np.asarray(candidates), results)
+        if self.config.method == "demote":
+            record = (queries.extra.get("exclusion") or {}).get(q)
+            if record is None:
+                raise ValueError("explain explains the hook's last ranking: call the hook on "
+                                 "these queries first")
+            names = list(queries.queries[q].exclude)
+            return [self._explained(e, record, names, r) for e, r in zip(base, results,
+                                                                         strict=True)]
+        if not self.uses_frames:
+            return base
+        presence = self._presence(excluded, mine, results)
+        threshold = self.config.presence_threshold
+        return [ExclusionExplanation(e.matched, e.excluded_empty, e.excluded_active,
+                                     presence=float(p), demoted=bool(p >= threshold))
+                for e, p in zip(base, presence, strict=True)]
+
+    def _dimensions(self, excluded: ExcludedTexts, q: int, mine: Tensor,
+                    candidates: np.ndarray, results: np.ndarray) -> list[ExclusionExplanation]:
+        """The codes' part of the explanations (empty lists without the head)."""
+        if self.head is None:
+            return [ExclusionExplanation([], [], []) for _ in results]
+        dims = exclusion_dimensions(self.video_codes(candidates), excluded.positive_codes[q],
+                                    excluded.codes[mine], self.config.top_k_results,
+                                    self.config.mass_fraction)
+        return explain_exclusion(self.video_codes(results), dims)
+
+    def _explained(self, base: ExclusionExplanation, record: Demotions, names: list[str],
+                   row: int) -> ExclusionExplanation:
+        """``base`` with the demote rule's evidence for store row ``row``."""
+        found = np.flatnonzero(record.rows == row)
+        if not len(found):  # below the checked depth: its plain score, unexamined
+            return ExclusionExplanation(base.matched, base.excluded_empty,
+                                        base.excluded_active, penalty=0.0)
+        i = int(found[0])
+        evidence = []
+        for e, name in enumerate(names):
+            if record.presence is not None:
+                start = int(record.starts[e, i])
+                evidence.append(Evidence("frames", name, float(record.presence[e, i]),
+                                         record.threshold, float(record.frames[e, i]),
+                                         (start, start + self.config.window - 1)))
+            if record.similarity is not None:
+                evidence.append(Evidence("codes", name, float(record.similarity[e, i]),
+                                         self.config.code_threshold, float(record.codes[e, i])))
+        penalty = float(record.penalty[i])
+        presence = None if record.presence is None else float(record.presence[:, i].max())
+        return ExclusionExplanation(base.matched, base.excluded_empty, base.excluded_active,
+                                    presence=presence, demoted=penalty > 0, penalty=penalty,
+                                    evidence=evidence)
 
     def _excluded(self, queries: EncodedQueries) -> ExcludedTexts:
         excluded = queries.extra.get("exclude")
