@@ -221,18 +221,19 @@ def test_a_without_b_keeps_the_plain_top_10_where_b_never_comes_with_a(tmp_path)
     index = scene_index(tmp_path, scenes)
     plain = index.search(article(A), k=10)
     assert not any(has_b({"scenes": scenes}, plain))  # nothing to exclude there
-    attach_exclusion(index, trained_head()[1])  # the recorded settings: none, the defaults
+    plugin = attach_exclusion(index, trained_head()[1])  # recorded settings: none, defaults
     assert index.hooks[-1].config == ExclusionConfig()
-    for hits in (index.search(f"{article(A)} without {article(B)}", k=10),
-                 index.search(article(A), k=10, exclude=[article(B)])):
+    for result in (index.query(f"{article(A)} without {article(B)}", k=10),
+                   index.query(article(A), k=10, exclude=[article(B)])):
+        hits = result.hits
         assert [h.id for h in hits] == [h.id for h in plain]
         np.testing.assert_allclose([h.score for h in hits], [h.score for h in plain],
                                    rtol=1e-6)
-    assert not any(e["demoted"] for e in explain_hits(index.hooks[-1], hits))
+    assert not any(e["demoted"] for e in explain_hits(plugin, result))
     # The paper's tiers on the same collection do reorder it (the codes' top C by magnitude).
     tiers = attach_exclusion(index, trained_head()[1], ExclusionConfig(
         method="tiers", top_k_results=5, mass_fraction=0.5, candidates=12))
-    hits = index.search(article(A), k=10, exclude=[article(B)], hooks=[tiers])
+    hits = index.search(article(A), k=10, exclude=[article(B)], hooks=[tiers.rerank])
     assert [h.id for h in hits] != [h.id for h in plain]
 
 
@@ -246,10 +247,11 @@ def test_a_without_b_demotes_the_clips_that_show_b(tmp_path):
     plain = index.search(article(A), k=4)
     assert sum(B in scenes[h.id] for h in plain) >= 2
     rerank = attach_exclusion(index, trained_head()[1])
-    hits = index.search(f"{article(A)} without {article(B)}", k=len(scenes))
+    result = index.query(f"{article(A)} without {article(B)}", k=len(scenes))
+    hits = result.hits
     assert not any(B in scenes[h.id] for h in hits[:12])
     assert {8, 9, 10, 11} <= {h.id for h in hits[:8]}
-    explained = explain_hits(rerank, hits)
+    explained = explain_hits(rerank, result)
     for hit, e in zip(hits, explained, strict=True):
         assert e["demoted"] == (e["penalty"] > 0)
         assert e["penalty"] == pytest.approx(hit.dicosa - hit.score, abs=1e-5)

@@ -58,8 +58,10 @@ def add_parser(commands) -> None:
                    help="a lexical head instead of the one the index recorded (e.g. its file "
                         "moved); recorded in its place")
     p.add_argument("--exclusion-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="an ExclusionConfig field: top_k_results, mass_fraction, candidates, "
-                        "window, presence_threshold; recorded")
+                   help="an ExclusionConfig field, recorded: the default demote rule's "
+                        "presence_ratio, demotion, window, code_threshold, code_weight, depth; "
+                        "method=tiers for the paper's path (top_k_results, mass_fraction, "
+                        "candidates, presence_threshold); docs/heads.md")
     p.add_argument("--no-strict", action="store_true",
                    help="warn instead of failing when the model differs from the index's")
     model_options(p, None)

@@ -38,6 +38,7 @@ from ..search.exclusion import (
     ExclusionExplanation,
     ExclusionRerank,
     describe_dimensions,
+    describe_evidence,
 )
 from ..search.row_cache import RowCache
 from ..search.store import FrameStore
@@ -191,22 +192,22 @@ def explain_hits(plugin: ExclusionPlugin, result: SearchResult,
 
 def _as_dict(e: ExclusionExplanation, head: ConceptCodesHead) -> dict:
     out = asdict(e)
+    out["why"] = describe_evidence(e)
     out["matched_words"] = describe_dimensions([d for d, _ in e.matched], head.dimension_words)
     out["excluded_empty_words"] = describe_dimensions(e.excluded_empty, head.dimension_words)
     return out
 
 
 def format_explanation(explained: dict, limit: int = 3) -> str:
-    """One readable line: ``matched A on 12 (red, circle); B empty on 7 (blue, square)``."""
+    """One readable line: the evidence of B and what it cost (``demoted by 0.112: "a blue
+    square" in frames 2-3 ...`` or ``kept its place: ...``), then the concept dimensions
+    (``matched A on 12 (red, circle); B empty on 7 (blue, square)``)."""
     def some(items: list[str]) -> str:
         more = f" +{len(items) - limit}" if len(items) > limit else ""
         return "; ".join(items[:limit]) + more if items else "none"
 
-    line = (f"matched A on {some(explained['matched_words'])}; "
-            f"B empty on {some(explained['excluded_empty_words'])}")
-    if explained["excluded_active"]:
-        line += f"; B active on {len(explained['excluded_active'])} dim(s)"
-    if explained["presence"] is not None:
-        line += f"; B best window {explained['presence']:.3f}"
-        line += " (demoted)" if explained["demoted"] else ""
+    line = explained["why"]
+    if explained["matched_words"] or explained["excluded_empty_words"]:
+        line += (f"; matched A on {some(explained['matched_words'])}; "
+                 f"B empty on {some(explained['excluded_empty_words'])}")
     return line
