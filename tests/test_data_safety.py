@@ -102,20 +102,29 @@ def test_two_index_processes_never_lose_videos(clips, model, tmp_path):
         _assert_consistent(out, model, _paths(clips["a"] + clips["b"]))
 
 
-@pytest.mark.slow
-def test_no_wait_fails_in_one_sentence_and_adds_nothing(clips, model, tmp_path):
+def test_no_wait_fails_in_one_sentence_and_adds_nothing(clips, model, tmp_path, capsys):
+    """While another process holds the writer lock (this test's, a real flock), `index
+    --no-wait` fails in one sentence naming the holder and adds nothing; without --no-wait it
+    waits and then adds."""
     out = tmp_path / "index"
-    first = _cli("index", str(clips["a"][0].parent), "--out", str(out), *FAST, delay=1.0)
-    while not (out / ".writer.json").is_file():  # the first one holds the lock
-        assert first.poll() is None
-    second = _cli("index", str(clips["b"][0].parent), "--out", str(out), *FAST, "--no-wait")
-    _, err = second.communicate(timeout=300)
-    assert second.returncode == 2
-    assert err.strip().startswith("error: the index at") and "being written by process" in err
-    assert err.strip().count("\n") == 0
-    first.communicate(timeout=300)
-    assert first.returncode == 0
-    _assert_consistent(out, model, _paths(clips["a"]))
+    assert main(["index", str(clips["a"][0].parent), "--out", str(out), *FAST]) == 0
+    capsys.readouterr()
+    from dicosa.index.lock import WriterLock
+
+    with WriterLock(out):
+        second = _cli("index", str(clips["b"][0].parent), "--out", str(out), *FAST,
+                      "--no-wait")
+        _, err = second.communicate(timeout=300)
+        assert second.returncode == 2, err
+        last = err.strip().splitlines()[-1]  # after the log line that it resumes the index
+        assert last.startswith("error: the index at") and "being written by process" in last
+        assert "Traceback" not in err
+        waiting = _cli("index", str(clips["b"][0].parent), "--out", str(out), *FAST)
+        while "waiting for" not in (line := waiting.stderr.readline()):
+            assert line, "the waiting writer never said it waits"
+    _, err = waiting.communicate(timeout=300)
+    assert waiting.returncode == 0, err
+    _assert_consistent(out, model, _paths(clips["a"] + clips["b"]))
 
 
 @pytest.mark.slow
@@ -126,8 +135,7 @@ def test_search_recording_while_index_adds_loses_nothing(clips, model, tmp_path)
     out = tmp_path / "index"
     assert main(["index", str(clips["a"][0].parent), "--out", str(out), *FAST]) == 0
     adding = _cli("index", str(clips["b"][0].parent), "--out", str(out), *FAST, delay=0.5)
-    while not (out / ".writer.json").is_file() or json.loads(
-            (out / ".writer.json").read_text())["pid"] != adding.pid:
+    while _owner(out) != adding.pid:  # the index process holds the lock: it is adding
         assert adding.poll() is None
     search = _cli("search", str(out), "a red circle", "--fusion")
     _, said = search.communicate(timeout=300)
@@ -136,6 +144,20 @@ def test_search_recording_while_index_adds_loses_nothing(clips, model, tmp_path)
     assert adding.returncode == 0, err
     index = _assert_consistent(out, model, _paths(clips["a"] + clips["b"]))
     assert ("fusion" in index.meta) != ("not recorded" in said)
+
+
+def _owner(out: Path) -> int | None:
+    try:
+        return json.loads((out / ".writer.json").read_text())["pid"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return None
+
+
+def _committed_shards(out: Path) -> list:
+    try:
+        return json.loads((out / "manifest.json").read_text())["shards"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return []
 
 
 def _counted_writes(tmp_path: Path, action) -> int:

@@ -104,6 +104,8 @@ class WriterLock:
     def _write_owner(self) -> None:
         command = " ".join(os.path.basename(a) if i == 0 else a
                            for i, a in enumerate(sys.argv[:4])) or "python"
-        with contextlib.suppress(OSError):  # informational only
-            (self.directory / OWNER_FILE).write_text(
-                json.dumps({"pid": os.getpid(), "command": command, "since": time.time()}))
+        tmp = self.directory / f".{OWNER_FILE}.tmp-{os.getpid()}"
+        with contextlib.suppress(OSError):  # informational only; whole or absent
+            tmp.write_text(json.dumps({"pid": os.getpid(), "command": command,
+                                       "since": time.time()}))
+            os.replace(tmp, self.directory / OWNER_FILE)

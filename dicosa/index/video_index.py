@@ -130,11 +130,12 @@ class VideoIndex(Transactional, PluginHost, Searching):
         """
         index = cls.create_or_resume(model, out_dir, tokenizer=tokenizer, device=device,
                                      **options)
-        if meta:
-            with index.transaction():
-                index.meta.update(meta)
-        index.add(videos, batch_size=batch_size, num_workers=num_workers,
-                  shard_size=shard_size, progress=progress, titles=titles)
+        with index.writing():  # one writer from the settings to the last video
+            if meta:
+                with index.transaction():
+                    index.meta.update(meta)
+            index.add(videos, batch_size=batch_size, num_workers=num_workers,
+                      shard_size=shard_size, progress=progress, titles=titles)
         return index
 
     @classmethod
