@@ -173,7 +173,8 @@ class MilvusServerInfo:
         from tests._milvus_server import StandaloneServer
 
         started = time.perf_counter()
-        info = cls(StandaloneServer(directory, fast=False).start())
+        # An absolute base folder: the embedded etcd fails to start on a relative one.
+        info = cls(StandaloneServer(Path(directory).resolve(), fast=False).start())
         info.start_s = round(time.perf_counter() - started, 1)
         return info
 
