@@ -296,34 +296,35 @@ class FrameStore:
     def verify(self) -> list[str]:
         """Read every shard file whose checksum the manifest recorded and compare: one
         sentence per file that differs (empty: all match). Reads the whole store."""
-        problems = []
-        for shard in self.shards:
-            if shard.sha256 is None or shard._directory is None or shard.name is None:
-                continue
-            ids = np.arange(shard.first_id, shard.first_id + shard.count)
-            if not self.is_live(ids).any():
-                continue  # every row removed (a repair does that to a damaged shard)
-            for suffix, expected in shard.sha256.items():
-                path = shard._directory / f"{shard.name}.{suffix}"
-                got = _file_sha256(path)
-                if got != expected:
-                    what = "is missing" if got is None else "does not match its checksum"
-                    problems.append(f"{path} {what} (rows {shard.first_id}.."
-                                    f"{shard.first_id + shard.count - 1})")
-        return problems
+        return [problem for shard in self.shards for problem in self._shard_problems(shard)]
 
     def damaged_shards(self) -> list[tuple[str, np.ndarray]]:
-        """``(file, row ids)`` of each shard with live rows whose files differ from their
-        recorded checksums (reads those shards whole)."""
+        """``(file, live row ids)`` of each shard whose files differ from their recorded
+        checksums (reads those shards whole)."""
         out = []
         for shard in self.shards:
-            one = FrameStore()
-            one.shards, one.removed, one._starts = [shard], self.removed, np.array(
-                [shard.first_id])
-            if one.verify():
+            if self._shard_problems(shard):
                 ids = np.arange(shard.first_id, shard.first_id + shard.count)
                 out.append((f"{shard.name}.safetensors", ids[self.is_live(ids)]))
         return out
+
+    def _shard_problems(self, shard: _Shard) -> list[str]:
+        """One sentence per file of ``shard`` that differs from its checksum; none for a
+        shard without checksums or without live rows (a repair removes a damaged one's)."""
+        if shard.sha256 is None or shard._directory is None or shard.name is None:
+            return []
+        ids = np.arange(shard.first_id, shard.first_id + shard.count)
+        if not self.is_live(ids).any():
+            return []
+        problems = []
+        for suffix, expected in shard.sha256.items():
+            path = shard._directory / f"{shard.name}.{suffix}"
+            got = _file_sha256(path)
+            if got != expected:
+                what = "is missing" if got is None else "does not match its checksum"
+                problems.append(f"{path} {what} (rows {shard.first_id}.."
+                                f"{shard.first_id + shard.count - 1})")
+        return problems
 
     def _write_shard(self, directory: Path, shard: _Shard, number: int) -> None:
         name = f"shard-{number:05d}"
