@@ -8,7 +8,7 @@ import torch
 import dicosa.__main__ as cli
 import dicosa.loading as loading
 from dicosa.heads import HeadMismatchError, load_head, save_head
-from dicosa.heads.summary import DistilledSummaryHead, fit_summary, teacher_scores
+from dicosa.heads.summary import DistilledSummaryHead, cut_videos, fit_summary, teacher_scores
 from dicosa.index import SUMMARY_HEAD, VideoIndex
 from dicosa.model import DiCoSA, TextFeatures, VideoFeatures
 from dicosa.search.proxy import Summary
@@ -26,7 +26,7 @@ def model() -> DiCoSA:
 def _config(**changes):
     return DistilledSummaryHead.make_config({
         "dim": 16, "hidden": 32, "steps": 30, "queries_per_step": 4, "shared_videos": 32,
-        "top": 4, "near": 4, "window": 16, "teacher_queries": 8, **changes})
+        "top": 4, "near": 4, "window": 16, "teacher_queries": 8, "cuts_max": 256, **changes})
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +98,29 @@ def test_training_starts_at_confidence_and_improves(model):
     trained = fit_summary(model, video, text, _config(steps=60), progress=False)
     assert trained.trained["loss"] < 0.9 * fit_summary(
         model, video, text, _config(steps=2), progress=False).trained["loss"]
+
+
+def test_cut_videos_join_two_training_videos_at_one_cut():
+    """Each frame of a cut video is its source's frame at the same position; a video holds
+    frames of at most two sources, switching once; padding stays masked, about
+    ``frame_drop`` of the valid frames are masked out, and every video keeps one frame."""
+    videos, num = 6, 5
+    ids = torch.arange(videos * num, dtype=torch.float32).view(videos, num, 1)
+    mask = torch.ones(videos, num, dtype=torch.bool)
+    mask[2, 3:] = False  # a short video
+    cut = cut_videos(VideoFeatures(ids.expand(-1, -1, 3), mask), 2000, 0.3,
+                     torch.Generator().manual_seed(0))
+    frame = cut.frames[..., 0].long()  # [2000, N]: the source frame's id
+    source, position = frame // num, frame % num
+    assert cut.frames.shape == (2000, num, 3)
+    assert (position == torch.arange(num)).all()
+    assert ((source[:, 1:] != source[:, :-1]).sum(1) <= 1).all()
+    valid = mask[source, position]  # [2000, N]: the source frame is not padding
+    padding_kept = (cut.frame_mask & ~valid).any(1)  # only where nothing else was left
+    assert (cut.frame_mask[padding_kept].sum(1) == 1).all()
+    assert cut.frame_mask.any(1).all()
+    dropped = 1 - cut.frame_mask[valid].float().mean()
+    assert 0.2 < float(dropped) < 0.35
 
 
 def test_save_load_round_trip(model, head, tmp_path):

@@ -41,8 +41,9 @@ from ..functional import video_proxy
 from ..model import DiCoSA, TextFeatures, VideoFeatures
 from .base import Head
 
-__all__ = ["SUMMARY_SUFFIX", "DistilledSummaryHead", "carried_summary", "default_summary",
-           "fit_summary", "summary_beside", "summary_fit_command", "teacher_scores"]
+__all__ = ["SUMMARY_SUFFIX", "DistilledSummaryHead", "carried_summary", "cut_videos",
+           "default_summary", "fit_summary", "summary_beside", "summary_fit_command",
+           "teacher_scores"]
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class DistilledSummaryHead(Head):
         dim: int = 128  # learned width; the stage vector adds 2D with ``confidence``
         hidden: int = 256
         confidence: bool = False  # also feed (and keep) the "confidence" summary
-        steps: int = 600
+        steps: int = 1500
         lr: float = 2e-3
         tau: float = 0.02  # softmax temperature of the listwise distillation, in units of S
         queries_per_step: int = 32
@@ -68,6 +69,11 @@ class DistilledSummaryHead(Head):
         window: int = 3000
         teacher_queries: int = 2000  # captions scored exhaustively against the videos
         sphere: bool = True  # one more coordinate puts every video vector on one sphere
+        # Cut videos (:func:`cut_videos`) added to the training videos: this many per
+        # training video, at most ``cuts_max``; 0 fits on the training videos alone.
+        cuts_per_video: int = 64
+        cuts_max: int = 20000
+        cut_frame_drop: float = 0.3  # the share of a cut video's frames masked out
 
 
     def __init__(self, config: Config, embed_dim: int = 512, num_frames: int = 12,
@@ -167,6 +173,32 @@ class DistilledSummaryHead(Head):
         return fit_summary(model, videos, text, config, seed=seed, progress=progress)
 
 
+def cut_videos(videos: VideoFeatures, count: int, frame_drop: float,
+               generator: torch.Generator) -> VideoFeatures:
+    """``count`` videos cut from pairs of ``videos``: the first frames of one, the rest of
+    another (a random cut point), then each frame masked out with probability
+    ``frame_drop`` (one always kept).
+
+    A training split shows the teacher few of the frame combinations a collection holds
+    (new scenes mix objects and motions the training clips show apart). The teacher scores
+    cut videos exactly, so the student learns S on more of them; no video beyond the
+    training split is used. On pseudo-queries of a separate generator gallery (RESULTS.md)
+    the carried summary's recall@10 at a 1% candidate ratio rose from 0.88 to 0.92."""
+    frames, mask = videos.frames, videos.frame_mask  # [V, N, D], [V, N]
+    total, num = mask.shape
+    first = torch.randint(total, (count,), generator=generator)
+    second = torch.randint(total, (count,), generator=generator)
+    cut = torch.randint(1, max(num, 2), (count,), generator=generator)
+    from_first = torch.arange(num)[None] < cut[:, None]  # [count, N]
+    cut_frames = torch.where(from_first[..., None], frames[first], frames[second])
+    cut_mask = torch.where(from_first, mask[first], mask[second])
+    kept = torch.rand(count, num, generator=generator) >= frame_drop
+    kept[torch.arange(count), torch.randint(num, (count,), generator=generator)] = True
+    cut_mask = cut_mask & kept
+    cut_mask[~cut_mask.any(1), 0] = True  # both halves padding: keep a (padded) frame
+    return VideoFeatures(cut_frames, cut_mask)
+
+
 @torch.inference_mode()
 def teacher_scores(model: DiCoSA, text: Tensor, videos: VideoFeatures,
                    chunk: int = 1024, text_chunk: int = 256) -> Tensor:
@@ -197,6 +229,12 @@ def fit_summary(model: DiCoSA, videos: VideoFeatures, text: Tensor,
     torch.manual_seed(seed)
     model = model.eval()
     videos = VideoFeatures(videos.frames.float().cpu(), videos.frame_mask.cpu())
+    training_videos = len(videos)
+    cuts = min(config.cuts_per_video * training_videos, config.cuts_max)
+    if cuts:
+        extra = cut_videos(videos, cuts, config.cut_frame_drop, generator)
+        videos = VideoFeatures(torch.cat([videos.frames, extra.frames]),
+                               torch.cat([videos.frame_mask, extra.frame_mask]))
     text = text.float().cpu()[:config.teacher_queries]
     started = time.perf_counter()
     teacher = teacher_scores(model, text, videos).float()  # [Q, V]
@@ -250,7 +288,8 @@ def fit_summary(model: DiCoSA, videos: VideoFeatures, text: Tensor,
         norms = torch.cat([prepared.videos(head, torch.arange(i, min(i + 8192, len(videos))))
                            .norm(dim=-1) for i in range(0, len(videos), 8192)])
     head.radius = 1.25 * float(norms.max())
-    head.trained = {"videos": len(videos), "captions": len(text), "steps": config.steps,
+    head.trained = {"videos": training_videos, "cut_videos": cuts, "captions": len(text),
+                    "steps": config.steps,
                     "loss": float(loss.item()), "seconds": round(time.perf_counter() - started)}
     head.fit_report = dict(head.trained)  # what ``heads train`` records in the head file
     return head.eval()
