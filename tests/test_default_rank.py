@@ -52,8 +52,11 @@ def test_a_trained_checkpoint_searches_like_dicosa_with_no_summary_option(tmp_pa
     root = make_synthetic(tmp_path / "data", num_train=120, num_test=0, size=32, seconds=1.0,
                           num_workers=1)
     run = tmp_path / "run"
+    # The summary fitted on the training videos alone, 600 steps (~15 s): the default fit
+    # with cut videos takes minutes here; cut videos are tested in test_summary_head.py.
     _train_script().main(["--config", str(REPO / "configs" / "synthetic.yaml"),
-                          f"data.root={root}", f"train.output_dir={run}", "train.epochs=3"])
+                          f"data.root={root}", f"train.output_dir={run}", "train.epochs=3",
+                          "train.summary_options=[cuts_per_video=0, steps=600]"])
     fitted = [r for r in read_log(run / "log.jsonl", event=None) if r["event"] == "summary"]
     assert len(fitted) == 1 and Path(fitted[0]["path"]) == run / "best.summary.pt"
     assert fitted[0]["videos"] == 108  # the training videos, not the 12 that chose best.pt
