@@ -43,6 +43,9 @@ def test_index_then_search(index_dir):
     assert done.returncode == 0, done.stderr
     assert "indexed 5 videos" in done.stdout and "skipped 1" in done.stdout
     assert "broken.mp4" in done.stdout
+    # no checkpoint, so no fitted summary: the per-frame stage, said in one line
+    assert "first stage: 'frames'" in done.stdout
+    assert json.loads((out / "manifest.json").read_text())["first_stage"]["summary"] == "frames"
 
     # search rebuilds the model the manifest recorded (same seed, same weights).
     query = "a red circle moves left"

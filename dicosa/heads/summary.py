@@ -295,8 +295,8 @@ SUMMARY_SUFFIX = ".summary.pt"
 # recall@10 of the exhaustive DiCoSA top 10 in the two-stage top 10 at C = 1,000
 # (benchmarks/RESULTS.md: "Search", the trained tiny model at 100,000 videos; "Without a
 # trained head", the same model at 20,000 (frames) and the zero-shot preset at 10,000)
-_RECALL = {"distilled": 0.98, "confidence": 0.57, "frames": 0.85, "frames-zero-shot": 0.96,
-           "mean-zero-shot": 0.92}
+_RECALL = {"distilled": 0.98, "confidence": 0.57, "frames": 0.85, "confidence-20k": 0.55,
+           "frames-zero-shot": 0.96, "mean-zero-shot": 0.92}
 
 
 def summary_beside(checkpoint: str | Path) -> Path:
@@ -381,7 +381,7 @@ def _untrained_notice(checkpoint: str | Path | None, model: DiCoSA, kind: str,
     if kind == "frames":
         return ("first stage: 'frames' (every frame's confidence summary, a video ranked by "
                 f"its best frame, no training needed: expect ~{_RECALL['frames']:.0%} of "
-                f"DiCoSA's top 10 at C=1,000 of 20k, against ~{_RECALL['confidence']:.0%} for "
+                f"DiCoSA's top 10 at C=1,000 of 20k, against ~{_RECALL['confidence-20k']:.0%} for "
                 f"--summary confidence{fit})")
     milvus = (" (the 'frames' default runs on the local or exact backend, not milvus)"
               if backend == "milvus" else "")
