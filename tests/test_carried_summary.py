@@ -80,7 +80,7 @@ def test_without_a_carried_summary_the_notice_says_what_to_expect(tmp_path):
     model, checkpoint, _ = tiny_checkpoint(tmp_path, num_train=4)
     kwargs, notice = default_summary(checkpoint, model)
     assert kwargs == {"summary": "frames"}  # the best summary that needs no training
-    assert "best frame" in notice and "85%" in notice and "55%" in notice
+    assert "best frame" in notice and "78%" in notice and "38%" in notice
     assert summary_fit_command(checkpoint) in notice and "\n" not in notice
     kwargs, notice = default_summary(checkpoint, model, "confidence")
     assert kwargs == {"summary": "confidence"} and "carries no fitted summary" in notice
