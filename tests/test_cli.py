@@ -139,8 +139,10 @@ def test_index_files_follow_the_umask(index_dir):
     own writer creates 0600 files)."""
     out, done = index_dir
     assert done.returncode == 0, done.stderr
-    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    modes = {str(p.relative_to(out)): p.stat().st_mode & 0o777 for p in out.rglob("*")
+             if p.is_file()}  # the per-frame stage's files too, in frames/
     assert any(name.endswith(".safetensors") for name in modes)
+    assert "frames/frames.npz" in modes
     assert set(modes.values()) == {0o644}, modes
 
 
