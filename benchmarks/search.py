@@ -90,7 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "exact top 10 over the same vectors")
     p.add_argument("--shard-size", type=int, default=8192)
     p.add_argument("--summary", default="confidence",
-                   help="latency part: dense summary (confidence: 2D-vectors; mean: D)")
+                   help="latency part: dense summary (confidence: 2D-vectors; mean: D; frames: "
+                        "every frame's confidence summary as faiss IVF-PQ codes, the default "
+                        "of an index without a distilled head; distilled)")
     p.add_argument("--stage-option", action="append", default=[], metavar="KEY=VALUE",
                    help="first-stage option of the local backends, e.g. storage=sq8 (faiss "
                         "HNSW at 1 byte/dim)")
@@ -394,6 +396,7 @@ def first_stage_recall(index: VideoIndex, texts: list[str]) -> float | None:
     shard by shard from the stored videos (the stage's own vectors, recomputed)."""
     from dicosa.model import TextFeatures
     from dicosa.search.dense import ExactStage
+    from dicosa.search.frames_stage import FramesStage
     from dicosa.search.types import EncodedQueries
 
     if not texts:
@@ -408,7 +411,12 @@ def first_stage_recall(index: VideoIndex, texts: list[str]) -> float | None:
     best_scores = np.full((len(texts), 0), -np.inf, np.float32)
     for ids, proxies in index.store.iter_proxies():
         exact = ExactStage(summary.dim, normalize=summary.normalize)
-        exact.add(ids, index.summary_vectors(ids, proxies))
+        if summary.per_frame:  # every frame exactly, a few thousand videos at a time
+            exact = FramesStage(exact, index.store.num_frames)
+            for start in range(0, len(ids), 2048):
+                exact.add(ids[start:start + 2048], index.summary_vectors(ids[start:start + 2048]))
+        else:
+            exact.add(ids, index.summary_vectors(ids, proxies))
         part = exact.search(dense, 10)
         best_ids = np.concatenate([best_ids, part.ids], axis=1)
         best_scores = np.concatenate([best_scores, part.scores], axis=1)

@@ -13,7 +13,8 @@ SCRIPTS = ["train_step.py", "score.py", "data.py", "train_epoch.py", "ablation.p
            "summary_head.py", "sparse.py", "serve.py"]
 
 
-@pytest.mark.parametrize("script", [*SCRIPTS, "search.py --summary distilled --quality-videos 0"])
+@pytest.mark.parametrize("script", [*SCRIPTS, "search.py --summary distilled --quality-videos 0",
+                                    "search.py --summary frames --quality-videos 0"])
 def test_benchmark_smoke(script, tmp_path):
     script, *extra = script.split()
     path = ROOT / "benchmarks" / script

@@ -72,14 +72,21 @@ def test_default_summary_uses_the_carried_one(fitted):
     assert kwargs == {"summary": "confidence"}
     kwargs, _ = default_summary(checkpoint, model, str(summary_beside(checkpoint)))
     assert kwargs["summary"] == "distilled"
+    kwargs, notice = default_summary(checkpoint, model, "frames")  # asked for: no head
+    assert kwargs == {"summary": "frames"} and notice.startswith("first stage: 'frames'")
 
 
 def test_without_a_carried_summary_the_notice_says_what_to_expect(tmp_path):
     model, checkpoint, _ = tiny_checkpoint(tmp_path, num_train=4)
     kwargs, notice = default_summary(checkpoint, model)
-    assert kwargs == {"summary": "confidence"}
-    assert "carries no fitted summary" in notice and "57%" in notice
+    assert kwargs == {"summary": "frames"}  # the best summary that needs no training
+    assert "best frame" in notice and "78%" in notice and "38%" in notice
     assert summary_fit_command(checkpoint) in notice and "\n" not in notice
+    kwargs, notice = default_summary(checkpoint, model, "confidence")
+    assert kwargs == {"summary": "confidence"} and "carries no fitted summary" in notice
+    # Milvus does not run the per-frame stage: its default stays 'confidence', said so
+    kwargs, notice = default_summary(checkpoint, model, backend="milvus")
+    assert kwargs == {"summary": "confidence"} and "not milvus" in notice
     with pytest.raises(ValueError, match=r"needs a fitted summary .* heads train summary"):
         default_summary(checkpoint, model, "distilled")
 
@@ -107,13 +114,15 @@ def test_train_py_no_summary_turns_the_fit_off(monkeypatch, tmp_path):
     assert [cfg.train.fit_summary for cfg in seen] == [True, False]
 
 
-def test_a_model_without_confidence_mlp_is_told_its_first_stage_is_the_frame_mean():
+def test_a_model_without_confidence_mlp_defaults_to_its_frames():
     from dicosa.config import model_preset
 
     torch.manual_seed(0)
     model = DiCoSA.from_config(model_preset("zero-shot", arch="dicosa-tiny", pretrained=None,
                                             num_frames=4))
     kwargs, notice = default_summary(None, model)
+    assert kwargs == {"summary": "frames"} and "best frame" in notice and "zero-shot" in notice
+    kwargs, notice = default_summary(None, model, "confidence")
     assert kwargs == {"summary": "confidence"} and "frame mean" in notice
 
 

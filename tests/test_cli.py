@@ -43,6 +43,9 @@ def test_index_then_search(index_dir):
     assert done.returncode == 0, done.stderr
     assert "indexed 5 videos" in done.stdout and "skipped 1" in done.stdout
     assert "broken.mp4" in done.stdout
+    # no checkpoint, so no fitted summary: the per-frame stage, said in one line
+    assert "first stage: 'frames'" in done.stdout
+    assert json.loads((out / "manifest.json").read_text())["first_stage"]["summary"] == "frames"
 
     # search rebuilds the model the manifest recorded (same seed, same weights).
     query = "a red circle moves left"
@@ -136,8 +139,10 @@ def test_index_files_follow_the_umask(index_dir):
     own writer creates 0600 files)."""
     out, done = index_dir
     assert done.returncode == 0, done.stderr
-    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    modes = {str(p.relative_to(out)): p.stat().st_mode & 0o777 for p in out.rglob("*")
+             if p.is_file()}  # the per-frame stage's files too, in frames/
     assert any(name.endswith(".safetensors") for name in modes)
+    assert "frames/frames.npz" in modes
     assert set(modes.values()) == {0o644}, modes
 
 

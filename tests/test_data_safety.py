@@ -387,7 +387,7 @@ def test_damaged_derived_files_are_rebuilt_and_damaged_manifests_are_sentences(
     folder = tmp_path / "index"
     VideoIndex.build(model, clips["a"], folder, num_workers=0, progress=False)
     reference = VideoIndex.load(folder, model).search("a red circle", k=3)
-    for name in ("dense.pending.npz", "dense.removed.npy"):
+    for name in ("frames/dense.pending.npz", "frames/dense.removed.npy", "frames/frames.npz"):
         path = folder / name
         path.write_bytes(path.read_bytes()[:10])  # truncated
         index = VideoIndex.load(folder, model)

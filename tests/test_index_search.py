@@ -162,7 +162,7 @@ def test_add_and_remove_keep_the_stages_consistent(plain, backend, tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     stage = manifest["first_stage"]
     assert stage["synced"] == [200, 4] and stage["backend"] == backend
-    assert stage["summary"] == "confidence" and stage["dim"] == model.embed_dim  # no MLP: factors
+    assert stage["summary"] == "frames" and stage["dim"] == model.embed_dim  # no MLP: factors
     reopened = VideoIndex.load(out, model)
     for candidates in (40, None):
         expected = [[h.id for h in q] for q in index.search(QUERIES, k=10,

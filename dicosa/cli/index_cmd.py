@@ -41,9 +41,11 @@ def add_parser(commands) -> None:
                    help="a seismic setting, repeatable (e.g. heap_factor=0.8, query_cut=16, "
                         "n_postings=6000; docs/search.md)")
     p.add_argument("--summary", "--summary-head", dest="summary", metavar="SUMMARY",
-                   help="what the dense first stage compares per video: confidence, "
-                        "distilled (the summary the checkpoint carries; the default when it "
-                        "carries one) or a summary head file (heads train summary)")
+                   help="what the dense first stage compares per video: distilled (the "
+                        "summary the checkpoint carries; the default when it carries one), "
+                        "frames (every frame, a video ranked by its best frame: the default "
+                        "without one; not on milvus), confidence (one vector per video) or a "
+                        "summary head file (heads train summary)")
     p.add_argument("--no-wait", action="store_true",
                    help="fail at once (one sentence) when another process is writing the index, "
                         "instead of waiting for it")
@@ -113,15 +115,15 @@ def _report(index, report, out: str) -> None:
 
 
 def _summary(args: argparse.Namespace, model) -> dict:
-    """The dense stage's summary (``--summary``, else the one the checkpoint carries), checked
-    before any video is encoded; one line says which, and what recall to expect. An index
-    that exists keeps its own unless ``--summary`` is given."""
+    """The dense stage's summary (``--summary``, else the one the checkpoint carries, else
+    ``frames``), checked before any video is encoded; one line says which, and what recall
+    to expect. An index that exists keeps its own unless ``--summary`` is given."""
     from pathlib import Path
 
     from ..heads.summary import default_summary
 
     if args.summary is None and (Path(args.out) / "manifest.json").is_file():
         return {}
-    kwargs, notice = default_summary(args.checkpoint, model, args.summary)
+    kwargs, notice = default_summary(args.checkpoint, model, args.summary, args.backend)
     print(notice)
     return kwargs

@@ -331,9 +331,12 @@ class _Prepared:
 # A checkpoint ``best.pt`` carries its fitted summary as ``best.summary.pt`` beside it (a head
 # file: the model's fingerprint inside, so a summary of another model is never used).
 SUMMARY_SUFFIX = ".summary.pt"
-# recall@10 of the exhaustive DiCoSA top 10 in the two-stage top 10 at C = 1,000 of 100,000
-# videos (benchmarks/RESULTS.md, "Search": the trained tiny model on the synthetic benchmark)
-_RECALL = {"distilled": 0.98, "confidence": 0.57}
+# recall@10 of the exhaustive DiCoSA top 10 in the two-stage top 10 at C = 1,000
+# (benchmarks/RESULTS.md: "Search", the trained tiny model at 100,000 videos; "Without a
+# trained head", through VideoIndex with its default settings: the same model at 20,000
+# videos, "-20k", and the zero-shot preset at 10,000)
+_RECALL = {"distilled": 0.98, "confidence": 0.57, "frames": 0.78, "confidence-20k": 0.38,
+           "frames-zero-shot": 0.98, "mean-zero-shot": 0.91}
 
 
 def summary_beside(checkpoint: str | Path) -> Path:
@@ -366,19 +369,22 @@ def carried_summary(checkpoint: str | Path, model: DiCoSA) -> DistilledSummaryHe
 
 
 def default_summary(checkpoint: str | Path | None, model: DiCoSA,
-                    choice: str | None = None) -> tuple[dict, str]:
+                    choice: str | None = None, backend: str | None = None
+                    ) -> tuple[dict, str]:
     """The first-stage summary an index of ``model`` uses, as ``VideoIndex`` keyword
     arguments, and the one line that says which it is and what recall to expect.
 
     Args:
         checkpoint: the checkpoint ``model`` was loaded from (None: a model from a config).
-        choice: the user's ``--summary``: ``"confidence"``, ``"distilled"`` (the carried
-            one, an error without it) or a head file; None takes the carried summary when
-            there is one, else ``"confidence"``.
+        choice: the user's ``--summary``: ``"frames"``, ``"confidence"``, ``"distilled"``
+            (the carried one, an error without it) or a head file; None takes the carried
+            summary when there is one, else ``"frames"`` (``"confidence"`` on Milvus, which
+            the per-frame stage does not run on).
+        backend: the index's first-stage backend (None: the default, local).
     """
     from .base import load_head
 
-    if choice not in (None, "confidence", "distilled"):
+    if choice not in (None, "confidence", "distilled", "frames"):
         head = load_head(choice, model, kind="summary")
         return ({"summary": "distilled", "summary_head": head},
                 f"first stage: the distilled summary {choice}")
@@ -388,18 +394,40 @@ def default_summary(checkpoint: str | Path | None, model: DiCoSA,
                  else "a model without a checkpoint carries none")
         raise ValueError(f"--summary distilled needs a fitted summary and {where}; fit one "
                          f"with: {summary_fit_command(checkpoint or 'CKPT')}")
-    if head is not None and choice != "confidence":
+    if head is not None and choice in (None, "distilled"):
         return ({"summary": "distilled", "summary_head": head},
                 f"first stage: the distilled summary fitted with {checkpoint} (on the "
                 f"synthetic benchmark it keeps ~{_RECALL['distilled']:.0%} of DiCoSA's top 10 "
                 "at C=1,000 of 100k)")
-    if not model.head.adaptive:  # e.g. the zero-shot preset: nothing to linearise
-        return ({"summary": "confidence"},
-                "first stage: the cosine of the frame mean (this model has no confidence MLP)")
-    if choice == "confidence" or checkpoint is None:
-        return {"summary": "confidence"}, "first stage: the 'confidence' summary"
-    return ({"summary": "confidence"},
-            f"first stage: the 'confidence' summary ({checkpoint} carries no fitted summary: "
-            f"expect two-stage search to keep ~{_RECALL['confidence']:.0%} of DiCoSA's top 10 "
-            f"at C=1,000 of 100k rather than ~{_RECALL['distilled']:.0%}; fit one with: "
-            f"{summary_fit_command(checkpoint)})")
+    if choice is None:
+        choice = "confidence" if backend == "milvus" else "frames"
+    return {"summary": choice}, _untrained_notice(checkpoint, model, choice, backend)
+
+
+def _untrained_notice(checkpoint: str | Path | None, model: DiCoSA, kind: str,
+                      backend: str | None) -> str:
+    """The line that says which summary an index without a fitted head uses (see
+    :func:`default_summary`) and what recall to expect."""
+    fit = (f"; fit a distilled summary (~{_RECALL['distilled']:.0%}) with: "
+           f"{summary_fit_command(checkpoint)}" if checkpoint is not None else "")
+    if not model.head.adaptive:  # e.g. the zero-shot preset: unit frames, no MLP
+        if kind == "frames":
+            return ("first stage: 'frames' (every frame's vector, a video ranked by its best "
+                    f"frame: ~{_RECALL['frames-zero-shot']:.0%} of the zero-shot top 10 at "
+                    "C=1,000 of 10k on generated clips, against "
+                    f"~{_RECALL['mean-zero-shot']:.0%} for --summary confidence, the frame "
+                    "mean)")
+        return "first stage: the cosine of the frame mean (this model has no confidence MLP)"
+    if kind == "frames":
+        return ("first stage: 'frames' (every frame's confidence summary, a video ranked by "
+                f"its best frame, no training needed: expect ~{_RECALL['frames']:.0%} of "
+                f"DiCoSA's top 10 at C=1,000 of 20k, against ~{_RECALL['confidence-20k']:.0%} for "
+                f"--summary confidence{fit})")
+    milvus = (" (the 'frames' default runs on the local or exact backend, not milvus)"
+              if backend == "milvus" else "")
+    if checkpoint is None:
+        return f"first stage: the 'confidence' summary{milvus}"
+    return (f"first stage: the 'confidence' summary{milvus} ({checkpoint} carries no fitted "
+            f"summary: expect two-stage search to keep ~{_RECALL['confidence']:.0%} of "
+            f"DiCoSA's top 10 at C=1,000 of 100k rather than ~{_RECALL['distilled']:.0%}; fit "
+            f"one with: {summary_fit_command(checkpoint)})")

@@ -8,7 +8,7 @@ What is checked, in order:
 3. every live row's stored features are finite (a damaged row would score NaN);
 4. the dense first stage's files open and match the store (else it is rebuilt when opened);
 5. the derived files (a lexical stage, concept codes, title vectors, the faiss stage's
-   pending and removed lists) load;
+   pending and removed lists, the per-frame stage's under ``frames/``) load;
 6. files in the folder that no commit names (left by a write that never committed).
 
 ``repair`` removes rows whose features are damaged (one transaction: their ids become
@@ -41,6 +41,11 @@ _DERIVED = {
     "sparse-lexical.npz": lambda p: np.load(p).files,
     "semantic.npz": lambda p: np.load(p).files,
     "title.npz": lambda p: np.load(p).files,
+    # the per-frame stage's (summary "frames"), in its folder
+    "frames/frames.npz": lambda p: np.load(p).files,
+    "frames/dense.pending.npz": lambda p: np.load(p).files,
+    "frames/dense.removed.npy": np.load,
+    "frames/dense.exact.npz": lambda p: np.load(p).files,
 }
 # Files an index folder may hold besides shards and derived files.
 _KNOWN = {MANIFEST, RESERVED, ".writer.lock", ".writer.json", "first_stage.json",

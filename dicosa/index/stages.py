@@ -22,12 +22,34 @@ from ..search.proxy import Summary
 from ..search.store import FrameStore
 from ..search.types import FirstStage
 
-__all__ = ["DEFAULT_BACKEND", "SUMMARY_HEAD", "Registered", "StageSet"]
+__all__ = ["DEFAULT_BACKEND", "DEFAULT_SUMMARY", "FRAMES_OPTIONS", "SUMMARY_HEAD",
+           "Registered", "StageSet", "default_summary_kind", "frames_options"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BACKEND = "local"  # faiss HNSW, in the index folder
 SUMMARY_HEAD = "summary_head.pt"  # the "distilled" summary's head (dicosa/heads/summary.py)
+DEFAULT_SUMMARY = "frames"  # a new index without a trained head (milvus: "confidence")
+# The per-frame stage on faiss: IVF-PQ. 1,024 lists train on 40k frames (3,300 videos of 12;
+# the stage searches them exactly until then); nprobe 32 scans ~3% of the frames (raised by
+# FaissStage when C x N frames need more). pq_m: frames_options.
+FRAMES_OPTIONS = {"index": "ivfpq", "nlist": 1024, "nprobe": 32}
+_FRAME_CHUNK = 2048  # videos whose per-frame vectors are computed at once
+
+
+def default_summary_kind(backend: str | None) -> str:
+    """The summary of a new index given no trained head: ``"frames"``, except on Milvus
+    (which the per-frame stage does not run on): ``"confidence"``."""
+    return "confidence" if backend == "milvus" else DEFAULT_SUMMARY
+
+
+def frames_options(backend: str, options: dict, dim: int) -> dict:
+    """The per-frame stage's settings: ``options`` over the defaults of ``backend`` (faiss:
+    :data:`FRAMES_OPTIONS` and ``pq_m`` = dim/8 between 8 and 32 code bytes per frame, 40
+    bytes with its id: 0.45 GiB at 12M frames) unless ``options`` picks another faiss index."""
+    if backend not in ("local", "faiss") or options.get("index", "ivfpq") != "ivfpq":
+        return dict(options)
+    return {**FRAMES_OPTIONS, "pq_m": min(32, max(8, dim // 8)), **options}
 
 
 @dataclass
@@ -43,6 +65,12 @@ class StageSet:
     registered ones. ``spec`` is the manifest's ``first_stage`` record."""
 
     def __init__(self, store: FrameStore, spec: dict, summary_head=None):
+        if spec.get("summary") == "frames" and spec.get("backend") == "milvus":
+            from ..search.dense import StageError
+
+            raise StageError("the per-frame ('frames') first stage runs on the local (faiss) "
+                             "or exact backend, not milvus; choose summary 'confidence' or "
+                             "'distilled' for a Milvus index")
         self.store = store
         self.spec = spec
         self.model: DiCoSA | None = None
@@ -69,11 +97,15 @@ class StageSet:
             summary = self.summary()
             summary.calibrate(next(self.store.iter_proxies())[1])
             self.spec.update(calibration=summary.calibration, dim=summary.dim)
+            if summary.per_frame:  # recorded, so that a rebuild makes the same stage
+                self.spec["options"] = frames_options(self.spec["backend"],
+                                                      self.spec["options"], summary.dim)
             spec = {**self.spec, "options": {"normalize": summary.normalize,
                                              **self.spec["options"]}}
-            self.dense = _make_stage(spec, self.directory, summary.dim)
+            self.dense = _make_stage(spec, self.directory, summary.dim,
+                                     self.store.num_frames if summary.per_frame else None)
             for ids, proxies in self.store.iter_proxies():
-                self.dense.add(ids, self.summary_vectors(ids, proxies))
+                self.add_rows(Registered(self.dense, dense=True), ids, proxies)
         return self.dense
 
     def open_dense(self, directory: Path) -> None:
@@ -83,9 +115,13 @@ class StageSet:
                                                      len(self.store.removed)]:
             return
         from ..search.backends import open_first_stage
+        from ..search.frames_stage import FramesStage
 
         try:
-            self.dense = open_first_stage(directory, uri=self.spec.get("uri"))
+            if self.spec.get("summary") == "frames":
+                self.dense = FramesStage.open(directory)
+            else:
+                self.dense = open_first_stage(directory, uri=self.spec.get("uri"))
         except Exception as exc:
             if self.spec.get("backend") == "milvus":
                 raise  # a server that cannot be reached is the user's to fix, not rebuilt
@@ -105,7 +141,7 @@ class StageSet:
         for ids, _ in self.store.iter_proxies():
             ids = ids[~np.isin(ids, held)]
             if len(ids):
-                stage.add(ids, self.stage_input(registered, ids))
+                self.add_rows(registered, ids)
         self.extra.append(registered)
 
     # -- changes --------------------------------------------------------------------------
@@ -119,7 +155,7 @@ class StageSet:
         for registered in existing:
             if len(skipped):
                 registered.stage.remove(skipped)
-            registered.stage.add(ids, self.stage_input(registered, ids))
+            self.add_rows(registered, ids)
         self.dense_stage()  # made now, from the store, if the width was unknown until now
         return ids
 
@@ -176,14 +212,30 @@ class StageSet:
             save_head(head, path, self.model, getattr(head, "trained", None))
 
     def summary_vectors(self, ids: np.ndarray, proxies: np.ndarray | None = None
-                        ) -> np.ndarray:
-        """The dense stage's vectors of rows ``ids`` (from their frames for "distilled")."""
+                        ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """The dense stage's vectors of rows ``ids`` (from their frames for "distilled"); for
+        "frames", every frame's: ``([n, N, dim] float32, [n, N] bool mask)``."""
         summary = self.summary()
+        if summary.per_frame:
+            return summary.frames(self.store.gather(ids))
         if summary.needs_frames:
             return np.concatenate([summary.videos(self.store.gather(ids[i:i + 8192]))
                                    for i in range(0, len(ids), 8192)]
                                   or [np.zeros((0, summary.dim), np.float32)])
         return summary.videos(self.store.proxies(ids) if proxies is None else proxies)
+
+    def add_rows(self, registered: Registered, ids: np.ndarray,
+                 proxies: np.ndarray | None = None) -> None:
+        """Give rows ``ids`` to one stage (per-frame vectors: a few thousand videos at a time,
+        as a shard of 8,192 videos x 12 frames x 1,024 floats would be 0.4 GB at once)."""
+        if not registered.dense:
+            registered.stage.add(ids, self.stage_input(registered, ids))
+        elif not self.summary().per_frame:
+            registered.stage.add(ids, self.summary_vectors(ids, proxies))
+        else:
+            for start in range(0, len(ids), _FRAME_CHUNK):
+                part = ids[start:start + _FRAME_CHUNK]
+                registered.stage.add(part, self.summary_vectors(part))
 
     def stage_input(self, registered: Registered, ids: np.ndarray) -> object:
         if registered.dense:
@@ -193,10 +245,18 @@ class StageSet:
         return registered.videos(ids, self.store.gather(ids))
 
 
-def _make_stage(spec: dict, directory: Path | None, dim: int) -> FirstStage:
+def _make_stage(spec: dict, directory: Path | None, dim: int,
+                max_frames: int | None = None) -> FirstStage:
     """A new, empty dense first stage as ``spec`` ({backend, uri, options}) describes
-    (``dicosa/search/backends.py``; ``directory`` None: an in-memory index, saved later)."""
+    (``dicosa/search/backends.py``; ``directory`` None: an in-memory index, saved later);
+    ``max_frames``: a per-frame stage of videos of that many frames."""
     from ..search.backends import make_first_stage
+
+    if max_frames is not None:
+        from ..search.frames_stage import FramesStage
+
+        return FramesStage.create(spec["backend"], directory or Path("."), dim, max_frames,
+                                  **spec.get("options", {}))
 
     return make_first_stage(spec["backend"], directory=directory or Path("."), dim=dim,
                             uri=spec.get("uri"), **spec.get("options", {}))

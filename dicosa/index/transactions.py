@@ -102,7 +102,7 @@ class Transactional:
             if len(gone):
                 entry.stage.remove(gone)
             if len(came):
-                entry.stage.add(came, self._stages.stage_input(entry, came))
+                self._stages.add_rows(entry, came)
         self.frames, self._fingerprint = manifest.frames, manifest.fingerprint
         self.meta, self.skipped = manifest.meta, list(manifest.skipped)
         self._generation = manifest.generation

@@ -52,7 +52,7 @@ from .plugin_host import PluginHost
 from .plugins import IndexContext, IndexPlugin
 from .searcher import SearchMode
 from .searching import Searching
-from .stages import DEFAULT_BACKEND, StageSet
+from .stages import DEFAULT_BACKEND, StageSet, default_summary_kind
 from .transactions import Transactional
 
 __all__ = ["VideoIndex", "open_index"]
@@ -70,7 +70,10 @@ class VideoIndex(Transactional, PluginHost, Searching):
     decoded, as ``(path, reason)``. ``hooks``, ``query_encoders`` and ``modes`` are the
     search's extension points (plugins fill them through :meth:`use`).
 
-    ``backend=None`` keeps no dense first stage: the per-process parts of a multi-process
+    ``summary`` is what the dense stage compares (:mod:`dicosa.search.proxy`): None gives a
+    new index ``"frames"`` (every frame a row, a video scored by its best frame: no training
+    needed; ``"confidence"`` on Milvus); ``"distilled"`` with ``summary_head`` ranks closest
+    to DiCoSA. ``backend=None`` keeps no dense first stage: the per-process parts of a multi-process
     build (:mod:`dicosa.index.parallel`), whose merge builds the stage once over every row.
     ``frame_sampling``/``frame_padding`` (default ``segments``/``black``) are how :meth:`add`
     decodes videos: the model's ``data.frame_sampling``/``data.frame_padding``.
@@ -82,7 +85,7 @@ class VideoIndex(Transactional, PluginHost, Searching):
                  device: torch.device | str | None = None,
                  backend: str | None = DEFAULT_BACKEND,
                  uri: str | None = None, stage_options: dict | None = None,
-                 summary: str = "confidence", summary_head=None,
+                 summary: str | None = None, summary_head=None,
                  frame_sampling: str | None = None, frame_padding: str | None = None,
                  lock_timeout: float | None = None):
         self.model: DiCoSA | None = None
@@ -101,7 +104,8 @@ class VideoIndex(Transactional, PluginHost, Searching):
         self._contexts: dict[str, IndexContext] = {}
         self._stages = StageSet(self.store, {
             "backend": backend, "uri": uri, "options": dict(stage_options or {}),
-            "summary": summary, "calibration": None, "dim": None}, summary_head)
+            "summary": summary or default_summary_kind(backend), "calibration": None,
+            "dim": None}, summary_head)
         self._fingerprint: dict | None = None
         self._generation = 0
         self.lock_timeout = lock_timeout
@@ -162,7 +166,7 @@ class VideoIndex(Transactional, PluginHost, Searching):
             return index
         index = cls(model, tokenizer=tokenizer, device=device,
                     backend=DEFAULT_BACKEND if backend == "default" else backend, uri=uri,
-                    stage_options=stage_options, summary=summary or "confidence",
+                    stage_options=stage_options, summary=summary,
                     summary_head=summary_head, frame_sampling=frame_sampling,
                     frame_padding=frame_padding, lock_timeout=lock_timeout)
         if out is not None:

@@ -82,6 +82,8 @@ def row_ids(ids: object, count: int | None = None) -> np.ndarray:
 
 def check_new(ids: np.ndarray, known: np.ndarray) -> None:
     """Row ids are never reused: adding one already added (or added and removed) is an error."""
+    if not len(ids) or not len(known) or ids.min() > known.max():
+        return  # ids handed out in increasing order (the usual case): no set test needed
     seen = ids[np.isin(ids, known)]
     if len(seen):
         raise StageError(f"row id {int(seen[0])} was already added ({len(seen)} of {len(ids)} "
@@ -363,7 +365,10 @@ class FaissStage:
     def _search_parameters(self, k: int):
         cfg = self.config
         if not self._hnsw:
-            return faiss.SearchParametersIVF(nprobe=cfg.nprobe)
+            # Enough lists to hold about 2k rows on average: a large k (the per-frame stage
+            # asks for C x N frames) still fills its answer in a collection of short lists.
+            needed = -(-2 * k * cfg.nlist // max(1, int(self.index.ntotal)))
+            return faiss.SearchParametersIVF(nprobe=min(cfg.nlist, max(cfg.nprobe, needed)))
         params = faiss.SearchParametersHNSW(efSearch=max(cfg.ef_search, k))
         if len(self.removed):
             if self._selector is None:  # built once per set of tombstones

@@ -21,7 +21,8 @@ Eq. 1 at τ → ∞) so nothing but p is stored:
 On the trained tiny model with 100k videos (benchmarks/search.py), the exhaustive DiCoSA top 10
 is in the top 1,000 of ``"mean"`` for 15% of its videos and of ``"confidence"`` for 59%; of
 ``"distilled"`` for 98%, on pseudo-queries and test captions alike (benchmarks/RESULTS.md,
-"Search quality"; docs/search.md, "The dense summary").
+"Search quality"; docs/search.md, "The dense summary"). At 20k videos ``"frames"`` keeps 85%
+where ``"confidence"`` keeps 55% ("Without a trained head: per-frame stages").
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ..model import DiCoSA, VideoFeatures
 
 __all__ = ["SUMMARIES", "Summary"]
 
-SUMMARIES = ("confidence", "mean", "distilled")
+SUMMARIES = ("confidence", "mean", "distilled", "frames")
 _CALIBRATION_ROWS = 1000
 
 
@@ -51,7 +52,9 @@ class Summary:
             raise ValueError("the 'distilled' summary needs its trained head (summary_head=: "
                              "a dicosa.heads.summary.DistilledSummaryHead or its file)")
         self.model = model
-        self.kind = (kind if model.head.adaptive or kind in ("mean", "distilled")
+        self.name = kind  # what the manifest records
+        base = "confidence" if kind == "frames" else kind  # the vector of one video/frame
+        self.kind = (base if model.head.adaptive or base in ("mean", "distilled")
                      else "factors")
         self.calibration = calibration  # {"mean_hidden": [K][H], "active": [K][H]}
         self.head = head  # the DistilledSummaryHead of "distilled"
@@ -63,9 +66,16 @@ class Summary:
         return 2 * self.model.embed_dim if self.kind == "confidence" else self.model.embed_dim
 
     @property
+    def per_frame(self) -> bool:
+        """Whether the stage holds every frame (:meth:`frames`) rather than one vector per
+        video (:meth:`videos`)."""
+        return self.name == "frames"
+
+    @property
     def needs_frames(self) -> bool:
-        """Whether :meth:`videos` takes the frames (VideoFeatures) rather than the proxies."""
-        return self.kind == "distilled"
+        """Whether the stage's input is computed from the frames (VideoFeatures) rather than
+        the proxies."""
+        return self.kind == "distilled" or self.per_frame
 
     @property
     def normalize(self) -> bool:
