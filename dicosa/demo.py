@@ -51,6 +51,7 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     from .data.protocol import FrameProtocol
     from .data.synthetic import make_synthetic
     from .evaluation import evaluate, format_table
+    from .heads.summary import default_summary
     from .index import VideoIndex
     from .training import train
     from .visualize import visualize_factors
@@ -95,7 +96,9 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
               f"({', '.join(pair.factor_names[k])})")
 
     _stage("5/7 index and search")
-    index = VideoIndex.build(model, test.video_paths, out / "index",
+    summary, notice = default_summary(checkpoint, model)  # what `index` does: the carried one
+    print(notice)
+    index = VideoIndex.build(model, test.video_paths, out / "index", **summary,
                              num_workers=cfg.data.num_workers,
                              frame_sampling=cfg.data.frame_sampling,
                              frame_padding=cfg.data.frame_padding, meta={
