@@ -25,7 +25,8 @@ __all__ = ["run_demo"]
 # (train videos, test videos, training overrides) per mode. The full run is the benchmark
 # configs/synthetic.yaml describes; the quick one only checks that every stage runs.
 _FULL = (300, 100, {})
-_QUICK = (24, 8, {"epochs": 1, "max_steps": 2, "batch_size": 8, "log_every": 1})
+_QUICK = (24, 8, {"epochs": 1, "max_steps": 2, "batch_size": 8, "log_every": 1,
+                  "summary_options": ("steps=40",)})
 
 
 def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
