@@ -76,8 +76,9 @@ def synthetic_checkpoint(work: str | Path, *, num_train: int = 300, num_test: in
     sections = {name: dict(values) for name, values in (overrides or {}).items()}
     train_overrides = {**sections.pop("train", {}), "seed": seed,
                        "output_dir": str(work / f"run-seed{seed}")}
-    if smoke:
-        train_overrides.update(epochs=1, max_steps=2, batch_size=8)
+    if smoke:  # the carried first-stage summary is still fitted, in a few steps
+        train_overrides.update(epochs=1, max_steps=2, batch_size=8,
+                               summary_options=("steps=40",))
     cfg = replace(cfg, data={**sections.pop("data", {}), "root": str(data)},
                   train=train_overrides, **sections)
     run = Path(cfg.train.output_dir)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import struct
@@ -160,12 +161,36 @@ def _committed_shards(out: Path) -> list:
         return []
 
 
-def _counted_writes(tmp_path: Path, action) -> int:
-    """How many write points ``action()`` meets (DICOSA_FAULT_LOG)."""
+def _counted_writes(tmp_path: Path, action) -> list[str]:
+    """The labels (file names) of the write points ``action()`` meets, in order
+    (DICOSA_FAULT_LOG): write point n is ``labels[n - 1]``."""
     log = tmp_path / "writes.log"
     with _environ(DICOSA_FAULT_LOG=str(log)):
         action()
-    return len(log.read_text().splitlines())
+    return [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
+
+
+def _kind(label: str) -> str:
+    """A write point's kind: its file name with shard numbers dropped."""
+    return re.sub(r"\d+", "N", label)
+
+
+def _sampled_points(labels: list[str]) -> list[int]:
+    """The write points (1-based) a fault sweep visits: the first point of each kind (the
+    opening manifest write, the reserved ids, a shard's frames and table, each first stage's
+    files, ...), the first shard write after a shard was committed (a fault between two
+    committed shards), and the last point (the closing commit). Every kind of write, and
+    every kind of state a fault can leave behind, is visited once; the points in between
+    repeat a kind already visited in the same state, and are left out to keep the sweep short.
+    """
+    first = {}
+    for n, label in enumerate(labels, 1):
+        first.setdefault(_kind(label), n)
+    shards = [n for n, label in enumerate(labels, 1) if label.startswith("shard-")]
+    commits = [n for n, label in enumerate(labels, 1)
+               if label == "manifest.json" and shards and n > shards[0]]
+    between = [n for n in shards if commits and n > commits[0]]  # after a committed shard
+    return sorted({*first.values(), *between[:1], len(labels)})
 
 
 class _environ:
@@ -181,26 +206,40 @@ class _environ:
             os.environ.pop(key, None)
 
 
-def _base(model, clips, folder: Path) -> Path:
+@pytest.fixture(scope="module")
+def built(model, clips, tmp_path_factory) -> Path:
+    """An index of the clips of folder "a" (exact first stage, shards of 2), built once."""
+    folder = tmp_path_factory.mktemp("built") / "index"
     VideoIndex.build(model, clips["a"], folder, batch_size=2, shard_size=2, num_workers=0,
                      progress=False, backend="exact")
     return folder
 
 
-def test_full_disk_at_each_write_point_of_add(model, clips, tmp_path):
-    """ENOSPC at the n-th write of an add, for every n: one sentence; the folder reopens with
-    exactly a committed state; the same object then adds correctly."""
-    base = _base(model, clips, tmp_path / "base")
+@pytest.fixture
+def copy_built(built):
+    """A copy of ``built`` at ``folder``, for a test to change: ``copy_built(folder)``."""
+    return lambda folder: Path(shutil.copytree(built, folder))
+
+
+def test_full_disk_at_each_write_point_of_add(model, clips, copy_built, tmp_path):
+    """ENOSPC at the n-th write of an add, for a sample of n covering every kind of write
+    (_sampled_points): one sentence; the folder reopens with exactly a committed state; the
+    same object then adds correctly."""
+    base = copy_built(tmp_path / "base")
 
     def add_b(folder: Path):
         return VideoIndex.load(folder, model).add(clips["b"][:4], batch_size=2, shard_size=2,
                                                   num_workers=0, progress=False)
 
     shutil.copytree(base, tmp_path / "count")
-    points = _counted_writes(tmp_path, lambda: add_b(tmp_path / "count"))
-    assert points >= 8  # reserved, shard files and a manifest per shard, stages, commit
+    labels = _counted_writes(tmp_path, lambda: add_b(tmp_path / "count"))
+    points = _sampled_points(labels)
+    assert {_kind(labels[n - 1]) for n in points} >= {  # every kind of write an add makes
+        "manifest.json", "reserved.json", "shard-N.safetensors", "shard-N.csv",
+        "dense.exact.npz", "first_stage.json"}
+    assert points[-1] == len(labels) >= 8 and len(points) < len(labels)
     everything = _paths(clips["a"] + clips["b"][:4])
-    for n in range(1, points + 1):
+    for n in points:
         folder = shutil.copytree(base, tmp_path / f"fail{n}")
         index = VideoIndex.load(folder, model)
         with _environ(DICOSA_FAIL_AT_WRITE=str(n)), pytest.raises(StorageError) as failed:
@@ -239,18 +278,21 @@ def _act(folder: Path, model, action: str, n: int | None, clips) -> None:
 
 
 @pytest.mark.parametrize("action", ["add", "remove", "attach"])
-def test_sigkill_at_each_write_point(model, clips, tmp_path, action):
-    """A process killed at each write point of an add, a remove and a plugin's attachment:
-    the index reopens holding the last committed state, and running the operation again
+def test_sigkill_at_each_write_point(model, clips, copy_built, tmp_path, action):
+    """A process killed at write points of an add, a remove and a plugin's attachment (every
+    kind of write, _sampled_points; all of them for a remove and an attachment): the index
+    reopens holding the last committed state, and running the operation again
     completes it with no duplicate or missing row."""
-    base = _base(model, clips, tmp_path / "base")
+    base = copy_built(tmp_path / "base")
     shutil.copytree(base, tmp_path / "count")
-    points = _counted_writes(tmp_path, lambda: _act(tmp_path / "count", model, action, None,
+    labels = _counted_writes(tmp_path, lambda: _act(tmp_path / "count", model, action, None,
                                                     clips))
+    points = _sampled_points(labels)
+    assert {"manifest.json"} <= {labels[n - 1] for n in points} and points[-1] == len(labels)
     everything = _paths(clips["a"] + clips["b"][:4])
     expected = {"add": everything, "remove": _paths(clips["a"][3:]),
                 "attach": _paths(clips["a"])}[action]
-    for n in range(1, points + 1):
+    for n in points:
         folder = shutil.copytree(base, tmp_path / f"kill{n}")
         assert _killed_child(folder, model, action, n, clips) == -signal.SIGKILL
         reopened = VideoIndex.load(folder, model)
@@ -278,9 +320,9 @@ def _corrupt_row(index: VideoIndex, row_id: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_a_nan_corrupted_row_is_refused_by_checksum_and_never_ranked_first(model, clips,
+def test_a_nan_corrupted_row_is_refused_by_checksum_and_never_ranked_first(model, copy_built,
                                                                          tmp_path, caplog):
-    folder = _base(model, clips, tmp_path / "index")
+    folder = copy_built(tmp_path / "index")
     clean = VideoIndex.load(folder, model)
     query = "a red circle moves left"
     last = clean.search(query, k=len(clean), candidates=None)[-1]  # the row to damage
@@ -316,8 +358,8 @@ def test_non_finite_features_are_refused_at_write_time(model, tmp_path):
 
 
 # -- honest inputs: one sentence each ---------------------------------------------------------
-def test_a_long_query_is_flagged_as_truncated(model, clips, tmp_path, capsys):
-    folder = _base(model, clips, tmp_path / "index")
+def test_a_long_query_is_flagged_as_truncated(model, copy_built, tmp_path, capsys):
+    folder = copy_built(tmp_path / "index")
     index = VideoIndex.load(folder, model)
     words = " ".join(["red circle"] * model.config.max_words)
     assert index.query(words, k=2).truncated and not index.query("a red circle", k=2).truncated
@@ -434,8 +476,9 @@ def _as_written_before_checksums(folder: Path) -> None:
                                    for line in lines) + "\n")
 
 
-def test_an_index_in_the_earlier_format_opens_searches_and_grows(model, clips, tmp_path):
-    folder = _base(model, clips, tmp_path / "index")
+def test_an_index_in_the_earlier_format_opens_searches_and_grows(model, clips, copy_built,
+                                                                 tmp_path):
+    folder = copy_built(tmp_path / "index")
     reference = VideoIndex.load(folder, model).search("a red circle", k=4)
     _as_written_before_checksums(folder)
     old = VideoIndex.load(folder, model)

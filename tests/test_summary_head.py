@@ -96,6 +96,8 @@ def test_training_starts_at_confidence_and_improves(model):
     norms = np.linalg.norm(summary.videos(video), axis=1)
     np.testing.assert_allclose(norms, head.radius, rtol=1e-5)  # fit sets R above every norm
     trained = fit_summary(model, video, text, _config(steps=60), progress=False)
+    assert fit_summary(model, video, text, _config(steps=20), progress=False).trained[
+        "steps"] == 20  # the schedule's warm-up is one step long here: no division by 0
     assert trained.trained["loss"] < 0.9 * fit_summary(
         model, video, text, _config(steps=2), progress=False).trained["loss"]
 

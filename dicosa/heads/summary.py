@@ -253,8 +253,10 @@ def fit_summary(model: DiCoSA, videos: VideoFeatures, text: Tensor,
     with torch.no_grad():  # the frozen parts of the inputs, once
         prepared = _Prepared(head, model, videos, text)
     optimiser = torch.optim.Adam(head.parameters(), lr=config.lr)
+    # OneCycleLR divides by its warm-up length, pct_start * steps - 1: never 0 (20 steps)
+    warm_up = 0.05 if abs(0.05 * config.steps - 1) > 1e-9 else 0.06
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, config.lr,
-                                                   total_steps=config.steps, pct_start=0.05)
+                                                   total_steps=config.steps, pct_start=warm_up)
     shared_count = min(config.shared_videos, len(videos))
     head.train()
     for step in range(1, config.steps + 1):
