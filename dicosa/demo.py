@@ -23,7 +23,7 @@ from .config import replace, resolve_config
 __all__ = ["run_demo"]
 
 # The carried first-stage summary fitted on the training videos alone, 600 steps: ~15 s
-# instead of the ~5 min train.py spends on its cut videos (dicosa/heads/summary.py), so the
+# instead of the ~4 min train.py spends on its cut videos (dicosa/heads/summary.py), so the
 # demo stays about a minute; its index shows the path, not the best recall.
 _DEMO_SUMMARY = ("cuts_per_video=0", "steps=600")
 # (train videos, test videos, training overrides) per mode. The full run is the benchmark
