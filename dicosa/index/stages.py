@@ -65,12 +65,10 @@ class StageSet:
     registered ones. ``spec`` is the manifest's ``first_stage`` record."""
 
     def __init__(self, store: FrameStore, spec: dict, summary_head=None):
-        if spec.get("summary") == "frames" and spec.get("backend") == "milvus":
-            from ..search.dense import StageError
+        if spec.get("summary") == "frames":  # refused before anything is written
+            from ..search.frames_stage import check_backend
 
-            raise StageError("the per-frame ('frames') first stage runs on the local (faiss) "
-                             "or exact backend, not milvus; choose summary 'confidence' or "
-                             "'distilled' for a Milvus index")
+            check_backend(spec.get("backend"))
         self.store = store
         self.spec = spec
         self.model: DiCoSA | None = None

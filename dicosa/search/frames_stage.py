@@ -34,7 +34,7 @@ from .backends import make_first_stage, open_first_stage
 from .dense import StageError, _npz_bytes, check_k, pad_candidates
 from .types import Candidates, EncodedQueries, FirstStage
 
-__all__ = ["FRAMES_DIR", "FRAMES_FILE", "FramesStage", "frame_rows"]
+__all__ = ["FRAMES_DIR", "FRAMES_FILE", "FramesStage", "check_backend", "frame_rows"]
 
 FRAMES_DIR = "frames"  # the inner stage's files, under the index folder
 FRAMES_FILE = "frames.npz"  # the live video ids and max_frames, in FRAMES_DIR
@@ -45,6 +45,15 @@ def frame_rows(ids: np.ndarray, mask: np.ndarray, max_frames: int) -> np.ndarray
     ids = np.asarray(ids, dtype=np.int64)
     rows = ids[:, None] * max_frames + np.arange(mask.shape[1])[None]  # [n, N]
     return rows[np.asarray(mask, dtype=bool)]
+
+
+def check_backend(backend: str | None) -> None:
+    """Refuse Milvus in one sentence: a Milvus search returns at most 16,384 rows, fewer than
+    the C x N frames a search of C videos needs."""
+    if backend == "milvus":
+        raise StageError("the per-frame ('frames') first stage runs on the local (faiss) or "
+                         "exact backend, not milvus; choose summary 'confidence' or "
+                         "'distilled' for a Milvus index")
 
 
 class FramesStage:
@@ -65,10 +74,7 @@ class FramesStage:
     @classmethod
     def create(cls, backend: str, directory: str | os.PathLike | None, dim: int,
                max_frames: int, **options) -> FramesStage:
-        if backend == "milvus":
-            raise StageError("the per-frame ('frames') first stage runs on the local (faiss) "
-                             "or exact backend, not milvus; choose --summary confidence or "
-                             "distilled for a Milvus index")
+        check_backend(backend)
         inner = make_first_stage(backend, directory=_inner_dir(directory) or Path("."),
                                  dim=dim, **options)
         return cls(inner, max_frames)
