@@ -253,10 +253,20 @@ class DiCoSA(nn.Module):
         if frames.shape[-1] != self.image_size or frames.shape[-2] != self.image_size:
             raise ValueError(f"frames are {frames.shape[-2]}x{frames.shape[-1]} px but the image "
                              f"tower takes {self.image_size}x{self.image_size}")
-        images = frames.flatten(0, 1)
+        frame_vectors = self.encode_frames(frames.flatten(0, 1)).view(batch, num, -1)
+        return self.contextualise(frame_vectors, frame_mask)
+
+    def encode_frames(self, images: Tensor) -> Tensor:
+        """The image tower alone, frame by frame: ``images [F, 3, H, W]`` (uint8 0–255, or
+        float already normalised) -> ``[F, D]``. A long video's frames are encoded this way
+        once, in batches, and grouped into clips afterwards (:meth:`contextualise`)."""
         if images.dtype == torch.uint8:
             images = (images.float() / 255.0 - self.pixel_mean) / self.pixel_std
-        frame_vectors = self.clip.encode_image(images).view(batch, num, -1)  # [B_v, N, D]
+        return self.clip.encode_image(images)
+
+    def contextualise(self, frame_vectors: Tensor, frame_mask: Tensor) -> VideoFeatures:
+        """Image-tower vectors of clips ``[B_v, N, D]`` (mask ``[B_v, N]``) -> the per-frame
+        vectors DiCoSA scores: the temporal transformer, then the optional normalisation."""
         if self.temporal is not None:
             frame_vectors = self.temporal(frame_vectors, frame_mask)
         if self.config.normalize_features:
