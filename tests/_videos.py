@@ -88,3 +88,43 @@ def damage(path: str | Path, first: int, last: int) -> Path:
         data[pos:pos + size] = bytes(size)
     path.write_bytes(bytes(data))
     return path
+
+
+def write_timed(path: str | Path, levels, times, start: float = 0.0, width: int = 48,
+                height: int = 32) -> Path:
+    """Flat grey frames of ``levels`` at the given presentation ``times`` (seconds, strictly
+    increasing; a variable frame rate), the stream starting at ``start`` seconds (Matroska,
+    millisecond timestamps). Returns ``path``."""
+    from fractions import Fraction
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=1000)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.codec_context.time_base = Fraction(1, 1000)
+        stream.codec_context.qmax = 2
+        for level, time in zip(levels, times, strict=True):
+            img = np.full((height, width, 3), level, dtype=np.uint8)
+            frame = av.VideoFrame.from_ndarray(img, format="rgb24")
+            frame.pts, frame.time_base = int(round((time + start) * 1000)), Fraction(1, 1000)
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return path
+
+
+def write_scenes(path: str | Path, colours, seconds: float = 3.0, fps: int = 8,
+                 width: int = 48, height: int = 32) -> Path:
+    """A video of one scene per RGB colour in ``colours``, ``seconds`` each, joined by hard
+    cuts; in each scene a white square moves right (so consecutive frames differ a little).
+    Returns ``path``."""
+    frames = []
+    per_scene = round(seconds * fps)
+    for colour in colours:
+        for i in range(per_scene):
+            img = np.empty((height, width, 3), dtype=np.uint8)
+            img[:] = colour
+            x = (2 * i) % (width - 8)
+            img[8:16, x:x + 8] = 255
+            frames.append(img)
+    return write_frames(path, np.stack(frames), fps=fps)
