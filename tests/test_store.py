@@ -11,7 +11,7 @@ from safetensors.torch import save as save_safetensors
 from dicosa.functional import video_proxy
 from dicosa.index import VideoIndex
 from dicosa.model import DiCoSA, VideoFeatures
-from dicosa.search.store import COLUMNS, FrameStore, StoreError
+from dicosa.search.store import COLUMNS, ROW_COLUMNS, FrameStore, StoreError
 
 from .conftest import tiny_config
 
@@ -83,9 +83,12 @@ def test_ids_tombstones_proxies_and_rows(tmp_path):
             video.frames[:2].float(), video.frame_mask[:2]).numpy())
         rows = s.rows(np.array([7, 1]))
         assert rows["path"].tolist() == ["/v/7.mp4", "/v/1.mp4"] and rows.index.tolist() == [7, 1]
-        assert list(rows.columns) == list(COLUMNS)
+        assert list(rows.columns) == list(ROW_COLUMNS)
+        # a clip row is its whole video: its own video id, [0, duration]
+        assert rows["video"].tolist() == [7, 1] and rows["end"].tolist() == [1.5, 1.5]
         assert [ids.tolist() for ids, _ in s.iter_proxies()][:2] == [[0, 1, 3, 4], [5, 7, 8]]
     assert reopened.metadata().drop(index=9).equals(store.metadata())
+    assert list(reopened.video_metadata().columns) == list(COLUMNS)
     # has_frames: False exactly for a row stored without any valid frame (title-only rows)
     empty = _video(1, dim=16, seed=3)
     empty.frame_mask[:] = False

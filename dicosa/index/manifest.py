@@ -6,16 +6,19 @@ them, atomically and fsync'ed; a reader that opened the old manifest keeps readi
 names, which no writer changes (shards are immutable once listed; every other file is
 replaced by rename, and is derivable from the shards).
 
-Fields (JSON): ``format`` (:data:`FORMAT`), ``version`` (2, or 3 when the frame protocol is
+Fields (JSON): ``format`` (:data:`FORMAT`), ``version`` (2; 3 when the frame protocol is
 not ``segments``/``black``, so that a dicosa from before the ``frames`` field refuses such an
-index), ``generation`` (commits so far: a long-lived reader reloads when it grows),
-``fingerprint`` (``weights_sha256`` and the config fields that change features or scores),
+index; 4 when it holds ``runs`` shards, the frame runs of videos cut into segments, which an
+older dicosa cannot read), ``generation`` (commits so far: a long-lived reader reloads when it
+grows), ``fingerprint`` (``weights_sha256`` and the config fields that change features or scores),
 the store's fields (``num_frames``, ``dim``, ``next_id``, ``removed`` row ids, ``shards``:
 ``[{"name", "first_id", "count", "proxy", "sha256": {"safetensors", "csv"}}]``),
 ``num_videos`` (live rows), ``first_stage`` (``backend``, ``uri``, ``options``,
 ``summary``, ``calibration``, ``dim``, ``synced``: the store's ``[next_id, removed]`` when the
 stage was last saved; a stage that lags is rebuilt from the stored proxies when opened),
-``skipped`` (``[{"path", "reason"}]``), ``frames`` (``{"sampling", "padding"}``) and ``meta``
+``skipped`` (``[{"path", "reason"}]``), ``frames`` (``{"sampling", "padding"}``), ``segments``
+(the :class:`~dicosa.data.segments.SegmentPolicy` long videos are decoded and cut by; absent:
+an index of whole clips, one row per video, as before segments) and ``meta``
 (free-form; dicosa keeps there ``model``, what built the index, and one record per plugin:
 ``lexical``, ``concepts``, ``fusion``).
 
@@ -33,14 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..data.protocol import FrameProtocol
+from ..data.segments import SegmentPolicy
 from ..files import write_text_atomic
 
 __all__ = ["FORMAT", "MANIFEST", "READABLE", "RESERVED", "VERSION", "Manifest",
            "ManifestError", "read_reserved", "write_reserved"]
 
 FORMAT = "dicosa-video-index"
-VERSION = 3  # written only for a frame protocol other than segments/black (else 2)
-READABLE = (1, 2, 3)
+VERSION = 4  # written for an index with segments; 3 for another frame protocol; else 2
+READABLE = (1, 2, 3, 4)
 MANIFEST = "manifest.json"
 RESERVED = "reserved.json"
 # Indexes decoded with this before their manifest recorded the frame protocol (``frames``).
@@ -65,6 +69,7 @@ class Manifest:
     meta: dict = field(default_factory=dict)
     generation: int = 0
     num_videos: int = 0
+    segments: SegmentPolicy | None = None
 
     @classmethod
     def read(cls, directory: str | Path) -> Manifest:
@@ -103,7 +108,9 @@ class Manifest:
                 frames=FrameProtocol(frames["sampling"], frames["padding"]),
                 meta=raw.get("meta") or {},
                 generation=int(raw.get("generation", 0)),
-                num_videos=int(raw.get("num_videos", 0)))
+                num_videos=int(raw.get("num_videos", 0)),
+                segments=(SegmentPolicy.from_dict(raw["segments"]) if raw.get("segments")
+                         else None))
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"{path} is damaged ({type(exc).__name__}: {exc}); "
                                 f"{_REBUILD}") from None
@@ -111,8 +118,9 @@ class Manifest:
     def as_json(self) -> dict:
         return {
             "format": FORMAT,
-            # 2 where the format is unchanged: older dicosa versions read it as before.
-            "version": 2 if self.frames == UNRECORDED_FRAMES else VERSION,
+            # The lowest version that describes the folder: older dicosa versions read an
+            # index as before unless it holds what they cannot read.
+            "version": self.version,
             "generation": self.generation,
             "fingerprint": self.fingerprint,
             "num_videos": self.num_videos,
@@ -120,8 +128,15 @@ class Manifest:
             "first_stage": self.first_stage,
             "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
             "frames": self.frames.as_dict(),
+            **({"segments": self.segments.as_dict()} if self.segments is not None else {}),
             "meta": self.meta,
         }
+
+    @property
+    def version(self) -> int:
+        if any(s.get("layout") == "runs" for s in self.store.get("shards", [])):
+            return 4
+        return 2 if self.frames == UNRECORDED_FRAMES else 3
 
     def write(self, directory: str | Path) -> None:
         """Commit: the manifest replaces the old one whole (atomic, fsync'ed)."""

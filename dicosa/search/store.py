@@ -1,4 +1,4 @@
-"""The frame store: per-frame float16 features of every indexed video, memory-mapped.
+"""The frame store: the per-frame features of every indexed video, memory-mapped.
 
 DiCoSA's score pools the frames under the query (Eq. 1), so the rerank needs each candidate's
 per-frame features; at 1M videos of ViT-B/32 size (N=12, D=512) they are 12 GiB, more than a
@@ -6,12 +6,12 @@ search process should hold. The store keeps them in shard files that are memory-
 never concatenated: :meth:`FrameStore.gather` of C candidate rows reads only those rows'
 pages, and resident memory does not grow with the number of shards opened.
 
-Files, per shard (``shard-00000`` ...), each written whole then renamed:
-
-    shard-00000.safetensors   "frames": float16 [n, N, D]; "frame_mask": bool [n, N];
-                              "proxy": float32 [n, D], the dense proxy (masked frame mean,
-                              :func:`dicosa.functional.video_proxy`) computed when written
-    shard-00000.csv           one row per video: the :data:`COLUMNS`
+A *row* is what search ranks: a whole short video, or one segment (a time range) of a long
+one. Shards keep their rows in one of two layouts (:mod:`dicosa.search.shards`): ``clips``,
+one row of N frames per video, and ``runs``, each video's frames once with rows that are
+views of them; :meth:`FrameStore.gather` gives both the same ``[n, N, D]`` shape. The rows of
+one video are consecutive ids; the video's id is the id of its first row
+(:meth:`FrameStore.videos_of`), and removing a video removes all of them.
 
 A shard's name may also be a path relative to the index folder (``parts/rank-1/shard-00000``:
 the shards a multi-process build's processes wrote, linked by :meth:`FrameStore.link`).
@@ -26,67 +26,35 @@ proxies are computed when opened and the missing columns read as empty.
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import os
-import struct
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-from safetensors.torch import save as save_safetensors
 
-from ..files import write_bytes_atomic
-from ..functional import video_proxy
 from ..model import VideoFeatures
+from .shards import (
+    COLUMNS,
+    ClipShard,
+    RunShard,
+    Shard,
+    StoreError,
+    VideoRun,
+    file_sha256,
+    finite_rows,
+    open_shard,
+    read_rows,
+    write_shard,
+)
 
-__all__ = ["COLUMNS", "FrameStore", "StoreError"]
+__all__ = ["COLUMNS", "ROW_COLUMNS", "FrameStore", "StoreError", "VideoRun", "finite_rows"]
 
-# path, duration (s), fps, num_frames (in the file), valid_frames (decoded, the rest padding);
-# title, text_only, frames_lost are reserved for heads that read them (empty until then);
-# size (bytes) and mtime (s) of the file when it was encoded: how a later add notices a
-# changed file (empty in indexes written before they were kept).
-COLUMNS = ("path", "duration", "fps", "num_frames", "valid_frames", "title", "text_only",
-           "frames_lost", "size", "mtime")
-_NUMERIC = ("duration", "fps", "size", "mtime")
-_DTYPES = {"F16": np.float16, "F32": np.float32, "BOOL": np.bool_, "I64": np.int64}
-
-
-class StoreError(ValueError):
-    """A store file that is missing, damaged or does not match its manifest."""
-
-
-@dataclass
-class _Shard:
-    first_id: int
-    frames: np.ndarray  # float16 [n, N, D], a memory map once written
-    frame_mask: np.ndarray  # bool [n, N]
-    proxy: np.ndarray  # float32 [n, D]
-    name: str | None = None  # file stem once written
-    has_proxy_file: bool = True  # False for version-1 shards (proxy computed when opened)
-    # sha256 of the written files, {"safetensors": hex, "csv": hex}; None where the manifest
-    # recorded none (indexes written before checksums were kept)
-    sha256: dict | None = None
-    _rows: pd.DataFrame | None = field(default=None, repr=False)
-    _directory: Path | None = field(default=None, repr=False)
-
-    @property
-    def count(self) -> int:
-        return self.frames.shape[0]
-
-    @property
-    def rows(self) -> pd.DataFrame:
-        """The shard's metadata, read from its csv on first use."""
-        if self._rows is None:
-            assert self._directory is not None and self.name is not None
-            self._rows = _read_rows(self._directory / f"{self.name}.csv")
-            if len(self._rows) != self.count:
-                raise StoreError(f"{self._directory}: {self.name}.csv holds {len(self._rows)} "
-                                 f"rows but its features {self.count}; rebuild the index")
-        return self._rows
+# What store.rows() gives per row: the video's metadata, then the row's own: ``video`` (the id
+# of the video's first row: how the rows of one video are told apart from another's) and the
+# row's ``start``/``end`` in seconds.
+ROW_COLUMNS = (*COLUMNS, "video", "start", "end")
 
 
 class FrameStore:
@@ -96,12 +64,13 @@ class FrameStore:
         self.num_frames = num_frames
         self.dim = dim
         self.directory: Path | None = None
-        self.shards: list[_Shard] = []
+        self.shards: list[Shard] = []
         self.removed: set[int] = set()
         # Ids below this may have been handed to rows of a write that never committed (see
         # dicosa/index/manifest.py, "reserved ids"); the next append starts at or after it.
         self.reserved = 0
         self._starts = np.zeros(0, dtype=np.int64)
+        self._videos: tuple[tuple[int, int], np.ndarray] | None = None  # (state, live videos)
 
     # -- contents -------------------------------------------------------------------------
     @property
@@ -126,6 +95,11 @@ class FrameStore:
         if self.removed:
             ok &= ~np.isin(ids, np.fromiter(self.removed, dtype=np.int64))
         return ok
+
+    @property
+    def segmented(self) -> bool:
+        """Whether any shard keeps runs (rows that are segments of longer videos)."""
+        return any(isinstance(s, RunShard) for s in self.shards)
 
     def _locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(shard number, row within the shard) of each id."""
@@ -152,8 +126,8 @@ class FrameStore:
         mask = np.empty((len(ids), self.num_frames), dtype=bool)
         for shard, where, rows in self._by_shard(ids):
             order = np.argsort(rows, kind="stable")  # ascending rows read pages in file order
-            frames[where[order]] = shard.frames[rows[order]]
-            mask[where[order]] = shard.frame_mask[rows[order]]
+            got_frames, got_mask = shard.gather(rows[order], self.num_frames)
+            frames[where[order]], mask[where[order]] = got_frames, got_mask
         return VideoFeatures(torch.from_numpy(frames), torch.from_numpy(mask))
 
     def has_frames(self, ids: np.ndarray) -> np.ndarray:
@@ -162,7 +136,7 @@ class FrameStore:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         out = np.empty(len(ids), dtype=bool)
         for shard, where, rows in self._by_shard(ids):
-            out[where] = shard.frame_mask[rows].any(1)
+            out[where] = shard.valid_any(rows)
         return out
 
     def proxies(self, ids: np.ndarray) -> np.ndarray:
@@ -181,15 +155,82 @@ class FrameStore:
             if keep.any():
                 yield ids[keep], np.asarray(shard.proxy[keep], dtype=np.float32)
 
+    # -- videos and time ------------------------------------------------------------------
+    def videos_of(self, ids: np.ndarray) -> np.ndarray:
+        """The video of each row ``ids`` [n]: the id of the video's first row, int64 [n]."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        out = np.empty(len(ids), dtype=np.int64)
+        for shard, where, rows in self._by_shard(ids):
+            out[where] = shard.first_id + shard.first_row(shard.video_of(rows))
+        return out
+
+    def live_videos(self) -> np.ndarray:
+        """Ids of the live videos (each its first row's id), ascending."""
+        key = (self.next_id, len(self.removed))
+        if self._videos is None or self._videos[0] != key:
+            live = self.live()
+            if self.segmented and len(live):
+                live = live[self.videos_of(live) == live]
+            self._videos = (key, live)
+        return self._videos[1]
+
+    def num_videos(self) -> int:
+        """Live videos (a long video's segments count once)."""
+        return len(self.live_videos())
+
+    def video_rows(self, video: int) -> np.ndarray:
+        """The live row ids of video ``video`` (an id :meth:`videos_of` gives), in time order."""
+        shard, row = self._locate(np.array([video]))
+        part = self.shards[int(shard[0])]
+        rows = part.rows_of(int(part.video_of(row)[0])) + part.first_id
+        return rows[self.is_live(rows)]
+
+    def spans(self, ids: np.ndarray) -> np.ndarray:
+        """``[start, end]`` seconds of each row ``ids`` [n]: float64 ``[n, 2]`` (a whole
+        video's row: ``[0, duration]``; NaN where the duration is unknown)."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        out = np.empty((len(ids), 2), dtype=np.float64)
+        for shard, where, rows in self._by_shard(ids):
+            out[where] = shard.spans(rows)
+        return out
+
+    def times(self, ids: np.ndarray) -> np.ndarray:
+        """The stored time of each frame slot of rows ``ids``: float64 ``[n, N]``, NaN for
+        padding and for rows that keep no times (``clips`` shards:
+        :func:`dicosa.search.moment.frame_times` recomputes theirs)."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        out = np.empty((len(ids), self.num_frames), dtype=np.float64)
+        for shard, where, rows in self._by_shard(ids):
+            out[where] = shard.times(rows, self.num_frames)
+        return out
+
+    def run(self, video: int) -> dict[str, np.ndarray] | None:
+        """Video ``video``'s whole run of frames (:meth:`RunShard.run`, rows as ids); None
+        for a video of a ``clips`` shard (its one row is its run)."""
+        shard, row = self._locate(np.array([video]))
+        part = self.shards[int(shard[0])]
+        if not isinstance(part, RunShard):
+            return None
+        run = part.run(int(part.video_of(row)[0]))
+        run["rows"] = run["rows"] + part.first_id
+        return run
+
+    # -- metadata -------------------------------------------------------------------------
     def rows(self, ids: np.ndarray) -> pd.DataFrame:
-        """Metadata of rows ``ids``, in that order (index = the ids)."""
+        """Metadata of rows ``ids``, in that order (index = the ids): the video's
+        :data:`COLUMNS`, then the row's ``video``, ``start`` and ``end`` (:data:`ROW_COLUMNS`)."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         parts, positions = [], []
         for shard, where, rows in self._by_shard(ids):
-            parts.append(shard.rows.iloc[rows])
+            videos = shard.video_of(rows)
+            table = shard.rows.iloc[videos].copy()
+            spans = shard.spans(rows)
+            table["video"] = shard.first_id + shard.first_row(videos)
+            table["start"], table["end"] = spans[:, 0], spans[:, 1]
+            parts.append(table)
             positions.append(where)
         if not parts:
-            return pd.DataFrame(columns=list(COLUMNS))
+            return pd.DataFrame(columns=list(ROW_COLUMNS))
         table = pd.concat(parts).iloc[np.argsort(np.concatenate(positions), kind="stable")]
         return table.set_axis(ids, axis=0)
 
@@ -200,35 +241,77 @@ class FrameStore:
         """Metadata of every live row (index = the ids)."""
         return self.rows(self.live())
 
+    def video_metadata(self) -> pd.DataFrame:
+        """Metadata of every live video (index = the video ids), :data:`COLUMNS` only."""
+        return self.rows(self.live_videos())[list(COLUMNS)]
+
     # -- changes --------------------------------------------------------------------------
     def append(self, video: VideoFeatures, rows: list[dict]) -> np.ndarray:
-        """Add one shard of videos; returns their new ids [n]. Written at once when the store
-        has a directory."""
+        """Add one ``clips`` shard: one row per video, float16 ``[n, N, D]`` features and their
+        metadata rows; returns the new ids [n]. Written at once when the store has a
+        directory."""
         frames = video.frames.detach().to("cpu", torch.float16)
         mask = video.frame_mask.detach().to("cpu", torch.bool)
         if len(rows) != frames.shape[0]:
             raise ValueError(f"{frames.shape[0]} videos but {len(rows)} metadata rows")
-        if self.num_frames is None:
-            self.num_frames, self.dim = frames.shape[1], frames.shape[2]
-        if tuple(frames.shape[1:]) != (self.num_frames, self.dim):
-            raise ValueError(f"features [n, {frames.shape[1]}, {frames.shape[2]}] do not fit "
-                             f"this store's [n, {self.num_frames}, {self.dim}]")
+        self._check_shape(frames.shape[1], frames.shape[2])
         bad = np.flatnonzero(~finite_rows(frames, mask))
         if len(bad):
             raise ValueError(f"{len(bad)} of {len(rows)} videos have non-finite features "
                              f"(first: {rows[bad[0]].get('path', bad[0])}); they are never "
                              "stored, since they would rank first or last for every query")
+        from ..functional import video_proxy
+
         proxy = video_proxy(frames.float(), mask)  # [n, D] from the float16 values stored
-        # Through the csv form, so that the columns have the types a reopened store reads.
-        table = _read_rows(io.StringIO(pd.DataFrame(rows, columns=list(COLUMNS))
-                                       .to_csv(index=False)))
+        shard = ClipShard(self._first_new(), frames=frames.numpy(), frame_mask=mask.numpy(),
+                          proxy=proxy.numpy(), _rows=_table(rows))
+        return self._add(shard)
+
+    def append_runs(self, runs: list[VideoRun], pad: np.ndarray, num_frames: int
+                    ) -> np.ndarray:
+        """Add one ``runs`` shard: each video's frame run and its segments (rows of at most
+        ``num_frames`` frames, N); ``pad`` [D] fills the slots of rows under N frames.
+        Returns the new row ids."""
+        if not runs:
+            return np.zeros(0, dtype=np.int64)
+        if self.num_frames is None:
+            self.num_frames = num_frames
+        for run in runs:
+            self._check_run(run)
+        shard = RunShard.build(self._first_new(), runs, pad, self.num_frames)
+        shard._rows = _table([r.row for r in runs])
+        return self._add(shard)
+
+    def _check_shape(self, num_frames: int, dim: int) -> None:
+        if self.num_frames is None or self.dim is None:
+            self.num_frames, self.dim = self.num_frames or num_frames, dim
+        if (num_frames, dim) != (self.num_frames, self.dim):
+            raise ValueError(f"features [n, {num_frames}, {dim}] do not fit this store's "
+                             f"[n, {self.num_frames}, {self.dim}]")
+
+    def _check_run(self, run: VideoRun) -> None:
+        frames = np.asarray(run.frames)
+        self._check_shape(self.num_frames, frames.shape[1])
+        segments = np.asarray(run.segments)
+        if (not len(segments) or segments[:, 1].max() > self.num_frames
+                or segments[:, 1].min() < 1 or segments[:, 0].min() < 0
+                or (segments.sum(1)).max() > len(frames)):
+            raise ValueError(f"{run.row.get('path')}: its segments do not fit its "
+                             f"{len(frames)} frames (at most {self.num_frames} each)")
+        if not np.isfinite(frames[np.asarray(run.valid, bool)].astype(np.float32)).all():
+            raise ValueError(f"{run.row.get('path')} has non-finite features; they are never "
+                             "stored, since they would rank first or last for every query")
+
+    def _first_new(self) -> int:
         first = max(self.next_id, self.reserved)
         self.removed.update(range(self.next_id, first))  # ids of a write that never committed
-        shard = _Shard(first, frames.numpy(), mask.numpy(), proxy.numpy(), _rows=table)
+        return first
+
+    def _add(self, shard: Shard) -> np.ndarray:
         self.shards.append(shard)
         self._starts = np.array([s.first_id for s in self.shards], dtype=np.int64)
         if self.directory is not None:
-            self._write_shard(self.directory, shard, len(self.shards) - 1)
+            write_shard(self.directory, shard, f"shard-{len(self.shards) - 1:05d}")
         return np.arange(shard.first_id, shard.first_id + shard.count, dtype=np.int64)
 
     def remove(self, ids: np.ndarray) -> np.ndarray:
@@ -245,21 +328,18 @@ class FrameStore:
         same = self.directory is not None and directory.resolve() == self.directory.resolve()
         for number, shard in enumerate(self.shards):
             if not (same and shard.name is not None):
-                self._write_shard(directory, shard, number)
+                write_shard(directory, shard, f"shard-{number:05d}")
         self.directory = directory
 
     def manifest(self) -> dict:
         """The store's fields of the index manifest."""
         return {"num_frames": self.num_frames, "dim": self.dim, "next_id": self.next_id,
                 "removed": sorted(self.removed),
-                "shards": [{"name": s.name, "first_id": s.first_id, "count": s.count,
-                            "proxy": s.has_proxy_file,
-                            **({"sha256": s.sha256} if s.sha256 else {})}
-                           for s in self.shards]}
+                "shards": [_entry(s) for s in self.shards]}
 
     @classmethod
     def open(cls, directory: str | os.PathLike, manifest: dict) -> FrameStore:
-        """Map the shards a manifest lists (version 1 or 2); nothing is read but headers
+        """Map the shards a manifest lists (version 1 to 4); nothing is read but headers
         (and, for version-1 shards, the frames once to compute their proxies)."""
         directory = Path(directory)
         store = cls(manifest.get("num_frames"), manifest.get("dim"))
@@ -267,12 +347,12 @@ class FrameStore:
         first = 0
         for entry in manifest["shards"]:
             first = entry.get("first_id", first)
-            shard = _open_shard(directory, entry["name"], entry["count"], first)
+            shard = open_shard(directory, entry["name"], entry["count"], first)
             shard.sha256 = entry.get("sha256")
             store.shards.append(shard)
             first += entry["count"]
         if store.shards and store.num_frames is None:
-            store.num_frames, store.dim = store.shards[0].frames.shape[1:]
+            store.num_frames, store.dim = store.shards[0].shape
         store._starts = np.array([s.first_id for s in store.shards], dtype=np.int64)
         store.removed = set(manifest.get("removed", []))
         return store
@@ -283,10 +363,11 @@ class FrameStore:
         the next rows, without copying it; returns their new ids [count]."""
         if self.directory is None:
             raise ValueError("only a store with a directory can link shard files")
-        shard = _open_shard(self.directory, name, count, self.next_id)
+        shard = open_shard(self.directory, name, count, self.next_id)
+        num_frames, dim = shard.shape
         if self.num_frames is None:
-            self.num_frames, self.dim = shard.frames.shape[1:]
-        if tuple(shard.frames.shape[1:]) != (self.num_frames, self.dim):
+            self.num_frames, self.dim = num_frames, dim
+        if dim != self.dim or (isinstance(shard, ClipShard) and num_frames != self.num_frames):
             raise StoreError(f"{self.directory}: shard {name} holds features of another "
                              "shape than the index; rebuild the index")
         self.shards.append(shard)
@@ -308,7 +389,7 @@ class FrameStore:
                 out.append((f"{shard.name}.safetensors", ids[self.is_live(ids)]))
         return out
 
-    def _shard_problems(self, shard: _Shard) -> list[str]:
+    def _shard_problems(self, shard: Shard) -> list[str]:
         """One sentence per file of ``shard`` that differs from its checksum; none for a
         shard without checksums or without live rows (a repair removes a damaged one's)."""
         if shard.sha256 is None or shard._directory is None or shard.name is None:
@@ -319,115 +400,32 @@ class FrameStore:
         problems = []
         for suffix, expected in shard.sha256.items():
             path = shard._directory / f"{shard.name}.{suffix}"
-            got = _file_sha256(path)
+            got = file_sha256(path)
             if got != expected:
                 what = "is missing" if got is None else "does not match its checksum"
                 problems.append(f"{path} {what} (rows {shard.first_id}.."
                                 f"{shard.first_id + shard.count - 1})")
         return problems
 
-    def _write_shard(self, directory: Path, shard: _Shard, number: int) -> None:
-        name = f"shard-{number:05d}"
-        # Through write_bytes_atomic: the process umask applies (safetensors' save_file
-        # creates 0600 files), and a killed writer leaves no half file under the real name.
-        data = save_safetensors({
-            "frames": _tensor(shard.frames), "frame_mask": _tensor(shard.frame_mask),
-            "proxy": _tensor(shard.proxy)})
-        write_bytes_atomic(directory / f"{name}.safetensors", data, sync=True)
-        buffer = io.StringIO()
-        shard.rows.to_csv(buffer, index=False, columns=list(COLUMNS))
-        text = buffer.getvalue().encode()
-        write_bytes_atomic(directory / f"{name}.csv", text, sync=True)
-        shard.sha256 = {"safetensors": hashlib.sha256(data).hexdigest(),
-                        "csv": hashlib.sha256(text).hexdigest()}
-        # Swap the in-memory arrays for maps of the file: memory is released to the page cache.
-        tensors = _map_safetensors(directory / f"{name}.safetensors")
-        shard.frames, shard.frame_mask = tensors["frames"], tensors["frame_mask"]
-        shard.proxy, shard.name, shard.has_proxy_file = tensors["proxy"], name, True
-        shard._directory = directory
+    @property
+    def nbytes(self) -> int:
+        """Bytes of stored frames (what a whole-store checksum check reads)."""
+        return sum(s.nbytes for s in self.shards)
 
 
-def _open_shard(directory: Path, name: str, count: int, first_id: int) -> _Shard:
-    """Map shard ``name`` of ``directory``, which the manifest says holds ``count`` rows."""
-    tensors = _map_safetensors(directory / f"{name}.safetensors")
-    frames, mask = tensors.get("frames"), tensors.get("frame_mask")
-    if frames is None or mask is None or frames.shape[0] != count:
-        raise StoreError(f"{directory}: shard {name} does not hold the {count} videos the "
-                         "manifest lists; rebuild the index with 'python -m dicosa index'")
-    proxy = tensors.get("proxy")
-    if proxy is None:  # a version-1 shard
-        proxy = video_proxy(torch.from_numpy(np.asarray(frames, dtype=np.float32)),
-                            _tensor(mask)).numpy()
-    return _Shard(first_id, frames, mask, proxy, name, has_proxy_file="proxy" in tensors,
-                  _directory=directory)
+def _entry(shard: Shard) -> dict:
+    """A shard's record in the manifest."""
+    entry = {"name": shard.name, "first_id": shard.first_id, "count": shard.count}
+    if isinstance(shard, RunShard):
+        entry.update(layout="runs", videos=shard.videos)
+    else:
+        entry["proxy"] = shard.has_proxy_file
+    if shard.sha256:
+        entry["sha256"] = shard.sha256
+    return entry
 
 
-def finite_rows(frames: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
-    """Whether every valid frame of each video is finite: bool [n] (padding is not read)."""
-    finite = torch.isfinite(frames.float()).all(dim=-1) | ~mask.bool()  # [n, N]
-    return finite.all(dim=1).numpy()
-
-
-def _file_sha256(path: Path) -> str | None:
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as fh:
-            while block := fh.read(1 << 22):
-                digest.update(block)
-    except FileNotFoundError:
-        return None
-    return digest.hexdigest()
-
-
-def _tensor(array: np.ndarray) -> torch.Tensor:
-    """A tensor of ``array`` (copied when it is a read-only map, as torch wants)."""
-    return torch.from_numpy(np.require(array, requirements=["C", "W"]))
-
-
-def _map_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """Read-only numpy views of a safetensors file's tensors over one memory map.
-
-    safetensors' layout is an 8-byte little-endian header length, a JSON header of
-    ``{name: {dtype, shape, data_offsets}}``, then the data; mapping the file once and viewing
-    the ranges costs one file descriptor per shard and reads nothing until a row is touched.
-    """
-    try:
-        with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-        data = np.memmap(path, dtype=np.uint8, mode="r")
-    except FileNotFoundError:
-        raise StoreError(f"{path} is missing; rebuild the index with 'python -m dicosa "
-                         "index'") from None
-    except (struct.error, ValueError, UnicodeDecodeError) as exc:
-        raise StoreError(f"{path} is not a readable shard ({exc}); rebuild the index with "
-                         "'python -m dicosa index'") from None
-    out = {}
-    start = 8 + length
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = np.dtype(_DTYPES[info["dtype"]])
-        begin, end = info["data_offsets"]
-        if start + end > data.size:
-            raise StoreError(f"{path} is truncated; rebuild the index with 'python -m dicosa "
-                             "index'")
-        out[name] = data[start + begin:start + end].view(dtype).reshape(info["shape"])
-    return out
-
-
-def _read_rows(path: Path | io.StringIO) -> pd.DataFrame:
-    # Only the numeric columns may hold NaN; a file may well be called "NA".
-    try:
-        table = pd.read_csv(path, dtype={"path": str, "title": str}, keep_default_na=False,
-                            na_values={c: ["nan", ""] for c in _NUMERIC})
-    except FileNotFoundError:
-        raise StoreError(f"{path} is missing; rebuild the index with 'python -m dicosa "
-                         "index'") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise StoreError(f"{path} is damaged ({str(exc).splitlines()[0]}); run 'python -m "
-                         "dicosa check INDEX' or rebuild the index") from None
-    for column in COLUMNS:  # version-1 files lack the reserved columns
-        if column not in table:
-            table[column] = ""
-    return table[list(COLUMNS)]
+def _table(rows: list[dict]) -> pd.DataFrame:
+    """Metadata rows as the table a reopened store reads (through the csv form, so that the
+    columns have the same types)."""
+    return read_rows(io.StringIO(pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(index=False)))

@@ -1,0 +1,387 @@
+"""The two shard layouts of the frame store, and their files.
+
+A shard is two files written once and never changed: ``NAME.safetensors`` (the arrays) and
+``NAME.csv`` (one metadata row per video, :data:`COLUMNS`). The store's *rows* are what search
+ranks; how a shard keeps them is its layout:
+
+``clips`` (:class:`ClipShard`): one row per video, N frames each: ``frames`` float16
+``[n, N, D]``, ``frame_mask`` bool ``[n, N]``, ``proxy`` float32 ``[n, D]``. What an index
+without segments writes (every index before moments, and ``VideoIndex.add_features``).
+
+``runs`` (:class:`RunShard`): each video's frames once, as one run, and rows that are
+*segments*, views of the run (:mod:`dicosa.data.segments`):
+
+    frames          float16 [F, D]   every stored frame, video after video
+    frame_valid     bool    [F]      False for the padding rows of a video decoded as a clip
+    frame_time      float32 [F]      seconds into its video (NaN for padding, or unknown)
+    segment         int64   [S, 2]   each row's (first frame, frame count <= N) in ``frames``
+    segment_video   int64   [S]      each row's video: its line in the csv (ascending)
+    segment_time    float32 [S, 2]   each row's [start, end] in seconds
+    proxy           float32 [S, D]   each row's dense proxy (masked mean of its frames)
+    pad             float16 [D]      what fills the slots of a row with fewer than N frames
+
+:meth:`gather` gives every layout's rows the same shape, ``[r, N, D]`` with a mask, so
+everything that scores rows (first stages, rerank, heads) is the same for both. The ``pad``
+vector matters only to models whose pooling keeps padded frames in the softmax (the released
+variant's ``mask_mode="after"``): it is the model's vector of a padding frame, so a short
+segment is pooled as a short clip with padding would be.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from safetensors.torch import save as save_safetensors
+
+from ..files import write_bytes_atomic
+from ..functional import video_proxy
+
+__all__ = ["COLUMNS", "ClipShard", "RunShard", "StoreError", "VideoRun", "open_shard",
+           "read_rows", "write_shard"]
+
+# path, duration (s), fps, num_frames (in the file), valid_frames (stored frames that are
+# real, the rest padding); title, text_only, frames_lost are reserved for heads that read them
+# (empty until then); size (bytes) and mtime (s) of the file when it was encoded: how a later
+# add notices a changed file (empty in indexes written before they were kept).
+COLUMNS = ("path", "duration", "fps", "num_frames", "valid_frames", "title", "text_only",
+           "frames_lost", "size", "mtime")
+_NUMERIC = ("duration", "fps", "size", "mtime")
+_DTYPES = {"F16": np.float16, "F32": np.float32, "BOOL": np.bool_, "I64": np.int64}
+_REBUILD = "rebuild the index with 'python -m dicosa index'"
+
+
+class StoreError(ValueError):
+    """A store file that is missing, damaged or does not match its manifest."""
+
+
+@dataclass
+class VideoRun:
+    """One encoded video as a run shard stores it (what ingest hands the store)."""
+
+    frames: np.ndarray  # float16 [F, D]
+    valid: np.ndarray  # bool [F]
+    times: np.ndarray  # float32 [F] seconds (NaN: padding or unknown)
+    segments: np.ndarray  # int64 [S, 2] (first frame, count) within this run
+    spans: np.ndarray  # float32 [S, 2] (start, end) seconds
+    row: dict  # the video's metadata (COLUMNS)
+
+
+@dataclass
+class _Files:
+    """What every shard has besides its arrays: where it lives and its checksums."""
+
+    first_id: int
+    name: str | None = None  # file stem once written
+    # sha256 of the written files, {"safetensors": hex, "csv": hex}; None where the manifest
+    # recorded none (indexes written before checksums were kept)
+    sha256: dict | None = None
+    _rows: pd.DataFrame | None = field(default=None, repr=False)
+    _directory: Path | None = field(default=None, repr=False)
+
+    @property
+    def rows(self) -> pd.DataFrame:
+        """The shard's per-video metadata, read from its csv on first use."""
+        if self._rows is None:
+            assert self._directory is not None and self.name is not None
+            self._rows = read_rows(self._directory / f"{self.name}.csv")
+            if len(self._rows) != self.videos:
+                raise StoreError(f"{self._directory}: {self.name}.csv holds {len(self._rows)} "
+                                 f"videos but its features {self.videos}; rebuild the index")
+        return self._rows
+
+
+@dataclass
+class ClipShard(_Files):
+    """``clips`` layout: one row per video of N frames (module docstring)."""
+
+    frames: np.ndarray = None  # float16 [n, N, D], a memory map once written
+    frame_mask: np.ndarray = None  # bool [n, N]
+    proxy: np.ndarray = None  # float32 [n, D]
+    has_proxy_file: bool = True  # False for version-1 shards (proxy computed when opened)
+    layout = "clips"
+
+    @property
+    def count(self) -> int:
+        return self.frames.shape[0]
+
+    @property
+    def videos(self) -> int:
+        return self.count
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(N, D) of its rows."""
+        return tuple(self.frames.shape[1:])
+
+    def gather(self, rows: np.ndarray, num_frames: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.frames[rows], self.frame_mask[rows]
+
+    def valid_any(self, rows: np.ndarray) -> np.ndarray:
+        return self.frame_mask[rows].any(1)
+
+    def video_of(self, rows: np.ndarray) -> np.ndarray:
+        """Each row's video, as its line in the csv."""
+        return np.asarray(rows, dtype=np.int64)
+
+    def first_row(self, videos: np.ndarray) -> np.ndarray:
+        """The first row of each video (csv line)."""
+        return np.asarray(videos, dtype=np.int64)
+
+    def rows_of(self, video: int) -> np.ndarray:
+        return np.array([video], dtype=np.int64)
+
+    def times(self, rows: np.ndarray, num_frames: int) -> np.ndarray:
+        """Stored frame times: none in this layout (NaN; see dicosa.search.moment)."""
+        return np.full((len(rows), num_frames), np.nan)
+
+    def spans(self, rows: np.ndarray) -> np.ndarray:
+        """[start, end] of each row: the whole video, [0, duration] (NaN when unknown)."""
+        duration = self.rows["duration"].to_numpy(np.float64)[rows]
+        return np.stack([np.where(np.isnan(duration), np.nan, 0.0), duration], axis=1)
+
+    @property
+    def nbytes(self) -> int:
+        return self.frames.nbytes
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"frames": self.frames, "frame_mask": self.frame_mask, "proxy": self.proxy}
+
+    def remap(self, tensors: dict[str, np.ndarray]) -> None:
+        self.frames, self.frame_mask = tensors["frames"], tensors["frame_mask"]
+        self.proxy, self.has_proxy_file = tensors["proxy"], True
+
+
+@dataclass
+class RunShard(_Files):
+    """``runs`` layout: each video's frames once, rows are segments (module docstring)."""
+
+    frames: np.ndarray = None  # float16 [F, D]
+    frame_valid: np.ndarray = None  # bool [F]
+    frame_time: np.ndarray = None  # float32 [F]
+    segment: np.ndarray = None  # int64 [S, 2]
+    segment_video: np.ndarray = None  # int64 [S]
+    segment_time: np.ndarray = None  # float32 [S, 2]
+    proxy: np.ndarray = None  # float32 [S, D]
+    pad: np.ndarray = None  # float16 [D]
+    layout = "runs"
+
+    @classmethod
+    def build(cls, first_id: int, runs: list[VideoRun], pad: np.ndarray,
+              num_frames: int) -> RunShard:
+        """The in-memory shard of ``runs`` (proxies computed here, from the float16 values
+        stored)."""
+        offsets = np.cumsum([0] + [len(r.frames) for r in runs])
+        shard = cls(
+            first_id,
+            frames=np.concatenate([np.asarray(r.frames, np.float16) for r in runs]),
+            frame_valid=np.concatenate([np.asarray(r.valid, bool) for r in runs]),
+            frame_time=np.concatenate([np.asarray(r.times, np.float32) for r in runs]),
+            segment=np.concatenate([np.asarray(r.segments, np.int64) + np.array([o, 0])
+                                    for r, o in zip(runs, offsets, strict=False)]),
+            segment_video=np.concatenate([np.full(len(r.segments), v, np.int64)
+                                          for v, r in enumerate(runs)]),
+            segment_time=np.concatenate([np.asarray(r.spans, np.float32) for r in runs]),
+            pad=np.asarray(pad, np.float16))
+        frames, mask = shard.gather(np.arange(shard.count), num_frames)
+        shard.proxy = video_proxy(torch.from_numpy(frames).float(),
+                                  torch.from_numpy(mask)).numpy()
+        return shard
+
+    @property
+    def count(self) -> int:
+        return self.segment.shape[0]
+
+    @property
+    def videos(self) -> int:
+        return int(self.segment_video[-1]) + 1 if self.count else 0
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.segment[:, 1].max(initial=0)), self.frames.shape[1])
+
+    def _slots(self, rows: np.ndarray, num_frames: int) -> tuple[np.ndarray, np.ndarray]:
+        """Frame positions ``[r, N]`` of rows (clamped) and which slots hold a frame."""
+        first, count = self.segment[rows, 0], self.segment[rows, 1]  # [r]
+        slot = np.arange(num_frames)[None]  # [1, N]
+        inside = slot < count[:, None]  # [r, N]
+        positions = np.where(inside, first[:, None] + slot, 0)
+        return positions, inside
+
+    def gather(self, rows: np.ndarray, num_frames: int) -> tuple[np.ndarray, np.ndarray]:
+        positions, inside = self._slots(rows, num_frames)
+        frames = self.frames[positions.reshape(-1)].reshape(*positions.shape, -1)  # [r, N, D]
+        frames[~inside] = self.pad
+        return frames, inside & self.frame_valid[positions]
+
+    def valid_any(self, rows: np.ndarray) -> np.ndarray:
+        positions, inside = self._slots(rows, int(self.segment[rows, 1].max(initial=0)))
+        return (inside & self.frame_valid[positions]).any(1)
+
+    def video_of(self, rows: np.ndarray) -> np.ndarray:
+        return self.segment_video[rows]
+
+    def first_row(self, videos: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.segment_video, videos, side="left").astype(np.int64)
+
+    def rows_of(self, video: int) -> np.ndarray:
+        lo, hi = np.searchsorted(self.segment_video, [video, video + 1])
+        return np.arange(lo, hi, dtype=np.int64)
+
+    def times(self, rows: np.ndarray, num_frames: int) -> np.ndarray:
+        positions, inside = self._slots(rows, num_frames)
+        return np.where(inside, self.frame_time[positions], np.nan).astype(np.float64)
+
+    def spans(self, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(self.segment_time[rows], dtype=np.float64)
+
+    def run(self, video: int) -> dict[str, np.ndarray]:
+        """Video ``video``'s whole run: its frames ``[F_v, D]``, ``valid``, ``times``, and
+        its rows' ``segments`` (first frame relative to the run, count) and ``spans``."""
+        rows = self.rows_of(video)
+        lo = int(self.segment[rows, 0].min())
+        hi = int((self.segment[rows, 0] + self.segment[rows, 1]).max())
+        return {"frames": self.frames[lo:hi], "valid": self.frame_valid[lo:hi],
+                "times": self.frame_time[lo:hi], "rows": rows,
+                "segments": self.segment[rows] - np.array([lo, 0]),
+                "spans": self.segment_time[rows]}
+
+    @property
+    def nbytes(self) -> int:
+        return self.frames.nbytes
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"frames": self.frames, "frame_valid": self.frame_valid,
+                "frame_time": self.frame_time, "segment": self.segment,
+                "segment_video": self.segment_video, "segment_time": self.segment_time,
+                "proxy": self.proxy, "pad": self.pad}
+
+    def remap(self, tensors: dict[str, np.ndarray]) -> None:
+        for name in self.arrays():
+            setattr(self, name, tensors[name])
+
+
+Shard = ClipShard | RunShard
+
+
+def write_shard(directory: Path, shard: Shard, name: str) -> None:
+    """Write ``shard`` as ``name`` (safetensors, then csv; each whole, fsync'ed, renamed),
+    record their checksums, and swap its arrays for maps of the file."""
+    # Through write_bytes_atomic: the process umask applies (safetensors' save_file creates
+    # 0600 files), and a killed writer leaves no half file under the real name.
+    data = save_safetensors({k: _tensor(v) for k, v in shard.arrays().items()})
+    write_bytes_atomic(directory / f"{name}.safetensors", data, sync=True)
+    buffer = io.StringIO()
+    shard.rows.to_csv(buffer, index=False, columns=list(COLUMNS))
+    text = buffer.getvalue().encode()
+    write_bytes_atomic(directory / f"{name}.csv", text, sync=True)
+    shard.sha256 = {"safetensors": hashlib.sha256(data).hexdigest(),
+                    "csv": hashlib.sha256(text).hexdigest()}
+    # The in-memory arrays give way to maps of the file: memory goes to the page cache.
+    shard.remap(_map_safetensors(directory / f"{name}.safetensors"))
+    shard.name, shard._directory = name, directory
+
+
+def open_shard(directory: Path, name: str, count: int, first_id: int) -> Shard:
+    """Map shard ``name`` of ``directory``, which the manifest says holds ``count`` rows."""
+    tensors = _map_safetensors(directory / f"{name}.safetensors")
+    if "segment" in tensors:
+        return _open_runs(directory, name, count, first_id, tensors)
+    frames, mask = tensors.get("frames"), tensors.get("frame_mask")
+    if frames is None or mask is None or frames.shape[0] != count:
+        raise StoreError(f"{directory}: shard {name} does not hold the {count} videos the "
+                         f"manifest lists; {_REBUILD}")
+    proxy = tensors.get("proxy")
+    if proxy is None:  # a version-1 shard
+        proxy = video_proxy(torch.from_numpy(np.asarray(frames, dtype=np.float32)),
+                            _tensor(mask)).numpy()
+    return ClipShard(first_id, name, frames=frames, frame_mask=mask, proxy=proxy,
+                     has_proxy_file="proxy" in tensors, _directory=directory)
+
+
+def _open_runs(directory: Path, name: str, count: int, first_id: int,
+               tensors: dict[str, np.ndarray]) -> RunShard:
+    names = RunShard(0).arrays().keys()
+    missing = [k for k in names if k not in tensors]
+    segment = tensors["segment"]
+    if missing or segment.shape != (count, 2) or (count and (
+            segment[:, 0].min() < 0
+            or (segment[:, 0] + segment[:, 1]).max() > len(tensors["frames"]))):
+        raise StoreError(f"{directory}: shard {name} does not hold the {count} segments the "
+                         f"manifest lists; {_REBUILD}")
+    return RunShard(first_id, name, _directory=directory, **{k: tensors[k] for k in names})
+
+
+def finite_rows(frames: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+    """Whether every valid frame of each video is finite: bool [n] (padding is not read)."""
+    finite = torch.isfinite(frames.float()).all(dim=-1) | ~mask.bool()  # [n, N]
+    return finite.all(dim=1).numpy()
+
+
+def file_sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            while block := fh.read(1 << 22):
+                digest.update(block)
+    except FileNotFoundError:
+        return None
+    return digest.hexdigest()
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor of ``array`` (copied when it is a read-only map, as torch wants)."""
+    return torch.from_numpy(np.require(array, requirements=["C", "W"]))
+
+
+def _map_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """Read-only numpy views of a safetensors file's tensors over one memory map.
+
+    safetensors' layout is an 8-byte little-endian header length, a JSON header of
+    ``{name: {dtype, shape, data_offsets}}``, then the data; mapping the file once and viewing
+    the ranges costs one file descriptor per shard and reads nothing until a row is touched.
+    """
+    try:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        data = np.memmap(path, dtype=np.uint8, mode="r")
+    except FileNotFoundError:
+        raise StoreError(f"{path} is missing; {_REBUILD}") from None
+    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+        raise StoreError(f"{path} is not a readable shard ({exc}); {_REBUILD}") from None
+    out = {}
+    start = 8 + length
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = np.dtype(_DTYPES[info["dtype"]])
+        begin, end = info["data_offsets"]
+        if start + end > data.size:
+            raise StoreError(f"{path} is truncated; {_REBUILD}")
+        out[name] = data[start + begin:start + end].view(dtype).reshape(info["shape"])
+    return out
+
+
+def read_rows(path: Path | io.StringIO) -> pd.DataFrame:
+    """A shard's csv (or the same text) as the metadata table, columns :data:`COLUMNS`."""
+    # Only the numeric columns may hold NaN; a file may well be called "NA".
+    try:
+        table = pd.read_csv(path, dtype={"path": str, "title": str}, keep_default_na=False,
+                            na_values={c: ["nan", ""] for c in _NUMERIC})
+    except FileNotFoundError:
+        raise StoreError(f"{path} is missing; {_REBUILD}") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise StoreError(f"{path} is damaged ({str(exc).splitlines()[0]}); run 'python -m "
+                         "dicosa check INDEX' or rebuild the index") from None
+    for column in COLUMNS:  # version-1 files lack the reserved columns
+        if column not in table:
+            table[column] = ""
+    return table[list(COLUMNS)]
