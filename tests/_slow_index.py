@@ -1,4 +1,4 @@
-"""``python -m dicosa`` with every encoded batch slowed down by $DICOSA_TEST_ENCODE_DELAY
+"""``python -m dicosa`` with every decoded item's encoding slowed down by $DICOSA_TEST_ENCODE_DELAY
 seconds, so that a test can kill a build while it is under way (run as a script by torchrun).
 After the command it prints whether this process's process group was left open."""
 
@@ -9,18 +9,18 @@ import time
 import torch
 
 from dicosa.__main__ import main
-from dicosa.index import ingest
+from dicosa.index.encode import Encoder
 
-_encode = ingest.encode_batch
+_take = Encoder.take
 
 
-def _slow_encode(model, device, batch):
+def _slow_take(self, item):
     time.sleep(float(os.environ.get("DICOSA_TEST_ENCODE_DELAY", "0")))
-    return _encode(model, device, batch)
+    return _take(self, item)
 
 
 if __name__ == "__main__":
-    ingest.encode_batch = _slow_encode
+    Encoder.take = _slow_take
     code = main()
     print(f"process group open after the command: {torch.distributed.is_initialized()}")
     sys.exit(code)

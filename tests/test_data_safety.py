@@ -306,17 +306,24 @@ def test_sigkill_at_each_write_point(model, clips, copy_built, tmp_path, action)
 
 
 def _corrupt_row(index: VideoIndex, row_id: int) -> None:
-    """Overwrite the frames of row ``row_id`` with NaN bytes, in place in its shard file."""
-    shard, rows = index.store._locate(np.array([row_id]))
-    row = int(rows[0])
-    path = index.directory / f"{index.store.shards[int(shard[0])].name}.safetensors"
+    """Overwrite the frames of row ``row_id`` with NaN bytes, in place in its shard file
+    (a ``clips`` shard: the row's [N, D] block; a ``runs`` shard: the frames its segment
+    views)."""
+    number, rows = index.store._locate(np.array([row_id]))
+    shard, row = index.store.shards[int(number[0])], int(rows[0])
+    path = index.directory / f"{shard.name}.safetensors"
     data = bytearray(path.read_bytes())
     (length,) = struct.unpack("<Q", data[:8])
     info = json.loads(data[8:8 + length])["frames"]
     start = 8 + length + info["data_offsets"][0]
-    row_bytes = int(np.prod(info["shape"][1:])) * 2  # float16
-    nan = np.full(row_bytes // 2, np.nan, dtype=np.float16).tobytes()
-    data[start + row * row_bytes:start + (row + 1) * row_bytes] = nan
+    frame_bytes = int(info["shape"][-1]) * 2  # float16
+    if hasattr(shard, "segment"):
+        first, count = (int(v) for v in shard.segment[row])
+    else:
+        count = int(info["shape"][1])
+        first = row * count
+    nan = np.full(count * frame_bytes // 2, np.nan, dtype=np.float16).tobytes()
+    data[start + first * frame_bytes:start + (first + count) * frame_bytes] = nan
     path.write_bytes(bytes(data))
 
 

@@ -140,6 +140,7 @@ def build_index(
     frame_padding: str | None = None,
     launch: Launch | None = None,
     lock_timeout: float | None = None,
+    segments=None,
 ) -> BuildReport:
     """:meth:`VideoIndex.build` into ``out_dir``, split over the processes of the launch.
 
@@ -153,21 +154,23 @@ def build_index(
     out = Path(out_dir)
     stage = {"backend": backend, "uri": uri, "stage_options": stage_options, "summary": summary,
              "summary_head": summary_head, "frame_sampling": frame_sampling,
-             "frame_padding": frame_padding, "lock_timeout": lock_timeout}
+             "frame_padding": frame_padding, "lock_timeout": lock_timeout,
+             "segments": segments}
     if launch.size == 1 and not (out / PARTS).is_dir():
         index = VideoIndex.build(model, videos, out, batch_size=batch_size,
                                  num_workers=num_workers, shard_size=shard_size, meta=meta,
                                  progress=progress, titles=titles, **stage)
         return BuildReport(index, 1)
     try:
-        top, pending, frames = _agree_on_pending(launch, model, videos, out, stage)
+        top, pending, frames, policy = _agree_on_pending(launch, model, videos, out, stage)
         mine = _block(pending, launch.rank, launch.size)
         if num_workers is None:  # the processes share the machine's cores
             num_workers = min(4, max(1, (os.cpu_count() or 1) // launch.size))
         part = VideoIndex.create_or_resume(model, out / PARTS / f"rank-{launch.rank}",
                                            device=launch.device, backend=None,
                                            frame_sampling=frames.sampling,
-                                           frame_padding=frames.padding)
+                                           frame_padding=frames.padding,
+                                           segments=policy if policy is not None else False)
         encoded = part.add(mine, batch_size=batch_size, num_workers=num_workers,
                            shard_size=shard_size, progress=progress and launch.is_main,
                            titles=titles, only_new=False)
@@ -187,9 +190,10 @@ def build_index(
 
 
 def _agree_on_pending(launch: Launch, model: DiCoSA, videos, out: Path, stage: dict
-                      ) -> tuple[VideoIndex | None, list[str], FrameProtocol]:
-    """The main process opens the index and lists what is left; every process gets the list
-    and the index's frame protocol (a resumed index's may not be the one asked for: None).
+                      ) -> tuple[VideoIndex | None, list[str], FrameProtocol, dict | None]:
+    """The main process opens the index and lists what is left; every process gets the list,
+    the index's frame protocol and its segment policy (a resumed index's may not be the one
+    asked for).
 
     One process decides, so that all split the same list: the others have not started
     writing when it reads the parts. A failure there (another model's index, a damaged part)
@@ -203,7 +207,8 @@ def _agree_on_pending(launch: Launch, model: DiCoSA, videos, out: Path, stage: d
             for _, _, paths in _unlinked(top, out, model):
                 done.update(paths)
             agreed = ([p for p in dict.fromkeys(list_videos(videos)) if p not in done],
-                      top.frames.as_dict())
+                      top.frames.as_dict(),
+                      top.segments.as_dict() if top.segments is not None else None)
         except Exception as exc:
             failure = exc
     agreed = launch.broadcast(agreed)
@@ -211,10 +216,10 @@ def _agree_on_pending(launch: Launch, model: DiCoSA, videos, out: Path, stage: d
         raise failure
     if agreed is None:
         raise PeerFailed("the main process could not start the build; its message says why")
-    pending, frames = agreed[0], FrameProtocol(**agreed[1])
+    pending, frames, policy = agreed[0], FrameProtocol(**agreed[1]), agreed[2]
     log.info("process %d of %d: %d video(s) left to encode, %d of them here", launch.rank,
              launch.size, len(pending), len(_block(pending, launch.rank, launch.size)))
-    return top, pending, frames
+    return top, pending, frames, policy
 
 
 def _block(items: list[str], rank: int, size: int) -> list[str]:
@@ -242,7 +247,7 @@ def _unlinked(top: VideoIndex, out: Path, model: DiCoSA
             name = f"{PARTS}/{folder.name}/{shard.name}"
             if name not in linked:
                 ids = np.arange(shard.first_id, shard.first_id + shard.count)
-                yield name, shard.count, part.store.paths(ids)
+                yield name, shard.count, sorted(set(part.store.paths(ids)))
 
 
 def _merge(top: VideoIndex, out: Path, pending: list[str], reports: list[dict],

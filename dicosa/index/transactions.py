@@ -66,7 +66,8 @@ class Transactional:
             store["num_frames"] = (self._fingerprint or {}).get("config", {}).get("num_frames")
             store["dim"] = self.model.embed_dim if self.model is not None else None
         Manifest(self._fingerprint, store, self._stages.record(), list(self.skipped),
-                 self.frames, self.meta, self._generation + 1, len(self)).write(self.directory)
+                 self.frames, self.meta, self._generation + 1, len(self),
+                 self.segments).write(self.directory)
         self._generation += 1
 
     def changed(self) -> bool:
@@ -104,6 +105,7 @@ class Transactional:
             if len(came):
                 self._stages.add_rows(entry, came)
         self.frames, self._fingerprint = manifest.frames, manifest.fingerprint
+        self.segments = manifest.segments
         self.meta, self.skipped = manifest.meta, list(manifest.skipped)
         self._generation = manifest.generation
         self._stages.synced = manifest.first_stage.get("synced")
@@ -128,6 +130,7 @@ class Transactional:
                 "calibration": spec.get("calibration"), "dim": spec.get("dim"),
                 "synced": spec.get("synced")}
         self.frames = manifest.frames
+        self.segments = manifest.segments
         self._fingerprint = manifest.fingerprint
         self.meta = manifest.meta
         self.skipped = list(manifest.skipped)

@@ -41,11 +41,13 @@ import pandas as pd
 import torch
 
 from ..data.protocol import FrameProtocol
+from ..data.segments import SegmentPolicy
 from ..fingerprint import fingerprint_mismatch, model_fingerprint
 from ..model import DiCoSA, VideoFeatures
+from ..search.shards import VideoRun
 from ..search.store import FrameStore
 from ..search.types import RerankHook
-from .ingest import Pending, ingest, list_videos, new_or_changed
+from .ingest import Clip, ingest, list_videos, new_or_changed
 from .lock import WriterLock
 from .manifest import MANIFEST, Manifest
 from .plugin_host import PluginHost
@@ -79,6 +81,11 @@ class VideoIndex(Transactional, PluginHost, Searching):
     decodes videos: the model's ``data.frame_sampling``/``data.frame_padding``.
     ``lock_timeout``: seconds a write waits for another writer (None: as long as it takes;
     0: fail at once with :class:`~dicosa.index.lock.IndexBusyError`).
+
+    ``segments`` is how :meth:`add` treats long videos (:mod:`dicosa.data.segments`): None or
+    True gives a new index the default :class:`~dicosa.data.segments.SegmentPolicy` (frames at
+    1 frame/s, shots, windows of the model's N frames); a policy or a dict of its fields sets
+    another; False keeps one row of N frames per video, as an index before segments did.
     """
 
     def __init__(self, model: DiCoSA | None, *, tokenizer: Callable | None = None,
@@ -87,8 +94,11 @@ class VideoIndex(Transactional, PluginHost, Searching):
                  uri: str | None = None, stage_options: dict | None = None,
                  summary: str | None = None, summary_head=None,
                  frame_sampling: str | None = None, frame_padding: str | None = None,
-                 lock_timeout: float | None = None):
+                 lock_timeout: float | None = None,
+                 segments: SegmentPolicy | dict | bool | None = None):
         self.model: DiCoSA | None = None
+        self.segments = (segment_policy(segments, model.config.num_frames)
+                         if model is not None else None)
         self.frames = FrameProtocol().override(frame_sampling, frame_padding)
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else None
@@ -129,7 +139,7 @@ class VideoIndex(Transactional, PluginHost, Searching):
         and its videos are not encoded again.
 
         ``options`` are :meth:`create_or_resume`'s (backend, uri, stage_options, summary,
-        summary_head, frame_sampling, frame_padding, lock_timeout); the rest are
+        summary_head, frame_sampling, frame_padding, lock_timeout, segments); the rest are
         :meth:`add`'s. ``meta``: free-form JSON-able facts stored in the manifest.
         """
         index = cls.create_or_resume(model, out_dir, tokenizer=tokenizer, device=device,
@@ -150,7 +160,8 @@ class VideoIndex(Transactional, PluginHost, Searching):
                          stage_options: dict | None = None, summary: str | None = None,
                          summary_head=None, frame_sampling: str | None = None,
                          frame_padding: str | None = None,
-                         lock_timeout: float | None = None) -> VideoIndex:
+                         lock_timeout: float | None = None,
+                         segments: SegmentPolicy | dict | bool | None = None) -> VideoIndex:
         """The index in ``out_dir`` (same model, frame protocol and first stage, else one
         ValueError sentence), or a new empty one committed there at once (None: in memory).
         Options left None (``backend="default"``) keep what a resumed index recorded; a new
@@ -161,6 +172,7 @@ class VideoIndex(Transactional, PluginHost, Searching):
             index = cls.load(out, model, tokenizer=tokenizer, device=device,
                              lock_timeout=lock_timeout)
             index._check_frames(frame_sampling, frame_padding)
+            index._check_segments(segments)
             index._check_stage(backend, uri, stage_options, summary)
             log.info("resuming the index at %s (%d videos)", out, len(index))
             return index
@@ -168,7 +180,8 @@ class VideoIndex(Transactional, PluginHost, Searching):
                     backend=DEFAULT_BACKEND if backend == "default" else backend, uri=uri,
                     stage_options=stage_options, summary=summary,
                     summary_head=summary_head, frame_sampling=frame_sampling,
-                    frame_padding=frame_padding, lock_timeout=lock_timeout)
+                    frame_padding=frame_padding, lock_timeout=lock_timeout,
+                    segments=segments)
         if out is not None:
             try:
                 out.mkdir(parents=True, exist_ok=True)
@@ -189,6 +202,22 @@ class VideoIndex(Transactional, PluginHost, Searching):
             raise ValueError(f"the index at {self.directory or 'this index'} decodes videos "
                              f"with frame {self.frames} (its manifest), not {asked}; build "
                              "a new index to decode with another frame protocol")
+
+    def _check_segments(self, segments: SegmentPolicy | dict | bool | None) -> None:
+        """Refuse to cut videos otherwise than the index does (None keeps what it does)."""
+        if segments is None:
+            return
+        asked = segment_policy(segments, self._require_model().config.num_frames)
+        if asked == self.segments:
+            return
+        where = self.directory or "this index"
+        if self.segments is None:
+            raise ValueError(f"the index at {where} keeps one row per video (it was built "
+                             "before segments); to search inside long videos, build a new "
+                             "index: dicosa index VIDEOS --out NEW_INDEX")
+        raise ValueError(f"the index at {where} cuts videos by {self.segments.as_dict()}, not "
+                         f"{'no segments' if asked is None else asked.as_dict()}; leave the "
+                         "option out to add to it, or build a new index")
 
     def _check_stage(self, backend: str | None, uri: str | None, options: dict | None,
                      summary: str | None) -> None:
@@ -231,14 +260,16 @@ class VideoIndex(Transactional, PluginHost, Searching):
         model = self._require_model()
         listed = list(dict.fromkeys(list_videos(videos)))
         with self.writing():
-            todo = new_or_changed(listed, self.store.metadata()) if only_new else listed
+            todo = (new_or_changed(listed, self.store.video_metadata()) if only_new
+                    else listed)
             if not todo:
                 return 0
             retried = set(todo)
             with self.transaction():
                 self.skipped = [(p, r) for p, r in self.skipped if p not in retried]
             report = ingest(model, self.device, todo, self.frames, self._store_pending,
-                            batch_size=batch_size, num_workers=num_workers,
+                            segments=self.segments, batch_size=batch_size,
+                            num_workers=num_workers,
                             shard_size=shard_size, progress=progress,
                             titles=normalise_titles(titles))
             with self.transaction():
@@ -251,10 +282,26 @@ class VideoIndex(Transactional, PluginHost, Searching):
                         "index.skipped)", len(report.skipped), len(todo))
         return report.added
 
-    def _store_pending(self, pending: list[Pending]) -> None:
-        video = VideoFeatures(torch.cat([p.video.frames for p in pending]),
-                              torch.cat([p.video.frame_mask for p in pending]))
-        self.add_features(video, [row for p in pending for row in p.rows])
+    def _store_pending(self, pending: list[Clip] | list[VideoRun], pad: np.ndarray) -> None:
+        if isinstance(pending[0], VideoRun):
+            self.add_runs(pending, pad)
+            return
+        video = VideoFeatures(torch.stack([p.frames for p in pending]),
+                              torch.stack([p.mask for p in pending]))
+        self.add_features(video, [p.row for p in pending])
+
+    def add_runs(self, runs: list[VideoRun], pad: np.ndarray) -> np.ndarray:
+        """Store already encoded videos as frame runs cut into segments (one ``runs``
+        shard, :mod:`dicosa.search.shards`), in one transaction; returns their row ids. The
+        live rows of the same paths are replaced."""
+        with self.transaction():
+            replaced = self._live_ids_of([r.row["path"] for r in runs])
+            if len(replaced):
+                self.store.remove(replaced)
+                self._stages.remove(replaced)
+            self._reserve(sum(len(r.segments) for r in runs))
+            return self._stages.extend(lambda: self.store.append_runs(
+                runs, pad, self.segments.window))
 
     def add_features(self, video: VideoFeatures, rows: list[dict]) -> np.ndarray:
         """Store already encoded videos (float16 ``[n, N, D]`` frames and their metadata rows,
@@ -277,8 +324,9 @@ class VideoIndex(Transactional, PluginHost, Searching):
             return self._stages.extend(lambda: self.store.link(name, count))
 
     def remove(self, videos: str | Iterable[str] | np.ndarray | Sequence[int]) -> int:
-        """Remove videos (paths, or store row ids) from the store and every first stage, in
-        one transaction; returns how many were live. Their ids are never reused."""
+        """Remove videos (paths, or ids: a video's id or any of its rows' ids) from the store
+        and every first stage, every row of each, in one transaction; returns how many rows
+        were live. Their ids are never reused."""
         items = [videos] if isinstance(videos, str) else list(np.asarray(videos).reshape(-1)
                                                               if isinstance(videos, np.ndarray)
                                                               else videos)
@@ -286,13 +334,21 @@ class VideoIndex(Transactional, PluginHost, Searching):
             if items and isinstance(items[0], (str, os.PathLike)):
                 ids = self._live_ids_of(items)
             else:
-                ids = np.asarray(items, dtype=np.int64)
+                ids = self._rows_of_videos(np.asarray(items, dtype=np.int64))
             ids = self.store.remove(ids)
             if len(ids):
                 self._stages.remove(ids)
                 if self.directory is not None:
                     self._stages.save(self.directory)
         return len(ids)
+
+    def _rows_of_videos(self, ids: np.ndarray) -> np.ndarray:
+        """Every live row of the videos that rows ``ids`` belong to (unknown ids ignored)."""
+        ids = ids[(ids >= 0) & (ids < self.store.next_id)]
+        if not self.store.segmented:
+            return ids
+        return np.concatenate([np.zeros(0, np.int64)] + [
+            self.store.video_rows(int(v)) for v in np.unique(self.store.videos_of(ids))])
 
     def _live_ids_of(self, paths: Sequence[str | os.PathLike]) -> np.ndarray:
         if not len(self.store):
@@ -429,30 +485,48 @@ class VideoIndex(Transactional, PluginHost, Searching):
 
     # -- contents -------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self.store)
+        """Indexed (live) videos; a long video's segments count once (rows:
+        ``len(index.store)``)."""
+        return self.store.num_videos()
 
     @property
     def ids(self) -> np.ndarray:
-        """Row ids of the indexed (live) videos, ascending."""
-        return self.store.live()
+        """Ids of the indexed (live) videos, ascending (a video's id is its first row's)."""
+        return self.store.live_videos()
 
     @property
     def paths(self) -> list[str]:
-        return self.store.paths(self.store.live())
+        return self.store.paths(self.store.live_videos())
 
     @property
     def metadata(self) -> pd.DataFrame:
-        """One row per indexed video (index: row id): the columns of
+        """One row per indexed video (index: the video's id): the columns of
         :data:`dicosa.search.store.COLUMNS`."""
-        return self.store.metadata()
+        return self.store.video_metadata()
 
     @property
     def features(self) -> VideoFeatures:
-        """Every live row's features, float16 ``frames [V, N, D]`` and ``frame_mask [V, N]``,
+        """Every live row's features, float16 ``frames [R, N, D]`` and ``frame_mask [R, N]``,
         read into memory: for small indexes and tests; search reads only candidates."""
         if not len(self):
             raise ValueError("the index is empty")
         return self.store.gather(self.store.live())
+
+def segment_policy(segments: SegmentPolicy | dict | bool | None,
+                   num_frames: int) -> SegmentPolicy | None:
+    """The :class:`SegmentPolicy` the ``segments`` option asks for, for a model of
+    ``num_frames`` frames (see :class:`VideoIndex`)."""
+    if segments is False:
+        return None
+    if segments is None or segments is True:
+        return SegmentPolicy(window=num_frames)
+    if isinstance(segments, dict):
+        return SegmentPolicy.from_dict({"window": num_frames, **segments})
+    if segments.window != num_frames:
+        raise ValueError(f"a segment holds the model's {num_frames} frames, not "
+                         f"{segments.window}")
+    return segments
+
 
 def open_index(directory: str | os.PathLike, model: DiCoSA | None = None, *,
                device: torch.device | str | None = None, strict: bool = True,
