@@ -15,7 +15,7 @@ import torch
 from dicosa.data.video import load_video_partial
 from dicosa.index import VideoIndex
 from dicosa.model import TextFeatures, VideoFeatures
-from dicosa.search.moment import frame_times, frame_weights, moments, row_frame_times
+from dicosa.search.moment import frame_times, frame_weights, row_frame_times, timelines
 
 from ._videos import level_to_index, write_video
 from .conftest import tiny_config
@@ -54,14 +54,15 @@ def clips(tmp_path_factory):
 
 @pytest.mark.parametrize("sampling", ["segments", "released"])
 def test_frame_times_are_the_times_of_the_frames_the_index_decoded(clips, sampling):
-    """Through a real build: the rows (frame count, rate) and masks the index stored give
-    the times of the frames the decoder returned for each stored slot."""
+    """Through a real build of N frames per video (an index without segments): the rows
+    (frame count, rate) and masks the index stored give the times of the frames the decoder
+    returned for each stored slot."""
     torch.manual_seed(0)
     from dicosa.model import DiCoSA
 
     model = DiCoSA.from_config(tiny_config()).eval()
     index = VideoIndex.build(model, list(clips.values()), None, frame_sampling=sampling,
-                             num_workers=0, progress=False, backend="exact")
+                             num_workers=0, progress=False, backend="exact", segments=False)
     rows, video = index.metadata, index.features
     times = frame_times(index.frames, SLOTS, rows, video.frame_mask)  # [n, N]
     for row, (path, time_row, mask) in enumerate(zip(rows["path"], times, video.frame_mask,
@@ -93,11 +94,11 @@ def test_frame_times_say_nothing_they_cannot_know():
         assert times.shape == (4,) and np.isnan(times).all()
 
 
-def test_moments_pick_the_heaviest_valid_frame():
+def test_timelines_pick_the_heaviest_valid_frame():
     weights = torch.tensor([[0.1, 0.6, 0.3, 0.0], [0.2, 0.2, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
     times = np.array([[0.5, 1.5, 2.5, np.nan], [np.nan] * 4, [np.nan] * 4])
-    first, unknown, blank = moments(weights, times, mask)
+    first, unknown, blank = timelines(weights, times, mask, np.array([0.3, 0.1, 0.0]))
     assert (first.best_frame, first.best_time) == (1, 1.5)
     assert first.best_weight == pytest.approx(0.6)
     assert first.times == [0.5, 1.5, 2.5, None]
@@ -105,6 +106,7 @@ def test_moments_pick_the_heaviest_valid_frame():
     assert blank is None  # indexed from its title alone
     parts = first.as_dict()
     assert [f["frame"] for f in parts["frames"]] == [0, 1, 2, 3]
+    assert [f["score"] for f in parts["frames"]] == [pytest.approx(0.3)] * 4
     assert parts["best"] == {"frame": 1, "time": 1.5, "weight": pytest.approx(0.6)}
     assert not any(isinstance(v, float) and math.isnan(v) for f in parts["frames"]
                    for v in f.values())

@@ -46,6 +46,18 @@ def add_parser(commands) -> None:
                         "frames (every frame, a video ranked by its best frame: the default "
                         "without one; not on milvus), confidence (one vector per video) or a "
                         "summary head file (heads train summary)")
+    p.add_argument("--rate", type=float, default=None, metavar="FPS",
+                   help="frames per second decoded from a video longer than one window of the "
+                        "model's N frames (default 1, the released protocol's rate); such a "
+                        "video is cut into shots and windows, searched as moments")
+    p.add_argument("--detector", choices=("content", "adaptive", "none"), default=None,
+                   help="shot detector for long videos (PySceneDetect; default content); "
+                        "none: windows only")
+    p.add_argument("--min-shot", type=float, default=None, metavar="SECONDS",
+                   help="a shorter shot is joined to a neighbour (default 1)")
+    p.add_argument("--no-segments", action="store_true",
+                   help="keep one row of N frames per video, spread over the whole file, "
+                        "as indexes before moments did")
     p.add_argument("--no-wait", action="store_true",
                    help="fail at once (one sentence) when another process is writing the index, "
                         "instead of waiting for it")
@@ -81,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
                              meta={"model": source}, backend=args.backend or "default",
                              uri=args.uri, stage_options=options(args.stage_option) or None,
                              titles=args.titles, frame_sampling=frames.sampling,
-                             frame_padding=frames.padding,
+                             frame_padding=frames.padding, segments=_segments(args),
                              lock_timeout=0 if args.no_wait else None, **summary)
     except PeerFailed:
         # The main process prints why and exits non-zero, which fails the launch; a non-zero
@@ -108,10 +120,25 @@ def _report(index, report, out: str) -> None:
     encoded = ("" if report.encoded is None else
                f" (encoded {report.encoded} now, in {report.processes} process(es): "
                f"{' + '.join(map(str, report.per_process))})")
-    print(f"indexed {len(index)} videos into {out}{encoded}"
+    rows = len(index.store)
+    moments = f" ({rows} moments to search)" if rows != len(index) else ""
+    print(f"indexed {len(index)} videos{moments} into {out}{encoded}"
           + (f"; skipped {len(index.skipped)} unreadable file(s):" if index.skipped else ""))
     for path, reason in index.skipped:
         print(f"  {path}: {reason}")
+
+
+def _segments(args: argparse.Namespace) -> dict | bool | None:
+    """The ``segments`` option of the build: False (``--no-segments``), the settings given,
+    or None (a new index: the defaults; an existing one: its own)."""
+    given = {"rate": args.rate, "detector": args.detector, "min_shot": args.min_shot}
+    given = {k: v for k, v in given.items() if v is not None}
+    if args.no_segments:
+        if given:
+            raise ValueError("--no-segments keeps one row per video: drop --rate, --detector "
+                             "and --min-shot, or --no-segments")
+        return False
+    return given or None
 
 
 def _summary(args: argparse.Namespace, model) -> dict:

@@ -49,6 +49,9 @@ def add_parser(commands) -> None:
     p.add_argument("--exhaustive", action="store_true",
                    help="score every video with DiCoSA (the reference; slow on large indexes)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--moments", action="store_true",
+                   help="list the best moments (time ranges; several may come from one long "
+                        "video) rather than videos")
     p.add_argument("--exclude", action="append", default=[], metavar="B",
                    help="leave out videos showing B (repeatable; needs a concepts head)")
     p.add_argument("--concepts", metavar="HEAD.pt",
@@ -98,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
                          mode=mode)
     explained = ([result.explain(i) for i in range(len(result.hits))] if args.explain
                  else [])
-    if args.json:
+    if args.moments:
+        _print_moments(args, index, result, candidates)
+    elif args.json:
         _print_json(args, index, result, candidates, explained)
     else:
         _print_table(args, index, result, candidates, explained)
@@ -179,10 +184,29 @@ def _print_json(args, index, result, candidates, explained) -> None:
                       **({"fusion": parts} if parts is not None else {})}))
 
 
+def _print_moments(args, index, result, candidates) -> None:
+    """``--moments``: the best time ranges, as a table or (``--json``) a list."""
+    from ..search.moment import format_span
+
+    found = result.top_moments(args.k)
+    if args.json:
+        print(json.dumps({"query": args.query, "index": str(args.index), "mode": result.mode,
+                          "candidates": candidates, "truncated": result.truncated,
+                          "moments": [{"rank": r, "path": path, "id": video, **m.as_dict()}
+                                      for r, (path, video, m) in enumerate(found, 1)]}))
+        return
+    print(f'top {len(found)} moments of {len(index)} videos for "{args.query}"')
+    print(f"{'rank':>4}  {'score':>8}  {'moment':<13}  path")
+    for rank, (path, _, moment) in enumerate(found, 1):
+        print(f"{rank:>4}  {moment.score:>8.4f}  {format_span(moment.start, moment.end):<13}  "
+              f"{path}")
+
+
 def _print_table(args, index, result, candidates, explained) -> None:
     from ..plugins.exclusion import format_explanation
     from ..plugins.fusion import format_parts
     from ..plugins.lexical import format_words
+    from ..search.moment import format_span
 
     if result.truncated:
         print(f"note: the query is longer than the {index.model.config.max_words} tokens the "
@@ -191,9 +215,13 @@ def _print_table(args, index, result, candidates, explained) -> None:
            f"{result.candidates} candidates from the {result.stage} stage ({result.mode} "
            "mode) reranked by DiCoSA")
     print(f'top {len(result.hits)} of {len(index)} videos for "{args.query}" ({how})')
-    print(f"{'rank':>4}  {'score':>8}  {'stage':<10}  path")
+    print(f"{'rank':>4}  {'score':>8}  {'stage':<10}  {'moment':<13}  path")
     for rank, hit in enumerate(result.hits, 1):
-        print(f"{rank:>4}  {hit.score:>8.4f}  {hit.stage:<10}  {hit.path}")
+        when = format_span(hit.start, hit.end)
+        print(f"{rank:>4}  {hit.score:>8.4f}  {hit.stage:<10}  {when:<13}  {hit.path}")
+        for moment in hit.moments[1:]:
+            print(f"{'':>4}  {moment.score:>8.4f}  {'':<10}  "
+                  f"{format_span(moment.start, moment.end):<13}  (another moment)")
         said = explained[rank - 1] if explained else {}
         if said.get("concepts"):
             print(f"{'':>16}{format_explanation(said['concepts'])}")

@@ -1,10 +1,15 @@
-"""The query path: encode once → first stage(s) → C candidates → DiCoSA rerank → hooks → top-k.
+"""The query path: encode once → first stage(s) → C candidates → DiCoSA rerank → hooks →
+videos → top-k.
 
 :class:`Searcher` runs one batch of queries over the parts an index lends it for the call and
 returns one :class:`SearchResult` per query: the hits, the time per stage, and what the
 search computed on the way (the encoded queries, the candidates), so that an explanation
 (the frames' weights, the words, the excluded concepts) reuses them instead of encoding the
 query again. It keeps nothing between calls: concurrent searches share no mutable state.
+
+The candidates are rows: whole short videos and segments of long ones. A video ranks by its
+best row, and its hit carries its best rows that do not overlap as moments, time ranges
+with their scores (:func:`dicosa.search.moment.best_moments`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..data.protocol import FrameProtocol
 from ..model import DiCoSA, TextFeatures
+from ..search.moment import Moment, Timeline, best_moments, overlaps, video_timeline
 from ..search.query import Query, QueryError, parse_query
 from ..search.rerank import pair_scores
 from ..search.store import FrameStore
@@ -32,23 +39,41 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CANDIDATES = 1000
 _PAIRS_PER_CHUNK = 2048  # rerank pairs per forward: [chunk, N, D] float32 stays ~50 MB
+MOMENTS_PER_HIT = 3  # a hit's best non-overlapping moments
 
 
 @dataclass(frozen=True)
 class Hit:
-    """One search result."""
+    """One search result: a video, at its best moments."""
 
     path: str
     score: float  # the ranking score: DiCoSA's S after the rerank hooks (= dicosa without hooks)
-    dicosa: float  # DiCoSA's S (Eq. 9) of the query and this video
+    #               of the video's best row
+    dicosa: float  # DiCoSA's S (Eq. 9) of the query and the video's best row
     stage: str  # what proposed it: a first stage ("dense", "lexical", "bow", "dense+lexical"),
     #             "all" (every row reranked, candidates >= len(index)) or "exhaustive"
     #             (candidates=None)
     stage_score: float | None  # the first listed stage's own score; None for "all"/"exhaustive"
-    id: int  # the store row id
+    id: int  # the video's id (the store id of its first row)
     # every proposing stage's own score, e.g. {"dense": 0.31, "lexical": 2.7} for
     # "dense+lexical" (their scales differ); None for "all"/"exhaustive"
     stage_scores: dict[str, float] | None = field(default=None, hash=False)
+    row: int | None = None  # the store row that scored best (None: the video's id)
+    # the video's best rows that do not overlap, best first (the first one is ``row``)
+    moments: tuple[Moment, ...] = field(default=(), hash=False)
+
+    def __post_init__(self) -> None:
+        if self.row is None:
+            object.__setattr__(self, "row", self.id)
+
+    @property
+    def start(self) -> float | None:
+        """Where the best moment starts, in seconds (None: unknown)."""
+        return self.moments[0].start if self.moments else None
+
+    @property
+    def end(self) -> float | None:
+        return self.moments[0].end if self.moments else None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -85,6 +110,25 @@ class SearchResult:
     dicosa: Tensor  # float32 [C] DiCoSA's S of each candidate (-inf at pads)
     explainers: dict[str, Callable[[SearchResult, int], dict | None]] = field(
         default_factory=dict, repr=False)
+    scores: Tensor | None = None  # float32 [C] the ranking score of each candidate (hooks)
+    searcher: Searcher | None = field(default=None, repr=False)  # what made it
+
+    def timeline(self, i: int) -> Timeline | None:
+        """Hit ``i``'s relevance over its whole video, frame by frame
+        (:func:`dicosa.search.moment.video_timeline`: every row of the video scored)."""
+        text = self.encoded.text.text[self.position:self.position + 1]
+        return self._searcher().timeline(text, self.hits[i].id)
+
+    def top_moments(self, k: int) -> list[tuple[str, int, Moment]]:
+        """The ``k`` best moments among the candidates, best first, as ``(path, video id,
+        moment)``: several may come from one video, never two that overlap."""
+        scores = self.dicosa if self.scores is None else self.scores
+        return self._searcher().top_moments(self.ids, scores.numpy(), k)
+
+    def _searcher(self) -> Searcher:
+        if self.searcher is None:
+            raise RuntimeError("this result was made without the index's parts")
+        return self.searcher
 
     def explain(self, i: int) -> dict:
         """Why hit ``i`` ranks where it does: one entry per attached plugin that has
@@ -115,6 +159,7 @@ class Searcher:
     hooks: Sequence[RerankHook]
     encoders: Sequence[Callable[[EncodedQueries], None]]
     explainers: dict[str, Callable] = field(default_factory=dict)
+    frames: FrameProtocol = field(default_factory=FrameProtocol)  # how the index decoded
 
     # -- encode ---------------------------------------------------------------------------
     def encode(self, texts: Sequence[str], exclude: Sequence[str] = (),
@@ -162,12 +207,40 @@ class Searcher:
         for hook in self.hooks:
             scores = hook(encoded, ids, scores)
         clock.lap("hooks_s")
-        hits = self._top(scores, dicosa, ids, (stage, stage_scores, by_stage), k)
+        hits = self.top(scores, dicosa, ids, (stage, stage_scores, by_stage), k)
         clock.lap("top_s")
         label = stage if isinstance(stage, str) else "first stage"
         return [SearchResult(texts[q], hits[q], dict(clock.times), label, mode,
                              int((ids[q] >= 0).sum()), cut[q], encoded, q, ids[q], dicosa[q],
-                             self.explainers) for q in range(len(texts))]
+                             self.explainers, scores[q], self)
+                for q in range(len(texts))]
+
+    def timeline(self, text: Tensor, video: int) -> Timeline | None:
+        """Video ``video``'s timeline under the text vector ``text [1, D]``."""
+        return video_timeline(self.model, self.store, self.frames, text, video)
+
+    def top_moments(self, ids: np.ndarray, scores: np.ndarray, k: int
+                    ) -> list[tuple[str, int, Moment]]:
+        """The ``k`` best rows of ``ids [C]`` by ``scores [C]`` as moments (see
+        :meth:`SearchResult.top_moments`)."""
+        usable = (ids >= 0) & np.isfinite(scores)
+        rows, values = ids[usable], scores[usable]
+        videos, spans = self.store.videos_of(rows), self.store.spans(rows)
+        picked: list[tuple[int, Moment]] = []
+        by_video: dict[int, list[Moment]] = {}
+        for i in np.argsort(-values, kind="stable").tolist():
+            video = int(videos[i])
+            moment = Moment(*(None if np.isnan(x) else round(float(x), 4) for x in spans[i]),
+                            float(values[i]), int(rows[i]))
+            taken = by_video.setdefault(video, [])
+            if not overlaps(moment, taken):
+                taken.append(moment)
+                picked.append((video, moment))
+                if len(picked) == k:
+                    break
+        paths = self.store.paths(np.array([v for v, _ in picked], dtype=np.int64))
+        return [(path, video, moment) for path, (video, moment) in zip(paths, picked,
+                                                                       strict=True)]
 
     # -- first stages ---------------------------------------------------------------------
     def searched(self, mode: str | None) -> list[Registered]:
@@ -215,6 +288,7 @@ class Searcher:
             out[q, c] = pair_scores(self.model, pairs, video).cpu()
         return out
 
+    @torch.inference_mode()
     def exhaustive(self, text: TextFeatures, ids: np.ndarray, chunk: int) -> Tensor:
         """:meth:`DiCoSA.score` of ``text`` with rows ``ids``, ``chunk`` rows at a time."""
         dtype = next(self.model.parameters()).dtype
@@ -237,32 +311,51 @@ class Searcher:
         blank = np.isin(ids, flat[flags])
         return scores.masked_fill(torch.from_numpy(blank), float("-inf"))
 
-    def _top(self, scores: Tensor, dicosa: Tensor, ids: np.ndarray, proposed: tuple,
+    def top(self, scores: Tensor, dicosa: Tensor, ids: np.ndarray, proposed: tuple,
              k: int) -> list[list[Hit]]:
-        """The k best hits per query; ``proposed``: :meth:`candidates`' stage labels, first
-        stage scores and per-stage scores."""
+        """The k best videos per query, each at its best row with its best moments;
+        ``proposed``: :meth:`candidates`' stage labels, first stage scores and per-stage
+        scores."""
         stage, stage_scores, by_stage = proposed
-        top = scores.topk(min(k, scores.shape[1]), dim=1)
-        picked = [[(c, v) for c, v in zip(cols, vals, strict=True)
-                   if v != float("-inf") and v == v and ids[q, c] >= 0]
-                  for q, (cols, vals) in enumerate(zip(top.indices.tolist(), top.values.tolist(),
-                                                       strict=True))]
-        hit_ids = np.array([ids[q, c] for q, row in enumerate(picked) for c, _ in row],
+        ranked = scores.numpy()  # [Q, C]
+        usable = (ids >= 0) & np.isfinite(ranked)
+        videos = np.full(ids.shape, -1, dtype=np.int64)
+        videos[usable] = self.store.videos_of(ids[usable])
+        picked = [_best_per_video(ranked[q], videos[q], usable[q], k) for q in range(len(ids))]
+        # Each hit's scored rows: the candidates of the same video.
+        rows = [[np.flatnonzero(usable[q] & (videos[q] == videos[q, c])) for c in row]
+                for q, row in enumerate(picked)]
+        flat = [ids[q, cols] for q, per_hit in enumerate(rows) for cols in per_hit]
+        spans = iter(np.split(self.store.spans(np.concatenate(flat or [np.zeros(0, int)])),
+                              np.cumsum([len(f) for f in flat])[:-1]) if flat else [])
+        hit_ids = np.array([videos[q, c] for q, row in enumerate(picked) for c in row],
                            dtype=np.int64)
         paths = iter(self.store.paths(hit_ids))
         results = []
         for q, row in enumerate(picked):
             hits = []
-            for c, v in row:
+            for c, same in zip(row, rows[q], strict=True):
                 label = stage if isinstance(stage, str) else str(stage[q, c])
                 first = None if stage_scores is None else float(stage_scores[q, c])
                 parts = (by_stage[q, c] if by_stage is not None
                          else None if first is None else {label: first})
-                hits.append(Hit(path=next(paths), score=v, dicosa=float(dicosa[q, c]),
-                                id=int(ids[q, c]), stage=label, stage_score=first,
-                                stage_scores=parts))
+                moments = best_moments(ids[q, same], next(spans), ranked[q, same],
+                                       MOMENTS_PER_HIT)
+                hits.append(Hit(path=next(paths), score=float(ranked[q, c]),
+                                dicosa=float(dicosa[q, c]), id=int(videos[q, c]), stage=label,
+                                stage_score=first, stage_scores=parts, row=int(ids[q, c]),
+                                moments=tuple(moments)))
             results.append(hits)
         return results
+
+
+def _best_per_video(scores: np.ndarray, videos: np.ndarray, usable: np.ndarray,
+                    k: int) -> list[int]:
+    """Columns of the ``k`` best videos' best rows, best first (ties: the earlier column)."""
+    columns = np.flatnonzero(usable)
+    order = columns[np.argsort(-scores[columns], kind="stable")]
+    _, first = np.unique(videos[order], return_index=True)
+    return order[np.sort(first)][:k].tolist()
 
 
 def truncated(tokenizer: Callable, texts: Sequence[str], tokens: Tensor) -> list[bool]:

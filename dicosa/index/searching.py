@@ -25,7 +25,7 @@ class Searching:
         explainers = {key: plugin.explain for key, plugin in self.plugins.items()}
         return Searcher(self._require_model(), self.tokenizer, self.device, self.store,
                         self._stages, self.modes, list(self.hooks if hooks is None else hooks),
-                        list(self.query_encoders), explainers)
+                        list(self.query_encoders), explainers, self.frames)
 
     def encode_queries(self, texts: Sequence[str], exclude: Sequence[str] = (),
                        mode: str | None = None):

@@ -186,7 +186,7 @@ def explain_hits(plugin: ExclusionPlugin, result: SearchResult,
     if not queries.queries[q].exclude or not hits:
         return []
     candidates = result.ids[result.ids >= 0]
-    explained = plugin.rerank.explain(queries, q, candidates, np.array([h.id for h in hits]))
+    explained = plugin.rerank.explain(queries, q, candidates, np.array([h.row for h in hits]))
     return [_as_dict(e, plugin.head) for e in explained]
 
 

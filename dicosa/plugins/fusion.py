@@ -210,16 +210,16 @@ def explain_hits(hook: FusionRerank, result: SearchResult,
 
     encoded = EncodedQueries([result.encoded.queries[q]],
                              type(result.encoded.text)(result.encoded.text.text[q:q + 1]), {})
-    ids = np.array([[h.id for h in hits]], dtype=np.int64)
+    ids = np.array([[h.row for h in hits]], dtype=np.int64)
     dicosa = torch.tensor([[h.dicosa for h in hits]], dtype=torch.float32)
     parts = hook.explain(encoded, ids, dicosa)
     out = []
     for c, hit in enumerate(hits):
         entry = {"id": hit.id, "path": hit.path}
         entry.update({name: float(value[0, c]) for name, value in parts.items()})
-        entry["text_only"] = bool(hook.rows.text_only[hit.id])
-        entry["frames_lost"] = float(hook.rows.frames_lost[hit.id])
-        entry["has_title"] = bool(hook.rows.has_title[hit.id])
+        entry["text_only"] = bool(hook.rows.text_only[hit.row])
+        entry["frames_lost"] = float(hook.rows.frames_lost[hit.row])
+        entry["has_title"] = bool(hook.rows.has_title[hit.row])
         out.append(entry)
     return out
 

@@ -266,7 +266,7 @@ def explain_words(plugin: LexicalPlugin, result: SearchResult, hits: list[Hit] |
     if not hits:
         return []
     query_vector = torch.from_numpy(_query_vector(plugin, result))  # [|V|]
-    videos = plugin.stage.vectors(np.array([h.id for h in hits])).toarray()  # [H, |V|]
+    videos = plugin.stage.vectors(np.array([h.row for h in hits])).toarray()  # [H, |V|]
     out = []
     for video in torch.from_numpy(videos):
         out.append({"sparse_score": float(query_vector @ video),
