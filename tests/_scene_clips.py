@@ -133,3 +133,38 @@ def scene_index(folder: Path) -> tuple[VideoIndex, list[list[str]]]:
                        progress=False)
     attach_lexical(index, head)
     return index, scenes
+
+
+def write_long(path: Path, scenes: list[list[str]], seconds: int = 3) -> Path:
+    """One VP9 video of ``scenes`` one after another, ``seconds`` each (hard cuts)."""
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libvpx-vp9", rate=FPS)
+        stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"
+        stream.options = {"deadline": "realtime", "cpu-used": "8", "crf": "30", "b:v": "0"}
+        for objects in scenes:
+            for _ in range(FPS * seconds):
+                frame = av.VideoFrame.from_ndarray(draw(objects, None, 0), format="rgb24")
+                container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return path
+
+
+def long_index(folder: Path, scenes: list[list[str]], seconds: int = 3) -> VideoIndex:
+    """An in-memory index of one long video of ``scenes`` (``seconds`` each) stored as an
+    index with segments stores it: its frames at 1 frame/s (each the scene's object vectors),
+    one segment per scene; and the scenes as separate short clips beside it."""
+    from dicosa.search.shards import VideoRun
+
+    path = write_long(folder / "long.webm", scenes, seconds)
+    frames = torch.cat([scene_video(s, frames=seconds, seed=200 + i)
+                        for i, s in enumerate(scenes)]).half().numpy()  # [F, D]
+    count = len(scenes) * seconds
+    starts = np.arange(0, count, seconds)
+    run = VideoRun(frames, np.ones(count, bool), np.arange(count, dtype=np.float32),
+                   np.stack([starts, np.full(len(scenes), seconds)], 1),
+                   np.stack([starts, starts + seconds], 1).astype(np.float32),
+                   {"path": str(path), "duration": float(count), "fps": float(FPS),
+                    "num_frames": FPS * count, "valid_frames": count})
+    index = VideoIndex(lookup_model(), tokenizer=tokenize, backend="exact")
+    index.add_runs([run], np.zeros(frames.shape[1], np.float16))
+    return index

@@ -30,7 +30,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from dicosa.serve.app import Settings, create_app
 from dicosa.serve.engine import Engine
 
-from ._scene_clips import SLOTS, B, scene_index
+from ._scene_clips import SLOTS, A, B, scene_index
 from ._serve import served
 
 DRIVER = Path("/usr/bin/chromedriver")
@@ -252,3 +252,44 @@ def screenshot(browser) -> None:
     image = Image.open(raw).convert("RGB")
     image.quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(target, optimize=True)
     raw.unlink()
+
+
+LONG = [["green cross"], ["white circle"], ["blue square"], [A, "green circle"],
+        ["white cross"], ["green square"]]
+
+
+@pytest.fixture(scope="module")
+def long_base(tmp_path_factory):
+    from ._scene_clips import long_index
+
+    index = long_index(tmp_path_factory.mktemp("long"), LONG)
+    with served(create_app(Engine(index), Settings(reload_interval_s=0))) as url:
+        yield url
+
+
+def test_a_moment_click_plays_its_time_range(browser, long_base):
+    """A long video of six 3-s scenes: the query's scene is the hit's best moment, marked on
+    the timeline of the whole video; a click plays from the moment's start."""
+    open_page(browser, long_base, q="a red circle")
+    card = browser.find_element(By.CSS_SELECTOR, "#results li.hit")
+    marks = card.find_elements(By.CSS_SELECTOR, ".moments .moment")
+    assert marks and "best" in marks[0].get_attribute("class")
+    start, end = (float(marks[0].get_attribute(f"data-{k}")) for k in ("start", "end"))
+    assert (start, end) == (9.0, 12.0)  # the fourth scene, the one with the red circle
+    assert marks[0].text == "0:09.0–0:12.0"
+    bars = card.find_elements(By.CSS_SELECTOR, ".timeline .frame")
+    assert len(bars) == 18  # every stored frame of the whole video, at 1 frame/s
+    left = [b.rect["x"] for b in bars]
+    assert left == sorted(left)  # placed by time across the whole video
+    tallest = max(bars, key=lambda b: b.rect["height"])
+    assert 9.0 <= float(tallest.get_attribute("data-time")) < 12.0
+    click(browser, marks[0])
+    WebDriverWait(browser, WAIT).until(lambda d: d.execute_script(
+        "const v = document.getElementById('player');"
+        "return v.readyState >= 1 && !v.seeking && v.currentTime > 0;"))
+    now = browser.execute_script("const v = document.getElementById('player'); v.pause();"
+                                 "return v.currentTime;")
+    assert start - 0.05 <= now < end  # in the moment's range
+    assert "More like this moment" in card.find_element(By.CSS_SELECTOR, ".like").text
+    if os.environ.get("DICOSA_MOMENTS_SCREENSHOT"):
+        browser.save_screenshot(os.environ["DICOSA_MOMENTS_SCREENSHOT"])

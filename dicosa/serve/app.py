@@ -430,13 +430,14 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         return service.engine.details(video_id)
 
     @app.get("/api/videos/{video_id}/similar", tags=["videos"], response_model=None)
-    def similar(video_id: str, k: int = 10, offset: int = 0,
-                candidates: int = 1000) -> Response:
-        """More like this: the videos whose frames are most like this video's, with moments."""
+    def similar(video_id: str, k: int = 10, offset: int = 0, candidates: int = 1000,
+                row: str | None = None) -> Response:
+        """More like this: the videos whose frames are most like this video's (or, with
+        ``row``, like one of its moments: a row its hit's ``moments`` name), with moments."""
         request = _checked(limits, "similar", [], k, offset, candidates, None, False)
         started = time.perf_counter()
         engine = service.engine
-        answer = links(engine.similar(video_id, k=request.k, offset=request.offset,
+        answer = links(engine.similar(video_id, row=row, k=request.k, offset=request.offset,
                                       candidates=request.candidates))
         answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
         return _JSON(answer)

@@ -1,10 +1,11 @@
-"""The service's view of one opened index: search, "more like this", the moment, media files.
+"""The service's view of one opened index: search, "more like this", moments, media files.
 
 The routes (``app.py``) call only this module. It opens an index with
 :func:`~dicosa.index.open_index` (the model and every plugin the manifest recorded), searches
 with :meth:`VideoIndex.query` (whose :class:`~dicosa.index.SearchResult` carries the encoded
-query, the candidates and ``explain``), and adds what the page needs: each hit's frame weights
-and times (:mod:`dicosa.search.moment`), paging, and the files it may serve.
+query, the candidates and ``explain``), and adds what the page needs: each hit's moments and
+its timeline over the whole video, frame by frame (:mod:`dicosa.search.moment`), paging, and
+the files it may serve.
 
 An :class:`Engine` is a snapshot: nothing in it changes once it is open, and every request
 passes its parameters along (no shared search settings), so any number of requests use one at
@@ -29,7 +30,7 @@ from torch import Tensor
 from ..data.datasets import VIDEO_EXTENSIONS
 from ..index import Hit, SearchResult, VideoIndex, open_index
 from ..model import DiCoSA, TextFeatures
-from ..search.moment import frame_times, frame_weights, moments
+from ..search.moment import video_timelines
 from ..search.query import Query, parse_query
 from ..search.types import EncodedQueries
 from .errors import ServeError, UnknownVideo
@@ -40,6 +41,7 @@ __all__ = ["EXPLAINED_AS", "MEDIA_TYPES", "Answer", "Engine", "Ranked", "SearchR
 # The API's name for each plugin's explanation of a hit (the page reads these).
 EXPLAINED_AS = {"lexical": "words", "concepts": "exclusion", "fusion": "fusion"}
 _SCORE_CHUNK = 1024  # videos per DiCoSA.score call of "more like this"
+TIMELINE_POINTS = 240  # frames a hit's timeline sends at most (a long video's are thinned)
 # What <video> is told a file is; Chromium plays webm (VP8/VP9/AV1) and H.264 mp4.
 MEDIA_TYPES = {".mp4": "video/mp4", ".m4v": "video/mp4", ".webm": "video/webm",
                ".mkv": "video/x-matroska", ".mov": "video/quicktime", ".avi": "video/x-msvideo",
@@ -203,7 +205,7 @@ class Engine:
         page = ranked.hits[request.offset:request.depth]
         ids = np.array([h.id for h in page], dtype=np.int64)
         rows = self.index.store.rows(ids)  # the one metadata read of the page
-        found = self.moments(ranked.text, ids, rows)
+        found = self.timelines(ranked.text, ids)
         times = {**ranked.times, "moments_s": time.perf_counter() - started}
         explained = [{} for _ in page]
         if request.explain and ranked.result is not None and page:
@@ -244,38 +246,52 @@ class Engine:
 
     # -- more like this -------------------------------------------------------------------
     @torch.inference_mode()
-    def similar(self, video_id: object, *, k: int = 10, offset: int = 0,
+    def similar(self, video_id: object, *, row: object = None, k: int = 10, offset: int = 0,
                 candidates: int = 1000) -> Answer:
-        """Videos like video ``video_id``: its dense proxy (the masked frame mean, Eq. 1 at
-        τ → ∞) asks as a query would: the dense stage proposes, DiCoSA's score ranks (the
-        seed itself left out), and the moments are the frames most like the seed."""
+        """Videos like video ``video_id``, or like one of its moments (``row``, a row id its
+        hit's ``moments`` name): the seed's dense proxy (the masked frame mean, Eq. 1 at
+        τ → ∞; a whole long video's: the mean of its rows') asks as a query would. The dense
+        stage proposes rows, DiCoSA's score ranks them, each video at its best row with its
+        moments (the seed's own video left out)."""
         seed = self.live_id(video_id)
+        store = self.index.store
+        rows = store.video_rows(seed)
+        if row is not None:
+            rows = rows[rows == self._row_id(row)]
+            if not len(rows):
+                raise ServeError(f"row {row} is not a moment of video {seed}")
         clock = time.perf_counter()
         depth = offset + k
-        proxy = torch.from_numpy(self.index.store.proxies(np.array([seed])))  # [1, D]
+        proxy = torch.from_numpy(store.proxies(rows).mean(0, keepdims=True))  # [1, D]
         text = proxy.to(self.index.device, self._dtype)
         ids, stage, first = self._similar_candidates(text, max(candidates, depth + 1))
-        ids, first = ids[ids != seed], first[ids != seed]
+        keep = store.videos_of(ids) != seed
+        ids, first = ids[keep], first[keep]
         found = time.perf_counter()
-        scores = self._scores(text, ids)  # [C]
-        order = np.argsort(-scores, kind="stable")[:depth]
-        paths = self.index.store.paths(ids[order])
-        hits = [Hit(path=p, score=float(scores[i]), dicosa=float(scores[i]), stage=stage,
-                    stage_score=None if stage == "all" else float(first[i]), id=int(ids[i]))
-                for p, i in zip(paths, order.tolist(), strict=True)]
+        scores = torch.from_numpy(self._scores(text, ids))[None]  # [1, C]
+        labels = (stage, None if stage == "all" else first[None], None)
+        hits = self.index.searcher().top(scores, scores, ids[None], labels, depth)[0]
         times = {"first_stage_s": found - clock, "rerank_s": time.perf_counter() - found}
-        request = SearchRequest(f"more like video {seed}", k=k, offset=offset,
-                                candidates=candidates, mode="dense")
+        like = f"more like video {seed}" + ("" if row is None else f" at row {int(rows[0])}")
+        request = SearchRequest(like, k=k, offset=offset, candidates=candidates, mode="dense")
         answer = self.answer(request, Ranked(hits, text, ids, times, stage))
-        answer.body["query"].update(like=seed, q=None, mode=None)
+        answer.body["query"].update(like=seed, like_row=None if row is None else int(rows[0]),
+                                    q=None, mode=None)
         return answer
+
+    @staticmethod
+    def _row_id(row: object) -> int:
+        text = str(row)
+        if not (text.isascii() and text.isdigit()) or len(text) > 18:
+            raise ServeError(f"row must be a row id (digits), got {row!r}")
+        return int(text)
 
     def _similar_candidates(self, text: Tensor, count: int) -> tuple[np.ndarray, str, np.ndarray]:
         """``(ids [C], stage, the stage's scores [C])`` for a seed's proxy ``text``."""
         index = self.index
         stages = index.searcher().stages
         dense = stages.dense_stage()
-        if dense is None or count >= len(index):
+        if dense is None or count >= len(index.store):
             ids = index.store.live()
             return ids, "all", np.zeros(len(ids), np.float32)
         # The dense stage compares summary vectors: the seed asks in the query's form of them.
@@ -295,16 +311,14 @@ class Engine:
         return np.concatenate(parts)
 
     # -- the moment -----------------------------------------------------------------------
-    def moments(self, text: Tensor, ids: np.ndarray, rows: pd.DataFrame) -> list[dict | None]:
-        """Each video's relevance timeline under ``text [1, D]`` and its best moment."""
+    def timelines(self, text: Tensor, ids: np.ndarray) -> list[dict | None]:
+        """Each video's relevance over its whole length under ``text [1, D]``, frame by
+        frame, and its best frame (:func:`dicosa.search.moment.video_timelines`)."""
         if not len(ids):
             return []
-        video = self.index.store.gather(ids)
-        weights = frame_weights(self.model, text.to(self.index.device), video)  # [n, N]
-        times = frame_times(self.index.frames, video.frame_mask.shape[1], rows,
-                            video.frame_mask)  # [n, N]
-        return [None if m is None else m.as_dict()
-                for m in moments(weights, times, video.frame_mask)]
+        found = video_timelines(self.model, self.index.store, self.index.frames, text,
+                                ids.tolist())
+        return [None if t is None else t.as_dict(TIMELINE_POINTS) for t in found]
 
     # -- explanations ---------------------------------------------------------------------
     def _explain(self, result: SearchResult, i: int) -> dict:
@@ -326,12 +340,15 @@ class Engine:
 
     # -- videos ---------------------------------------------------------------------------
     def live_id(self, video_id: object) -> int:
-        """``video_id`` as a live row id: digits only (no sign, no path), else UnknownVideo."""
+        """``video_id`` as a live video's id: digits only (no sign, no path), else
+        UnknownVideo."""
         text = str(video_id)
         if not (text.isascii() and text.isdigit()) or len(text) > 18:
             raise UnknownVideo(video_id)
         number = int(text)
-        if not self.index.store.is_live(np.array([number]))[0]:
+        store = self.index.store
+        if not store.is_live(np.array([number]))[0] or store.videos_of(
+                np.array([number]))[0] != number:  # a video is named by its first row
             raise UnknownVideo(video_id)
         return number
 
@@ -393,7 +410,8 @@ def _finite(value) -> float | None:
 def _hit(rank: int, hit: Hit, row: dict, moment: dict | None, explained: dict) -> dict:
     out = {"rank": rank, "id": hit.id, **_row_facts(row), "score": hit.score,
            "dicosa": hit.dicosa, "stage": hit.stage, "stage_score": hit.stage_score,
-           "stage_scores": hit.stage_scores, "moment": moment}
+           "stage_scores": hit.stage_scores, "row": hit.row,
+           "moments": [m.as_dict() for m in hit.moments], "moment": moment}
     if explained:
         out["explain"] = explained
     return out

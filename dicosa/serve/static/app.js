@@ -1,5 +1,5 @@
 // dicosa's search page: plain JavaScript, no build step.
-// State lives in the URL (?q=&without=&mode=&page= or ?like=ID&page=), so a search can be
+// State lives in the URL (?q=&without=&mode=&page= or ?like=ID[&row=R]&page=), so a search can be
 // shared and the Back button works. Everything shown comes from /api/...; text from the server
 // is put in with textContent only.
 "use strict";
@@ -33,14 +33,17 @@ function state() {
   const p = new URLSearchParams(location.search);
   return {
     q: p.get("q") || "", without: p.get("without") || "", mode: p.get("mode") || "",
-    like: p.get("like") || "", page: Math.max(1, parseInt(p.get("page") || "1", 10) || 1),
+    like: p.get("like") || "", row: p.get("row") || "",
+    page: Math.max(1, parseInt(p.get("page") || "1", 10) || 1),
   };
 }
 
 function go(next, replace = false) {
   const p = new URLSearchParams();
-  if (next.like) p.set("like", next.like);
-  else {
+  if (next.like) {
+    p.set("like", next.like);
+    if (next.row) p.set("row", next.row);
+  } else {
     if (next.q) p.set("q", next.q);
     if (next.without) p.set("without", next.without);
     if (next.mode) p.set("mode", next.mode);
@@ -107,8 +110,11 @@ function show() {
   el.q.value = s.q;
   el.without.value = s.without;
   if (s.mode && info.modes[s.mode]) el.mode.value = s.mode;
-  if (s.like) return run(s, `/api/videos/${encodeURIComponent(s.like)}/similar?` +
-    new URLSearchParams({ k: PAGE, offset: (s.page - 1) * PAGE }));
+  if (s.like) {
+    const p = new URLSearchParams({ k: PAGE, offset: (s.page - 1) * PAGE });
+    if (s.row) p.set("row", s.row);
+    return run(s, `/api/videos/${encodeURIComponent(s.like)}/similar?${p}`);
+  }
   if (!s.q.trim()) {
     el.results.replaceChildren(); el.notes.replaceChildren(); el.pager.hidden = true;
     say("Type what you are looking for, for example “a red circle moves left”. " +
@@ -151,7 +157,8 @@ function render(s, answer) {
     el.notes.append(li);
   }
   el.results.replaceChildren(...answer.hits.map((hit) => card(hit, answer)));
-  const what = s.like ? `videos like video ${s.like}` : `“${s.q}”` +
+  const like = `videos like ${s.row ? "a moment of " : ""}video ${s.like}`;
+  const what = s.like ? like : `“${s.q}”` +
     (s.without ? ` without “${s.without}”` : "");
   if (!answer.hits.length) {
     say(s.page > 1 ? `There are no more results for ${what}.`
@@ -195,36 +202,78 @@ function card(hit, answer) {
   timeline(node, hit);
   chips(node, hit, answer);
   node.querySelector(".like").addEventListener("click",
-    () => go({ like: String(hit.id), page: 1 }));
+    () => go({ like: String(hit.id), row: node.dataset.row || "", page: 1 }));
   return node;
 }
 
 function timeline(node, hit) {
+  // The whole video, left to right: one bar per frame the index keeps (a long video's thinned
+  // by the server), placed at its time, as high as the query matches there; below it the
+  // hit's moments, the time ranges that matched best. A click plays from there.
   const box = node.querySelector(".timeline");
-  box.setAttribute("aria-label", "where the query matches, frame by frame");
+  box.setAttribute("aria-label", "where the query matches, over the whole video");
   if (!hit.moment) { box.textContent = "no frames (indexed from its title)"; return; }
   const frames = hit.moment.frames.filter((f) => f.time !== null);
   if (!frames.length) { box.textContent = "frame times unknown"; box.classList.add("none"); }
-  const top = Math.max(...hit.moment.frames.map((f) => f.weight), 1e-9);
-  for (const f of frames) {
+  const last = frames.length ? frames[frames.length - 1].time : 0;
+  const span = Math.max(hit.duration || 0, last + 1e-3,
+                        ...(hit.moments || []).map((m) => m.end || 0));
+  const scores = frames.map((f) => f.score).filter((v) => v !== null);
+  const low = Math.min(...scores), high = Math.max(...scores);
+  const byScore = scores.length > 1 && high > low;  // a long video: relevance varies
+  const top = Math.max(...frames.map((f) => f.weight), 1e-9);
+  frames.forEach((f, i) => {
+    const next = i + 1 < frames.length ? frames[i + 1].time : span;
     const bar = document.createElement("button");
     bar.type = "button";
     bar.className = "frame" + (f.frame === hit.moment.best.frame ? " best" : "");
-    bar.style.setProperty("--w", String(f.weight / top));
+    const height = byScore && f.score !== null ? (f.score - low) / (high - low) : f.weight / top;
+    bar.style.setProperty("--w", String(height));
+    bar.style.setProperty("--x", String(f.time / span));
+    bar.style.setProperty("--dx", String(Math.max(0, next - f.time) / span));
     bar.dataset.time = String(f.time);
     bar.dataset.frame = String(f.frame);
     bar.setAttribute("aria-label", `play from ${clock(f.time)} (weight ${f.weight.toFixed(2)})`);
-    bar.title = `${clock(f.time)} · weight ${f.weight.toFixed(3)}`;
+    bar.title = `${clock(f.time)} · weight ${f.weight.toFixed(3)}` +
+      (f.score !== null ? ` · score ${f.score.toFixed(3)}` : "");
     bar.addEventListener("click", () => play(hit, f.time, node));
     bar.addEventListener("keydown", (event) => {
       const step = { ArrowLeft: -1, ArrowRight: 1 }[event.key];
       if (!step) return;
       const all = [...box.querySelectorAll(".frame")];
-      const i = all.indexOf(bar) + step;
-      if (all[i]) { all[i].focus(); event.preventDefault(); }
+      const j = all.indexOf(bar) + step;
+      if (all[j]) { all[j].focus(); event.preventDefault(); }
     });
     box.append(bar);
-  }
+  });
+  moments(node, hit, span);
+}
+
+function moments(node, hit, span) {
+  const track = node.querySelector(".moments");
+  const ranges = (hit.moments || []).filter((m) => m.start !== null && m.end !== null);
+  track.hidden = !ranges.length || !span;
+  ranges.forEach((m, i) => {
+    const mark = document.createElement("button");
+    mark.type = "button";
+    mark.className = "moment" + (i === 0 ? " best" : "");
+    mark.style.setProperty("--x", String(m.start / span));
+    mark.style.setProperty("--dx", String((m.end - m.start) / span));
+    mark.dataset.start = String(m.start);
+    mark.dataset.end = String(m.end);
+    mark.dataset.row = String(m.row);
+    mark.textContent = `${clock(m.start)}–${clock(m.end)}`;
+    mark.title = `moment ${clock(m.start)}–${clock(m.end)} · score ${m.score.toFixed(3)}`;
+    mark.setAttribute("aria-label", `play the moment ${clock(m.start)} to ${clock(m.end)} ` +
+                      `(score ${m.score.toFixed(2)})`);
+    mark.addEventListener("click", () => {
+      // "More like this" now starts from this moment
+      node.dataset.row = String(m.row);
+      node.querySelector(".like").textContent = "More like this moment";
+      play(hit, m.start, node);
+    });
+    track.append(mark);
+  });
 }
 
 function chip(text, kind, title) {
