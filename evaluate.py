@@ -6,6 +6,13 @@
 
 Prints t2v and v2t R@1/5/10/50, MdR and MnR (raw, then each post-processing, labelled) and
 writes them with the config, the checkpoint's sha256 and the device to a JSON file.
+
+Moments in long videos (video-corpus moment retrieval: every segment of every video ranked
+for each caption; R@k at temporal IoU 0.5 and 0.7, within-video R@1, video R@k):
+
+    python evaluate.py --moments long-synthetic --root data/long_synthetic --checkpoint CKPT
+    python evaluate.py --moments long-synthetic-clips --root data/long_synthetic ...  # reference
+    python evaluate.py --moments didemo --root /data/didemo --checkpoint runs/didemo/best.pt
 """
 
 from __future__ import annotations
@@ -33,6 +40,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="also report these, next to the raw numbers")
     parser.add_argument("--device", help="default: cuda when available")
     parser.add_argument("--out", type=Path, help="JSON results file")
+    parser.add_argument("--moments", metavar="BENCHMARK",
+                        help="moment retrieval instead: long-synthetic, long-synthetic-clips "
+                             "(the same scenes as separate clips) or didemo")
+    parser.add_argument("--root", type=Path,
+                        help="--moments: the benchmark's folder (default the config's "
+                             "data.root)")
+    parser.add_argument("--candidates", type=int, default=None,
+                        help="--moments: rows the first stage proposes (default: every row "
+                             "scored by DiCoSA)")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     args = parser.parse_args(argv)
     overrides = list(args.overrides)
@@ -46,10 +62,28 @@ def main(argv: list[str] | None = None) -> None:
     except (ConfigError, ValueError) as exc:
         parser.error(str(exc))
     try:
+        if args.moments:
+            print(moments(cfg, args))
+            return
         results = evaluate(cfg, args.checkpoint, args.split, args.device, out=args.out)
     except USER_ERRORS as exc:
         sys.exit(f"evaluate.py: error: {exc}")
     print(summary(results))
+
+
+def moments(cfg, args: argparse.Namespace) -> str:
+    """``--moments``: the benchmark measured through an index, as a printed table."""
+    from dicosa.index.moment_eval import evaluate_benchmark
+    from dicosa.moment_metrics import format_moment_table
+
+    results = evaluate_benchmark(cfg, args.checkpoint, args.moments, args.root or cfg.data.root,
+                                 split=args.split, device=args.device,
+                                 candidates=args.candidates, out=args.out)
+    title = (f"{results['split']}: {results['videos']} videos, {results['rows']} rows ranked "
+             f"({'every row' if args.candidates is None else f'{args.candidates} candidates'}"
+             f"), checkpoint {results.get('checkpoint')} (chosen on "
+             f"{results.get('selected_on')}), {results['device']}, {results['date']}")
+    return format_moment_table(results, title) + f"\nwritten to {results['json_path']}"
 
 
 if __name__ == "__main__":
