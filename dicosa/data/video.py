@@ -27,9 +27,9 @@ import numpy as np
 import simplejpeg
 import torch
 from torchvision.transforms.v2 import functional as TF
-from tqdm import tqdm
 
 from ..errors import VideoDecodeError
+from ..progress import progress as show_progress
 
 if TYPE_CHECKING:
     import decord
@@ -497,7 +497,7 @@ def check_videos(
         paths: video files.
         num_workers: worker processes; 0 or 1 checks in this process (use that inside
             DataLoader workers, which cannot start processes of their own).
-        progress: show a tqdm progress bar.
+        progress: show progress (:func:`dicosa.progress.progress`).
 
     Returns:
         ``[(path, reason), ...]`` for the bad files, in the order of ``paths``.
@@ -509,10 +509,8 @@ def check_videos(
     else:
         pool = ProcessPoolExecutor(max_workers=num_workers)
         checked = pool.map(_check_one, names, chunksize=max(1, len(names) // (num_workers * 8)))
-    # No tqdm object at all without a bar: even a disabled one takes tqdm's global lock,
-    # which a forked DataLoader worker may have inherited in the locked state.
-    if progress:
-        checked = tqdm(checked, total=len(names), desc="checking videos", unit="video")
+    checked = show_progress(checked, total=len(names), desc="checking videos", unit="video",
+                            enabled=progress)
     for name, reason in checked:
         results[name] = reason
     if num_workers > 1:

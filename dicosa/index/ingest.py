@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset
-from tqdm import tqdm
 
 from ..data.protocol import FrameProtocol
 from ..model import DiCoSA, VideoFeatures
+from ..progress import progress as show_progress
 from ..search.store import finite_rows
 
 __all__ = ["IngestReport", "Pending", "file_stamp", "ingest", "list_videos", "new_or_changed"]
@@ -201,7 +201,7 @@ def ingest(model: DiCoSA, device: torch.device, todo: list[str], frames: FramePr
         _VideoFiles(todo, model.config.num_frames, model.image_size, frames, titles),
         batch_size=batch_size, num_workers=num_workers, collate_fn=_collate)
     report, pending = IngestReport(), []
-    bar = tqdm(total=len(todo), desc="indexing videos", unit="video", disable=not progress)
+    bar = show_progress(total=len(todo), desc="indexing videos", unit="video", enabled=progress)
     try:
         with bar:
             for batch in loader:
