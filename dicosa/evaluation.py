@@ -123,7 +123,7 @@ class FeatureCache:
             try:
                 stored = read_checkpoint_file(path)
                 if stored.get("key") == text:
-                    log.info("using cached features %s", path)
+                    log.debug("using cached features %s", path)
                     return stored["tensors"]
             except (CheckpointError, OSError) as exc:  # damaged or foreign: recompute it
                 log.warning("ignoring unreadable feature cache %s (%s)", path, exc)

@@ -3,7 +3,8 @@
 A bar redraws itself with carriage returns, which a file, a pipe or a CI log keeps as
 thousands of partial lines. :func:`progress` therefore draws a bar only when its stream is a
 terminal; anywhere else it writes one plain line each time another ``every_percent`` of the
-total is done or ``every_s`` seconds have passed (whichever comes first), and one when it
+total is done or ``every_s`` seconds have passed (whichever comes first, but never two within
+``min_interval_s``: a loop done in seconds writes its last line only), and one when it
 closes, each with the count, the rate and the latest ``set_postfix`` values.
 
 Both kinds answer the part of tqdm's interface dicosa uses: iteration, ``update``,
@@ -22,15 +23,16 @@ __all__ = ["LogProgress", "NoProgress", "progress"]
 
 def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
              unit: str = "it", initial: int = 0, enabled: bool = True,
-             stream: TextIO | None = None, every_percent: float = 10.0,
-             every_s: float = 60.0) -> Any:
+             stream: TextIO | None = None, every_percent: float = 20.0,
+             every_s: float = 60.0, min_interval_s: float = 5.0) -> Any:
     """A progress display over ``iterable`` (or updated by hand up to ``total``).
 
     Args:
         enabled: False shows nothing (no tqdm object at all: even a disabled one takes
             tqdm's global lock, which a process forked while it is held inherits locked).
         stream: where to write (default: standard error, read when called).
-        every_percent, every_s: how often the log lines come where there is no terminal.
+        every_percent, every_s, min_interval_s: how often the log lines come where there is
+            no terminal.
     """
     if total is None and iterable is not None and hasattr(iterable, "__len__"):
         total = len(iterable)
@@ -43,7 +45,8 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
         return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial,
                     file=stream, dynamic_ncols=True)
     return LogProgress(iterable, total=total, desc=desc, unit=unit, initial=initial,
-                       stream=stream, every_percent=every_percent, every_s=every_s)
+                       stream=stream, every_percent=every_percent, every_s=every_s,
+                       min_interval_s=min_interval_s)
 
 
 def _is_terminal(stream: TextIO) -> bool:
@@ -79,16 +82,18 @@ class NoProgress:
 
 
 class LogProgress(NoProgress):
-    """One line per ``every_percent`` of ``total`` or per ``every_s`` seconds, and one at the
-    end: ``DESC: 40/100 video (40%), 12.5 video/s, 8 s[, key=value ...]``."""
+    """One line per ``every_percent`` of ``total`` or per ``every_s`` seconds (at least
+    ``min_interval_s`` apart), and one at the end:
+    ``DESC: 40/100 video (40%), 12.5 video/s, 8 s[, key=value ...]``."""
 
     def __init__(self, iterable: Iterable | None = None, *, total: int | None, desc: str,
-                 unit: str, initial: int, stream: TextIO, every_percent: float,
-                 every_s: float, clock=time.monotonic):
+                 unit: str, initial: int, stream: TextIO, every_percent: float = 20.0,
+                 every_s: float = 60.0, min_interval_s: float = 5.0, clock=time.monotonic):
         super().__init__(iterable)
         self.total, self.desc, self.unit, self.stream = total, desc, unit, stream
         self.n = self._written = self._start_n = initial
         self.every_percent, self.every_s, self.clock = every_percent, every_s, clock
+        self.min_interval_s = min_interval_s
         self._start = self._last_time = clock()
         self._postfix: dict[str, Any] = {}
         self._closed = False
@@ -102,7 +107,8 @@ class LogProgress(NoProgress):
     def update(self, n: int = 1) -> None:
         self.n += n
         now = self.clock()
-        if self._step_passed() or now - self._last_time >= self.every_s:
+        since = now - self._last_time
+        if since >= self.min_interval_s and (self._step_passed() or since >= self.every_s):
             self._write(now)
 
     def set_postfix(self, ordered_dict: dict | None = None, refresh: bool = True,
@@ -120,8 +126,7 @@ class LogProgress(NoProgress):
         if not self.total:
             return False
         step = max(1.0, self.total * self.every_percent / 100)
-        return int(self.n / step) > int(self._written / step) or self.n >= self.total > \
-            self._written
+        return int(self.n / step) > int(self._written / step)
 
     def _write(self, now: float) -> None:
         elapsed = now - self._start

@@ -1,5 +1,5 @@
 """The command line's parser and dispatch: ``dicosa COMMAND ...`` (installed as a console
-script; ``python -m dicosa`` is the same), one module per command in this package, ``--help``
+script; ``dicosa`` is the same), one module per command in this package, ``--help``
 on each says what it takes. Building the parser imports no torch: each command imports what
 it needs when it runs."""
 

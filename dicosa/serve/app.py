@@ -21,7 +21,7 @@ Videos are named by their row id only; a file is served only when the engine fin
 its row says (:meth:`Engine.video`). Nothing on the server fetches a URL.
 
 :class:`Service` holds the current engine and, every ``reload_interval_s``, looks whether
-another process changed the index (``python -m dicosa index`` into the same folder); once the
+another process changed the index (``dicosa index`` into the same folder); once the
 change is complete (the manifest's first stage is in step with its store) it opens the index
 again beside the old one and swaps the whole engine in, so each search sees the old
 collection or the new one.
@@ -86,7 +86,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class Settings:
-    """How the service runs (``python -m dicosa serve``'s options)."""
+    """How the service runs (``dicosa serve``'s options)."""
 
     api_key: str | None = None
     limits: Limits = field(default_factory=Limits)
