@@ -61,7 +61,7 @@ def encode_texts(model: DiCoSA, captions: Sequence[str], tokenize: Callable, bat
     """Text vectors ``[C, D]`` (float32, CPU) for ``captions`` in order."""
     parts = []
     for start in show_progress(range(0, len(captions), batch_size), desc="encoding texts",
-                               unit="batch", enabled=progress):
+                               unit="batch", enabled=progress, leave=False):
         tokens = tokenize(list(captions[start:start + batch_size])).to(device)
         with autocast(device, mixed_precision):
             parts.append(model.encode_text(tokens).text.float().cpu())
@@ -82,7 +82,8 @@ def encode_videos(model: DiCoSA, split: RetrievalSplit, batch_size: int, num_wor
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
                         pin_memory=device.type == "cuda")
     frames, masks = [], []
-    for batch in show_progress(loader, desc="encoding videos", unit="batch", enabled=progress):
+    for batch in show_progress(loader, desc="encoding videos", unit="batch", enabled=progress,
+                               leave=False):
         with autocast(device, mixed_precision):
             video = model.encode_video(batch["frames"].to(device, non_blocking=True),
                                        batch["frame_mask"].to(device, non_blocking=True))

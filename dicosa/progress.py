@@ -22,7 +22,7 @@ __all__ = ["LogProgress", "NoProgress", "progress"]
 
 
 def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
-             unit: str = "it", initial: int = 0, enabled: bool = True,
+             unit: str = "it", initial: int = 0, enabled: bool = True, leave: bool = True,
              stream: TextIO | None = None, every_percent: float = 20.0,
              every_s: float = 60.0, min_interval_s: float = 5.0) -> Any:
     """A progress display over ``iterable`` (or updated by hand up to ``total``).
@@ -30,6 +30,7 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
     Args:
         enabled: False shows nothing (no tqdm object at all: even a disabled one takes
             tqdm's global lock, which a process forked while it is held inherits locked).
+        leave: on a terminal, keep the finished bar (False: erase it); a log keeps its lines.
         stream: where to write (default: standard error, read when called).
         every_percent, every_s, min_interval_s: how often the log lines come where there is
             no terminal.
@@ -43,7 +44,7 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
         from tqdm import tqdm
 
         return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial,
-                    file=stream, dynamic_ncols=True)
+                    file=stream, dynamic_ncols=True, leave=leave)
     return LogProgress(iterable, total=total, desc=desc, unit=unit, initial=initial,
                        stream=stream, every_percent=every_percent, every_s=every_s,
                        min_interval_s=min_interval_s)
