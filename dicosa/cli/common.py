@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ..config import DEFAULT_CONFIG
-from ..errors import USER_ERRORS
+from ..errors import USER_ERRORS, ConfigError
 
 __all__ = ["model_options", "options", "positive_int", "script_main"]
 
@@ -49,12 +49,15 @@ def script_main(prog: str, doc: str | None,
                 add_arguments: Callable[[argparse.ArgumentParser], None],
                 run: Callable[[argparse.Namespace], int], argv: Sequence[str] | None) -> None:
     """A command as a script of its own (``train.py``, ``evaluate.py``): its own parser named
-    ``prog``; an error the user can fix exits with ``PROG: error: ...`` (status 1)."""
+    ``prog``; a bad config key or value is a usage error (status 2), any other error the user
+    can fix exits with ``PROG: error: ...`` (status 1)."""
     parser = argparse.ArgumentParser(prog=prog, description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         run(args)
+    except ConfigError as exc:
+        parser.error(str(exc))
     except USER_ERRORS as exc:
         sys.exit(f"{prog}: error: {exc}")

@@ -58,5 +58,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None, prog: str = "evaluate.py") -> None:
-    """``evaluate.py``: this command with its own parser (errors: one line, exit status 1)."""
+    """``evaluate.py``: this command with its own parser (errors: one line; see script_main)."""
     script_main(prog, __doc__, add_arguments, run, argv)

@@ -63,5 +63,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None, prog: str = "train.py") -> None:
-    """``train.py``: this command with its own parser (errors: one line, exit status 1)."""
+    """``train.py``: this command with its own parser (errors: one line; see script_main)."""
     script_main(prog, __doc__, add_arguments, run, argv)
