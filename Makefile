@@ -5,11 +5,18 @@ STAMP := $(VENV)/.dicosa-installed
 
 .PHONY: setup demo test lint clean-demo
 
+# A torch already in the environment (the CPU or CUDA build its owner chose) is never replaced:
+# then dicosa and its extras install around it, constrained to that torch (and torchvision);
+# otherwise requirements.txt brings its pinned pair.
 $(STAMP): requirements.txt pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt pytest ruff
-	$(PY) -m pip install -q --no-deps -e .
+	if $(PY) -m pip show -q torch 2>/dev/null; then \
+	  $(PY) -m pip list --format=freeze | grep -iE '^torch(vision)?==' > $(VENV)/torch-kept.txt; \
+	  $(PY) -m pip install -q -c $(VENV)/torch-kept.txt -e '.[dev]'; \
+	else \
+	  $(PY) -m pip install -q -r requirements.txt; \
+	fi
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -8,10 +8,10 @@ weight ViT-B/32 DiCoSA's text tower encodes ``--clusters`` synthetic captions as
 centres; a video's 12 frames are a centre plus a per-video offset plus per-frame noise, 1 in 4
 videos with 6 valid frames), written straight into the store; the model is the one
 ``configs/msrvtt.yaml`` builds with ``model.pretrained=null`` (seeded), recorded in the
-manifest, so the server opens the index as ``python -m dicosa serve`` does. Rows have no video
+manifest, so the server opens the index as ``dicosa serve`` does. Rows have no video
 files: media is not part of the load.
 
-The load: the server runs in its own process (``python -m dicosa.serve INDEX``) on 127.0.0.1;
+The load: the server runs in its own process (``dicosa.serve INDEX``) on 127.0.0.1;
 the clients are threads of this process, each with its own keep-alive connection, each
 sending ``GET /api/search?q=...&k=10&candidates=C`` back to back with queries of the same
 generator (other captions) for ``--seconds``, after ``--warmup`` seconds of the same load. One

@@ -1,9 +1,8 @@
-"""``python -m dicosa``: see :mod:`dicosa.cli`."""
+"""``python -m dicosa``: the same command line as the installed ``dicosa`` (:mod:`dicosa.cli`)."""
 
 import sys
 
 from .cli import main
-from .loading import load_model  # noqa: F401  (kept importable from here)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -179,7 +179,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
             raise CheckpointError(
                 f"{path} is a bare state dict ({len(state)} tensors, e.g. "
                 f"'{next(iter(state))}'), not a dicosa training checkpoint; a checkpoint of "
-                "the authors' released code is converted with 'python -m dicosa convert'")
+                "the authors' released code is converted with 'dicosa convert'")
         what = f"keys {sorted(map(str, state))[:6]}" if isinstance(state, dict) else (
             type(state).__name__)
         raise CheckpointError(f"{path} is not a dicosa training checkpoint (no 'model' and "

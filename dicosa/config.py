@@ -29,6 +29,11 @@ from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+# The model without a checkpoint or a config: CLIP zero-shot (the "zero-shot" model preset),
+# which ranks as CLIP does; DiCoSA built from CLIP weights alone would score through an
+# untrained temporal transformer and concept head (dicosa.loading).
+DEFAULT_CONFIG = "configs/zero-shot.yaml"
+
 Variant = Literal["released", "paper"]
 Protocol = Literal["dicosa", "released"]
 

@@ -1,4 +1,4 @@
-"""The end-to-end demo behind ``python -m dicosa demo``: every stage of the library, on CPU.
+"""The end-to-end demo behind ``dicosa demo``: every stage of the library, on CPU.
 
 1. write the synthetic benchmark (MSR-VTT layout) under ``OUT/data``;
 2. train the tiny model with ``configs/synthetic.yaml`` into ``OUT/run``;
@@ -139,7 +139,7 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     _stage(f"done in {time.perf_counter() - started:.0f} s; outputs")
     for name, path in outputs.items():
         print(f"  {name:<11}{path}")
-    print(f"look at the results in a browser: python -m dicosa serve {out / 'index'}  (then "
+    print(f"look at the results in a browser: dicosa serve {out / 'index'}  (then "
           "open http://127.0.0.1:8000/)")
     return outputs
 

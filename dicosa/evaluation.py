@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Subset
-from tqdm import tqdm
 
 from . import postprocess as PP
 from .checkpoint import (
@@ -40,6 +39,7 @@ from .data.loader import VideoDataset
 from .metrics import evaluate_similarity
 from .model import DiCoSA, TextFeatures, VideoFeatures
 from .precision import autocast, eval_mixed_precision, resolve_device
+from .progress import progress as show_progress
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ def encode_texts(model: DiCoSA, captions: Sequence[str], tokenize: Callable, bat
                  progress: bool = False) -> TextFeatures:
     """Text vectors ``[C, D]`` (float32, CPU) for ``captions`` in order."""
     parts = []
-    for start in tqdm(range(0, len(captions), batch_size), desc="encoding texts",
-                      disable=not progress, leave=False):
+    for start in show_progress(range(0, len(captions), batch_size), desc="encoding texts",
+                               unit="batch", enabled=progress, leave=False):
         tokens = tokenize(list(captions[start:start + batch_size])).to(device)
         with autocast(device, mixed_precision):
             parts.append(model.encode_text(tokens).text.float().cpu())
@@ -82,7 +82,8 @@ def encode_videos(model: DiCoSA, split: RetrievalSplit, batch_size: int, num_wor
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
                         pin_memory=device.type == "cuda")
     frames, masks = [], []
-    for batch in tqdm(loader, desc="encoding videos", disable=not progress, leave=False):
+    for batch in show_progress(loader, desc="encoding videos", unit="batch", enabled=progress,
+                               leave=False):
         with autocast(device, mixed_precision):
             video = model.encode_video(batch["frames"].to(device, non_blocking=True),
                                        batch["frame_mask"].to(device, non_blocking=True))
@@ -123,7 +124,7 @@ class FeatureCache:
             try:
                 stored = read_checkpoint_file(path)
                 if stored.get("key") == text:
-                    log.info("using cached features %s", path)
+                    log.debug("using cached features %s", path)
                     return stored["tensors"]
             except (CheckpointError, OSError) as exc:  # damaged or foreign: recompute it
                 log.warning("ignoring unreadable feature cache %s (%s)", path, exc)

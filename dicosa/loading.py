@@ -14,7 +14,7 @@ from typing import Literal
 
 import torch
 
-from .config import load_config
+from .config import DEFAULT_CONFIG, load_config
 from .data.protocol import FrameProtocol
 from .model import DiCoSA
 
@@ -22,10 +22,6 @@ __all__ = ["DEFAULT_CONFIG", "ZERO_SHOT_NOTICE", "load_model", "model_from_sourc
 
 log = logging.getLogger(__name__)
 
-# Without a checkpoint or a config: CLIP zero-shot (the "zero-shot" model preset), which ranks
-# as CLIP does; DiCoSA built from CLIP weights alone would score through an untrained temporal
-# transformer and concept head.
-DEFAULT_CONFIG = "configs/zero-shot.yaml"
 ZERO_SHOT_NOTICE = ("no checkpoint given: using CLIP zero-shot (configs/zero-shot.yaml: CLIP's "
                     "text-video cosine under a text-conditioned pooling of the frames, no "
                     "DiCoSA training); --checkpoint CKPT uses a trained DiCoSA")

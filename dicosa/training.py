@@ -37,7 +37,6 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import gather_object, set_seed
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
-from tqdm import tqdm
 
 from .checkpoint import (
     checkpoint_config,
@@ -55,6 +54,7 @@ from .evaluation import evaluate_model, selection_score
 from .model import DiCoSA
 from .optim import build_optimizer, lr_factor, set_learning_rates
 from .precision import resolve_mixed_precision
+from .progress import progress
 
 __all__ = [
     "EpochSampler",
@@ -459,7 +459,7 @@ def train_step(run: Run, state: RunState, batch: Mapping[str, torch.Tensor]
     return losses, rates, None if grad_norm is None else float(grad_norm)
 
 
-def train_one_epoch(run: Run, state: RunState, bar: tqdm) -> None:
+def train_one_epoch(run: Run, state: RunState, bar) -> None:
     """Train from ``state``'s position to the end of its epoch (or the last step), logging
     every ``log_every`` steps and writing ``last.pt`` every ``checkpoint_every``."""
     tc, accelerator = run.cfg.train, run.accelerator
@@ -562,8 +562,8 @@ def train(cfg: Config, resume: bool = False) -> Path:
     run.accelerator.print(f"training on {run.train_split.name} ({len(run.loader.dataset)} "
                           f"captions), model selection on: {run.selected_on}{select}")
 
-    bar = tqdm(total=run.total_steps, initial=state.step, disable=not run.is_main,
-               unit="step", dynamic_ncols=True)
+    bar = progress(total=run.total_steps, initial=state.step, enabled=run.is_main,
+                   desc="training", unit="step")
     run.model.train()
     try:
         while not run.finished(state):

@@ -2,7 +2,8 @@
 
 :func:`visualize_factors` explains the DiCoSA score of one video against one or more texts
 (paper §4.4, Fig. 5, Appendix D) and returns a matplotlib figure together with a
-:class:`FactorReport` holding every number behind it.
+:class:`FactorReport` holding every number behind it, as a :class:`Figured` pair: it unpacks
+as ``figure, report`` and, as the last expression of a notebook cell, shows the figure.
 
 For each text the score decomposes exactly as S = Σ_k g_k s_k (Eq. 9), where the video factor
 e_k^v pools the frames with the text-conditioned weights a_i (Eq. 1). For each factor k:
@@ -18,6 +19,7 @@ e_k^v pools the frames with the text-conditioned weights a_i (Eq. 1). For each f
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import re
@@ -25,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -35,7 +38,7 @@ from torch import Tensor, nn
 from .data.protocol import FrameProtocol
 from .model import DiCoSA, TextFeatures, VideoFeatures
 
-__all__ = ["DEFAULT_VOCABULARY", "FactorReport", "PairReport", "WordsReport",
+__all__ = ["DEFAULT_VOCABULARY", "FactorReport", "Figured", "PairReport", "WordsReport",
            "plot_factor_report", "visualize_factors", "visualize_words"]
 
 # Common words of video captions (objects, people, actions, scenes, colours): the default pool
@@ -128,6 +131,30 @@ class FactorReport:
         return np.array([p.similarity for p in self.pairs])
 
 
+class Figured(NamedTuple):
+    """A figure and the numbers behind it (``figure, report = visualize_factors(...)``).
+
+    The figure is not managed by pyplot (nothing stays open, no GUI backend is needed); in a
+    notebook this pair displays as the figure itself (:meth:`_repr_png_`), and
+    ``figure.savefig`` writes it anywhere."""
+
+    figure: Figure
+    report: Any  # FactorReport or WordsReport
+
+    def _repr_png_(self) -> bytes:
+        return figure_png(self.figure)
+
+    def __repr__(self) -> str:  # the report's arrays are too long to print
+        return f"Figured({self.figure!r}, {type(self.report).__name__})"
+
+
+def figure_png(figure: Figure, dpi: int = 100) -> bytes:
+    """``figure`` as PNG bytes."""
+    out = io.BytesIO()
+    figure.savefig(out, format="png", dpi=dpi)
+    return out.getvalue()
+
+
 def visualize_factors(
     model: DiCoSA,
     video: str | os.PathLike | Tensor,
@@ -140,7 +167,7 @@ def visualize_factors(
     save_path: str | os.PathLike | None = None,
     device: torch.device | str | None = None,
     protocol: FrameProtocol | None = None,
-) -> tuple[Figure, FactorReport]:
+) -> Figured:
     """Explain the DiCoSA score of one video against each text, factor by factor.
 
     Args:
@@ -162,10 +189,11 @@ def visualize_factors(
             :class:`~dicosa.data.protocol.FrameProtocol` (segments, black padding).
 
     Returns:
-        ``(figure, report)``. The figure has one subfigure per text, laid out as a grid of
-        K + 1 rows and N + 1 columns: row 0 shows the frames titled with a_i and, on the
-        right, the per-factor bars of s_k, g_k and g_k·s_k; row k (1..K) shows factor k's heat
-        map over every frame and, on the right, its word attributions. Every axes carries a
+        ``(figure, report)`` (a :class:`Figured`). The figure has one subfigure per text,
+        laid out as a grid of K + 1 rows and N + 1 columns: row 0 shows the frames titled with
+        a_i and, on the right, the per-factor bars of s_k, g_k and g_k·s_k; row k (1..K) shows
+        factor k's heat map over every frame and, on the right, its word attributions. Every
+        axes carries a
         label ``"text{t}/frame{i}"``, ``"text{t}/summary"``, ``"text{t}/factor{k}/frame{i}"``
         or ``"text{t}/factor{k}/words"`` (``ax.get_label()``).
     """
@@ -214,7 +242,7 @@ def visualize_factors(
     if save_path is not None:
         Path(save_path).parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(save_path, format="png", dpi=100)
-    return figure, report
+    return Figured(figure, report)
 
 
 # -- inputs ----------------------------------------------------------------------------------
@@ -510,7 +538,7 @@ class WordsReport:
 
 def visualize_words(head, video: VideoFeatures, *, num_words: int = 10,
                     save_path: str | os.PathLike | None = None,
-                    title: str | None = None) -> tuple[Figure, WordsReport]:
+                    title: str | None = None) -> Figured:
     """A heat map of one video's top words × its frames, from a lexical head (VDR or D2S).
 
     Args:
@@ -522,7 +550,8 @@ def visualize_words(head, video: VideoFeatures, *, num_words: int = 10,
         title: the figure's title (e.g. the video's path).
 
     Returns:
-        ``(figure, report)``; the heat map's axes is labelled ``"words"``.
+        ``(figure, report)`` (a :class:`Figured`); the heat map's axes is labelled
+        ``"words"``.
     """
     if len(video) != 1:
         raise ValueError(f"visualize_words draws one video, got {len(video)}: pass video[i:i+1]")
@@ -539,7 +568,7 @@ def visualize_words(head, video: VideoFeatures, *, num_words: int = 10,
     if save_path is not None:
         Path(save_path).parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(save_path, format="png", dpi=100)
-    return figure, report
+    return Figured(figure, report)
 
 
 def plot_words_report(report: WordsReport, title: str | None = None) -> Figure:

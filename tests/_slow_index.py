@@ -1,4 +1,4 @@
-"""``python -m dicosa`` with every decoded item's encoding slowed down by $DICOSA_TEST_ENCODE_DELAY
+"""``dicosa`` with every decoded item's encoding slowed down by $DICOSA_TEST_ENCODE_DELAY
 seconds, so that a test can kill a build while it is under way (run as a script by torchrun).
 After the command it prints whether this process's process group was left open."""
 

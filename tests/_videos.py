@@ -107,7 +107,7 @@ def write_timed(path: str | Path, levels, times, start: float = 0.0, width: int 
         for level, time in zip(levels, times, strict=True):
             img = np.full((height, width, 3), level, dtype=np.uint8)
             frame = av.VideoFrame.from_ndarray(img, format="rgb24")
-            frame.pts, frame.time_base = int(round((time + start) * 1000)), Fraction(1, 1000)
+            frame.pts, frame.time_base = round((time + start) * 1000), Fraction(1, 1000)
             container.mux(stream.encode(frame))
         container.mux(stream.encode())
     return path

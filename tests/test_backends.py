@@ -330,6 +330,20 @@ def test_milvus_bad_uris_are_one_sentence(milvus_dir):
     assert "cannot reach Milvus" in one_sentence(err)
 
 
+def test_milvus_lite_without_pkg_resources_is_one_sentence(milvus_dir, monkeypatch):
+    """milvus-lite 2.5 imports pkg_resources, which setuptools 82 removed."""
+    import sys
+
+    from dicosa.search.milvus import MilvusError
+
+    monkeypatch.setitem(sys.modules, "pkg_resources", None)
+    for name in [n for n in sys.modules if n.startswith("milvus_lite")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(MilvusError) as err:
+        make_first_stage("milvus", directory=milvus_dir, dim=DIM)
+    assert "pip install 'setuptools<82'" in one_sentence(err)
+
+
 @pytest.mark.paths  # numpy against a naive reference / another engine
 def test_milvus_keeps_frames_for_a_searcher_without_local_files(milvus_dir):
     g = torch.Generator().manual_seed(0)

@@ -94,7 +94,7 @@ def test_without_a_carried_summary_the_notice_says_what_to_expect(tmp_path):
 def test_convert_says_how_to_fit_the_summary(tmp_path):
     out = tmp_path / "dicosa.pt"
     hint = summary_hint(out)
-    assert hint.endswith(f"python -m dicosa heads train summary --checkpoint {out} --out "
+    assert hint.endswith(f"dicosa heads train summary --checkpoint {out} --out "
                          f"{tmp_path / 'dicosa.summary.pt'}")
 
 
@@ -106,9 +106,13 @@ def _train_script():
 
 
 def test_train_py_no_summary_turns_the_fit_off(monkeypatch, tmp_path):
+    import dicosa.training
+
     train_script = _train_script()
     seen = []
-    monkeypatch.setattr(train_script, "train", lambda cfg, resume: seen.append(cfg) or tmp_path)
+    # train.py runs `dicosa train`, which imports the training loop when it runs
+    monkeypatch.setattr(dicosa.training, "train",
+                        lambda cfg, resume: seen.append(cfg) or tmp_path)
     train_script.main(["--dataset", "synthetic"])
     train_script.main(["--dataset", "synthetic", "--no-summary"])
     assert [cfg.train.fit_summary for cfg in seen] == [True, False]

@@ -60,7 +60,7 @@ def model():
 
 
 def _cli(*args: str, delay: float = 0.0, env: dict | None = None) -> subprocess.Popen:
-    """``python -m dicosa ...`` in its own process; ``delay`` slows each encoded batch."""
+    """``dicosa ...`` in its own process; ``delay`` slows each encoded batch."""
     script = [str(REPO / "tests" / "_slow_index.py")] if delay else ["-m", "dicosa"]
     environ = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
                    DICOSA_TEST_ENCODE_DELAY=str(delay), **(env or {}))

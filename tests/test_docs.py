@@ -90,8 +90,8 @@ def test_readme_is_a_quickstart():
     lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 200
     text = "\n".join(lines)
-    for command in ("make demo", "make test", "python -m dicosa index",
-                    "python -m dicosa search", "from dicosa import open_index"):
+    for command in ("make demo", "make test", "dicosa index",
+                    "dicosa search", "from dicosa import open_index"):
         assert command in text
 
 

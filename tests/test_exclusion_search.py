@@ -1,4 +1,4 @@
-"""Exclusion queries end to end through a VideoIndex and ``python -m dicosa search``.
+"""Exclusion queries end to end through a VideoIndex and ``dicosa search``.
 
 The index holds the tiny scenes of ``_scenes.py`` (frames = the objects' vectors) and the
 model reads its queries through a lookup table ("a red circle" -> the red circle's vector), so
@@ -136,7 +136,7 @@ def test_exclusion_on_the_command_line(collection, capsys, monkeypatch, tmp_path
     assert cli.main([*base, "--exclude", article(B)]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: --exclude needs a concepts head: add --concepts HEAD.pt (train one with "
-        "'python -m dicosa heads train concepts')")
+        "'dicosa heads train concepts')")
     assert cli.main([*base, "--explain"]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: --explain needs a head to explain: --concepts HEAD.pt (exclusion), "

@@ -1,4 +1,4 @@
-"""Lexical search through a VideoIndex and ``python -m dicosa index --head / search --mode``.
+"""Lexical search through a VideoIndex and ``dicosa index --head / search --mode``.
 
 The index holds the toy videos of ``test_lexical.py`` (frames = a rotation of their objects'
 word vectors) and a VDR head trained on them names those objects, so a bag-of-words query
@@ -273,7 +273,7 @@ def test_command_line_errors_are_one_sentence(model, trained, videos, tmp_path, 
     capsys.readouterr()
     assert cli.main(["search", str(out), QUERY, "--mode", "bow"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: --mode bow needs an index with a lexical head: build it with 'python -m dicosa "
+        "error: --mode bow needs an index with a lexical head: build it with 'dicosa "
         "index FOLDER --out INDEX --head HEAD.pt'")
     torch.manual_seed(1)
     other = DiCoSA.from_config(tiny_config())

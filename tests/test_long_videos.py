@@ -167,7 +167,7 @@ def test_an_index_without_segments_keeps_its_layout(model, folder, tmp_path):
     assert len(old.store) == len(old) == 3
     hits = old.search(QUERIES[0], k=3)
     assert all(len(h.moments) == 1 and h.moments[0].start == 0.0 for h in hits)
-    with pytest.raises(ValueError, match="keeps one row per video .* build a new index"):
+    with pytest.raises(ValueError, match=r"keeps one row per video .* build a new index"):
         VideoIndex.build(model, folder, out, segments=True, num_workers=0, progress=False)
 
 

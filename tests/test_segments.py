@@ -1,11 +1,12 @@
 """Segments: shots from cuts and holes, short shots joined, windows over long shots, chunks
 for the temporal transformer, and the time span of each segment."""
 
+import itertools
+
 import numpy as np
 import pytest
 
-from dicosa.data.segments import (SegmentPolicy, chunk_shots, segment_run, segment_spans,
-                                  shots_of)
+from dicosa.data.segments import SegmentPolicy, chunk_shots, segment_run, segment_spans, shots_of
 
 
 def test_shots_from_cuts_holes_and_short_shots():
@@ -26,7 +27,7 @@ def test_shots_from_cuts_holes_and_short_shots():
         shots = shots_of(length, cuts, holes, min_frames=int(rng.integers(1, 5)))
         assert shots[0][0] == 0 and shots[-1][1] == length
         assert all(a < b for a, b in shots)
-        assert all(b == c for (_, b), (c, _) in zip(shots[:-1], shots[1:], strict=True))
+        assert all(b == c for (_, b), (c, _) in itertools.pairwise(shots))
         assert {h for h in holes if 0 < h < length} <= {a for a, _ in shots}
 
 

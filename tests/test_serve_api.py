@@ -2,7 +2,7 @@
 
 The index is built from generated clips (frame i a flat grey level that names it, see
 ``_videos.py``) with the random-weight tiny model that ``configs/synthetic.yaml`` makes, and is
-opened the way ``python -m dicosa serve`` opens it: from the model its manifest recorded.
+opened the way ``dicosa serve`` opens it: from the model its manifest recorded.
 """
 
 from __future__ import annotations
@@ -434,7 +434,7 @@ def test_serve_command_listens_on_loopback_only(built):
 
 
 def test_videos_added_by_another_writer_are_searched_after_a_reload(built, tmp_path):
-    """Videos are added to the served folder while searches run, as ``python -m dicosa index``
+    """Videos are added to the served folder while searches run, as ``dicosa index``
     does (``VideoIndex.build`` into it, with its own model and index objects, on another
     thread; a process of its own writes the same files): each search sees the old collection
     or the new one, and the service then reopens it."""

@@ -55,18 +55,24 @@ def base(collection):
         yield url
 
 
-@pytest.fixture(scope="module")
-def browser():
+def chromium(*extra: str):
+    """A headless Chromium driven by chromedriver (skips the test where it cannot start)."""
     options = webdriver.ChromeOptions()
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu",
                      "--disable-dev-shm-usage", "--window-size=1280,900",
-                     "--autoplay-policy=no-user-gesture-required"):
+                     "--autoplay-policy=no-user-gesture-required", *extra):
         options.add_argument(argument)
     try:
         driver = webdriver.Chrome(service=DriverService(str(DRIVER)), options=options)
     except WebDriverException as exc:
         pytest.skip(f"Chromium does not start here: {exc.msg}")
     driver.set_page_load_timeout(WAIT)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = chromium()
     yield driver
     driver.quit()
 
@@ -252,6 +258,25 @@ def screenshot(browser) -> None:
     image = Image.open(raw).convert("RGB")
     image.quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(target, optimize=True)
     raw.unlink()
+
+
+def test_api_docs_render_offline(base):
+    """/docs lists the operations with the network off: no name but the server's resolves,
+    so a script or stylesheet from a CDN would fail to load (and the page stay blank)."""
+    offline = chromium("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+                       "--disable-background-networking", "--disable-component-update")
+    try:
+        offline.get(f"{base}/docs")
+        WebDriverWait(offline, WAIT).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, ".opblock-summary-path"))
+        paths = {e.text.replace("\u200b", "") for e in
+                 offline.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")}
+        assert {"/api/search", "/api/videos/{video_id}/stream", "/api/info"} <= paths
+        loaded = offline.execute_script(
+            "return performance.getEntriesByType('resource').map(e => e.name)")
+        assert loaded and all(url.startswith(base) for url in loaded), loaded
+    finally:
+        offline.quit()
 
 
 LONG = [["green cross"], ["white circle"], ["blue square"], [A, "green circle"],

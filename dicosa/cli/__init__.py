@@ -1,4 +1,5 @@
-"""The command line (``python -m dicosa``): a thin layer over the library."""
+"""The command line (``dicosa``, the console script, or ``python -m dicosa``): a thin layer over
+the library."""
 
 from .main import build_parser, main
 

@@ -1,4 +1,4 @@
-"""``python -m dicosa check INDEX [--repair]``: verify an index folder, repair what is
+"""``dicosa check INDEX [--repair]``: verify an index folder, repair what is
 derivable (:func:`dicosa.index.check.check_index`)."""
 
 from __future__ import annotations

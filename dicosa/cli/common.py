@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 
-from ..loading import DEFAULT_CONFIG
+from ..config import DEFAULT_CONFIG
+from ..errors import USER_ERRORS, ConfigError
 
-__all__ = ["model_options", "options", "positive_int"]
+__all__ = ["model_options", "options", "positive_int", "script_main"]
 
 
 def model_options(parser: argparse.ArgumentParser, default_config: str | None) -> None:
@@ -41,3 +43,21 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def script_main(prog: str, doc: str | None,
+                add_arguments: Callable[[argparse.ArgumentParser], None],
+                run: Callable[[argparse.Namespace], int], argv: Sequence[str] | None) -> None:
+    """A command as a script of its own (``train.py``, ``evaluate.py``): its own parser named
+    ``prog``; a bad config key or value is a usage error (status 2), any other error the user
+    can fix exits with ``PROG: error: ...`` (status 1)."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        run(args)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    except USER_ERRORS as exc:
+        sys.exit(f"{prog}: error: {exc}")

@@ -1,4 +1,4 @@
-"""``python -m dicosa convert RELEASED.pth --out dicosa.pt``: the authors' checkpoint."""
+"""``dicosa convert RELEASED.pth --out dicosa.pt``: the authors' checkpoint."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``python -m dicosa demo --out outputs/demo``: the whole pipeline on generated clips."""
+"""``dicosa demo --out outputs/demo``: the whole pipeline on generated clips."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``python -m dicosa heads train KIND`` / ``heads info HEAD.pt``: heads on a frozen DiCoSA."""
+"""``dicosa heads train KIND`` / ``heads info HEAD.pt``: heads on a frozen DiCoSA."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``python -m dicosa index FOLDER --out INDEX``: encode videos into a searchable index."""
+"""``dicosa index FOLDER --out INDEX``: encode videos into a searchable index."""
 
 from __future__ import annotations
 

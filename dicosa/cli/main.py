@@ -1,5 +1,7 @@
-"""The command line's parser and dispatch: ``python -m dicosa COMMAND ...`` (one module per
-command in this package; ``--help`` on each says what it takes)."""
+"""The command line's parser and dispatch: ``dicosa COMMAND ...`` (installed as a console
+script; ``dicosa`` is the same), one module per command in this package, ``--help``
+on each says what it takes. Building the parser imports no torch: each command imports what
+it needs when it runs."""
 
 from __future__ import annotations
 
@@ -8,8 +10,18 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from .. import __version__
 from ..errors import USER_ERRORS
-from . import check_cmd, convert_cmd, demo_cmd, heads_cmd, index_cmd, search_cmd
+from . import (
+    check_cmd,
+    convert_cmd,
+    demo_cmd,
+    evaluate_cmd,
+    heads_cmd,
+    index_cmd,
+    search_cmd,
+    train_cmd,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -17,22 +29,26 @@ log = logging.getLogger("dicosa")
 
 USAGE = """Text-video retrieval with DiCoSA: index videos, search them, serve a page.
 
-  python -m dicosa index FOLDER --out INDEX [--checkpoint CKPT | --config CFG]
-  python -m dicosa search INDEX "a man is skiing" [-k 10] [--explain] [--json]
-  python -m dicosa serve INDEX [--port 8000]
-  python -m dicosa check INDEX [--repair]
-  python -m dicosa heads train KIND --checkpoint CKPT --out HEAD.pt
-  python -m dicosa convert RELEASED.pth --out dicosa.pt
-  python -m dicosa demo --out outputs/demo
+  dicosa index FOLDER --out INDEX [--checkpoint CKPT | --config CFG]
+  dicosa search INDEX "a man is skiing" [-k 10] [--explain] [--json]
+  dicosa serve INDEX [--port 8000]
+  dicosa check INDEX [--repair]
+  dicosa train --dataset msrvtt [section.key=value ...]
+  dicosa evaluate --split 1k-A --checkpoint CKPT
+  dicosa heads train KIND --checkpoint CKPT --out HEAD.pt
+  dicosa convert RELEASED.pth --out dicosa.pt
+  dicosa demo --out outputs/demo
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m dicosa", description=USAGE,
+    parser = argparse.ArgumentParser(prog="dicosa", description=USAGE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument("--version", action="version", version=f"dicosa {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    for module in (index_cmd, search_cmd, heads_cmd, convert_cmd, demo_cmd, check_cmd):
+    for module in (index_cmd, search_cmd, train_cmd, evaluate_cmd, heads_cmd, convert_cmd,
+                   demo_cmd, check_cmd):
         module.add_parser(commands)
     _add_serve(commands)
     return parser
@@ -51,8 +67,7 @@ def _add_serve(commands) -> None:
 
 
 def _no_serve(args: argparse.Namespace) -> int:
-    raise ValueError("python -m dicosa serve needs FastAPI and uvicorn: pip install "
-                     "'dicosa[serve]'")
+    raise ValueError("dicosa serve needs FastAPI and uvicorn: pip install 'dicosa[serve]'")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

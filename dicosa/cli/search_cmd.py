@@ -1,4 +1,4 @@
-"""``python -m dicosa search INDEX "a man is skiing"``: rank an index's videos for a query.
+"""``dicosa search INDEX "a man is skiing"``: rank an index's videos for a query.
 
 The index opens with everything it recorded (:func:`dicosa.index.open_index`: the model and
 every plugin); options only override: ``--head``/``--concepts``/``--exclusion-set``/
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     _apply_overrides(index, args)
     if args.exclude and "concepts" not in index.plugins:
         raise QueryError("--exclude needs a concepts head: add --concepts HEAD.pt (train one "
-                         "with 'python -m dicosa heads train concepts')")
+                         "with 'dicosa heads train concepts')")
     if args.explain and not index.plugins:
         raise QueryError("--explain needs a head to explain: --concepts HEAD.pt (exclusion), "
                          "--mul2vec HEAD.pt / --fusion (score parts) or an index built with "
@@ -160,7 +160,7 @@ def _mode(index, args: argparse.Namespace) -> str:
         return "hybrid" if lexical else "dense"
     if args.mode != "dense" and not lexical:
         raise QueryError(f"--mode {args.mode} needs an index with a lexical head: build it with "
-                         "'python -m dicosa index FOLDER --out INDEX --head HEAD.pt'")
+                         "'dicosa index FOLDER --out INDEX --head HEAD.pt'")
     return args.mode
 
 

@@ -18,8 +18,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from tqdm import tqdm
-
+from ..progress import progress as show_progress
 from .datasets import VIDEO_EXTENSIONS
 
 __all__ = ["CODECS", "compress_video", "compress_videos", "ffmpeg_exe", "plan_outputs"]
@@ -144,8 +143,8 @@ def compress_videos(
     exe = ffmpeg_exe()
     failed: list[tuple[str, str]] = []
     # Threads suffice: each job is an ffmpeg subprocess.
-    with ThreadPoolExecutor(max_workers=max(1, num_workers)) as pool, tqdm(
-        total=len(todo), desc="compressing", unit="video", disable=not progress
+    with ThreadPoolExecutor(max_workers=max(1, num_workers)) as pool, show_progress(
+        total=len(todo), desc="compressing", unit="video", enabled=progress
     ) as bar:
         futures = {
             pool.submit(compress_video, s, d, fps, short_side, exe, timeout, codec, square): s

@@ -9,9 +9,13 @@ resized to ``S`` (bicubic) and centre-cropped, rows past a short clip's frames f
 padding colour; normalisation happens later, on the device. Every failure to read a file
 surfaces as :class:`VideoDecodeError`.
 
-Two decoders sit behind one interface: MJPEG files (the default output of
+Three decoders sit behind one interface: MJPEG files (the default output of
 ``data_prep/compress_videos.py``) are demuxed with PyAV and only the sampled JPEGs decoded,
-by libjpeg-turbo; everything else goes through decord.
+by libjpeg-turbo; everything else goes through decord, or, where decord is not installed
+(it has wheels for x86-64 only), through PyAV, which decodes the file from its start up to
+the last sampled frame (slower on long videos, which decord seeks in). Both give the same
+frames at the same size; their scalers differ, by at most a few grey levels
+(``tests/test_video.py`` states the tolerance).
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ import numpy as np
 import simplejpeg
 import torch
 from torchvision.transforms.v2 import functional as TF
-from tqdm import tqdm
 
 from ..errors import VideoDecodeError
+from ..progress import progress as show_progress
 
 if TYPE_CHECKING:
     import decord
@@ -53,7 +57,7 @@ __all__ = [
 _DECORD_BAD_WIDTHS = frozenset({12, 16, 24, 48, 72})
 _SIZE_MISMATCH = "The size must exactly match"
 
-DECODERS = ("auto", "decord")
+DECODERS = ("auto", "decord", "pyav")
 
 
 def sample_indices(
@@ -165,11 +169,21 @@ def _decode_size(width: int, height: int, image_size: int) -> tuple[int, int]:
     return width, height
 
 
-def _open_reader(path: Path, width: int, height: int) -> decord.VideoReader:
-    # Imported on first use: reading MJPEG files needs no decord (which has no wheels for
-    # some platforms, e.g. aarch64).
-    import decord
+def _decord_module():
+    """decord, or None where it is not installed (imported on first use: MJPEG files and
+    the PyAV fallback need none)."""
+    try:
+        import decord
+    except ImportError:
+        return None
+    return decord
 
+
+def _open_reader(path: Path, width: int, height: int) -> decord.VideoReader:
+    decord = _decord_module()
+    if decord is None:
+        raise ValueError("decoder='decord' but decord is not installed: pip install decord "
+                         "(x86-64 wheels), or use decoder='auto' (PyAV where it is missing)")
     try:
         reader = decord.VideoReader(
             str(path), ctx=decord.cpu(0), width=width, height=height, num_threads=1
@@ -277,6 +291,80 @@ def _jpeg_frames(
     return frames[ok], len(picked) - int(ok.sum())
 
 
+def _frame_count(path: Path, stream: av.VideoStream) -> int:
+    """Frames in the stream: the header's count, else its packets counted (no decoding)."""
+    if stream.frames > 0:
+        return int(stream.frames)
+    try:
+        with av.open(str(path)) as container:
+            return sum(1 for packet in container.demux(container.streams.video[0])
+                       if packet.size)
+    except Exception as exc:
+        raise VideoDecodeError(path, f"cannot read packets: {exc}") from exc
+
+
+class _Placer:
+    """A decoded frame's index in presentation order: counted while every packet decodes,
+    from its timestamp (``(pts - first pts) * time base * rate``) once one did not."""
+
+    def __init__(self, stream: av.VideoStream):
+        rate = stream.average_rate or stream.guessed_rate
+        self.per_tick = float(stream.time_base * rate) if stream.time_base and rate else 0.0
+        self.origin: float | None = None  # the pts frame 0 has (or would have)
+        self.counting = True
+
+    def lost_one(self) -> None:
+        self.counting = self.per_tick <= 0  # without timestamps, counting is all there is
+
+    def __call__(self, frame: av.VideoFrame, counted: int) -> int:
+        if self.origin is None and frame.pts is not None and self.per_tick > 0:
+            self.origin = frame.pts - counted / self.per_tick
+        if self.counting or frame.pts is None or self.origin is None:
+            return counted
+        return round((frame.pts - self.origin) * self.per_tick)
+
+
+def _pyav_frames(path: Path, container: av.container.InputContainer, stream: av.VideoStream,
+                 pick: _Picker, size: tuple[int, int], partial: bool
+                 ) -> tuple[np.ndarray, int]:
+    """Frames at the picked indices (presentation order, as decord counts them), decoded by
+    PyAV from the start of the file and scaled to ``size`` by its scaler.
+
+    A packet that fails to decode fails the file, or with ``partial`` is skipped (its frame
+    lost; the frames after it are then placed by their timestamps, since counting would shift
+    them); picks past the frames the file really holds count as lost (``partial``) or fail.
+    """
+    rate = stream.average_rate or stream.guessed_rate
+    indices = pick(_frame_count(path, stream), float(rate) if rate else 0.0)
+    width, height = size
+    if len(indices) == 0:
+        return np.zeros((0, height, width, 3), dtype=np.uint8), 0
+    wanted, found, seen = set(indices.tolist()), {}, 0
+    place = _Placer(stream)
+    for packet in container.demux(stream):
+        try:
+            frames = packet.decode()
+        except av.FFmpegError as exc:
+            if not partial:
+                raise VideoDecodeError(path, f"decoding failed: {exc}") from exc
+            place.lost_one()
+            continue
+        for frame in frames:
+            seen = place(frame, seen)
+            if seen in wanted:
+                found[seen] = frame.to_ndarray(width=width, height=height, format="rgb24")
+            seen += 1
+        if seen > indices[-1]:
+            break
+    lost = len(indices) - len(found)
+    if lost and not partial:
+        raise VideoDecodeError(path, f"truncated: {seen} frames decode, frame {indices[-1]} "
+                                     "was asked for")
+    if not found:
+        raise VideoDecodeError(path, f"none of the {len(indices)} sampled frames decodes")
+    return np.stack([found[i] for i in indices.tolist() if i in found]), lost
+
+
 def _decode(path: Path, pick: _Picker, short_side: int, decoder: str) -> np.ndarray:
     """uint8 ``[n, h, w, 3]`` frames of ``path`` at the indices ``pick`` chooses.
 
@@ -300,7 +388,9 @@ def _decode_frames(path: Path, pick: _Picker, short_side: int, decoder: str,
             decoded = _jpeg_frames(path, container, stream, pick, partial)
             if decoded is not None:
                 return decoded
-    size = _decode_size(*native, short_side)
+        size = _decode_size(*native, short_side)
+        if decoder == "pyav" or (decoder == "auto" and _decord_module() is None):
+            return _pyav_frames(path, container, stream, pick, size, partial)
     # Asking decord for the native size still runs its scaler (measured 36 vs 24 ms for 12
     # frames at 398x224), so a size is passed only when it differs.
     reader = _open_reader(path, *size) if size != native else _open_reader(path, -1, -1)
@@ -378,8 +468,8 @@ def load_video(
         segment: ``(start, end)`` in seconds to sample from; the whole video when None.
         rng: generator for training offsets.
         decoder: ``"auto"`` decodes MJPEG files (what ``compress_videos`` writes by default)
-            with libjpeg-turbo and everything else with decord; ``"decord"`` uses decord for
-            every file.
+            with libjpeg-turbo and everything else with decord (PyAV where decord is not
+            installed); ``"decord"`` or ``"pyav"`` uses that one for every file.
         sampling: ``"segments"`` (:func:`sample_indices`) or ``"released"``
             (:func:`sample_indices_released`).
         pad_colour: RGB of the rows past the decoded frames.
@@ -497,7 +587,7 @@ def check_videos(
         paths: video files.
         num_workers: worker processes; 0 or 1 checks in this process (use that inside
             DataLoader workers, which cannot start processes of their own).
-        progress: show a tqdm progress bar.
+        progress: show progress (:func:`dicosa.progress.progress`).
 
     Returns:
         ``[(path, reason), ...]`` for the bad files, in the order of ``paths``.
@@ -509,10 +599,8 @@ def check_videos(
     else:
         pool = ProcessPoolExecutor(max_workers=num_workers)
         checked = pool.map(_check_one, names, chunksize=max(1, len(names) // (num_workers * 8)))
-    # No tqdm object at all without a bar: even a disabled one takes tqdm's global lock,
-    # which a forked DataLoader worker may have inherited in the locked state.
-    if progress:
-        checked = tqdm(checked, total=len(names), desc="checking videos", unit="video")
+    checked = show_progress(checked, total=len(names), desc="checking videos", unit="video",
+                            enabled=progress)
     for name, reason in checked:
         results[name] = reason
     if num_workers > 1:

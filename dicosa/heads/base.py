@@ -150,7 +150,7 @@ def read_head_file(path: str | Path) -> dict:
     state = read_checkpoint_file(path)
     if not isinstance(state, dict) or state.get("head_format") != HEAD_FORMAT:
         raise HeadMismatchError(f"{path} is not a dicosa head file (train one with "
-                                "'python -m dicosa heads train KIND --checkpoint CKPT')")
+                                "'dicosa heads train KIND --checkpoint CKPT')")
     if state.get("head_version") != HEAD_VERSION:
         raise HeadMismatchError(f"{path} is a head file of format version "
                                 f"{state.get('head_version')}; this dicosa reads version "
@@ -179,7 +179,7 @@ def load_head(path: str | Path, model: nn.Module | None = None, *,
         if problem:
             raise HeadMismatchError(
                 f"the {state['kind']} head {path} was trained on a model with {problem}; "
-                f"train it again on this model ('python -m dicosa heads train {state['kind']}"
+                f"train it again on this model ('dicosa heads train {state['kind']}"
                 " --checkpoint CKPT')")
     cls = head_class(state["kind"])
     head = cls(cls.make_config(state["config"]), **state["init"])

@@ -238,8 +238,9 @@ def fit_summary(model: DiCoSA, videos: VideoFeatures, text: Tensor,
     text = text.float().cpu()[:config.teacher_queries]
     started = time.perf_counter()
     teacher = teacher_scores(model, text, videos).float()  # [Q, V]
-    log.info("teacher: %d captions x %d videos in %.0f s", len(text), len(videos),
-             time.perf_counter() - started)
+    if progress:
+        log.info("teacher: %d captions x %d videos in %.0f s", len(text), len(videos),
+                 time.perf_counter() - started)
     window = min(config.window, len(videos))
     top = min(config.top, window)
     ranked = teacher.topk(window, dim=1).indices  # [Q, window]
@@ -350,7 +351,7 @@ def summary_beside(checkpoint: str | Path) -> Path:
 def summary_fit_command(checkpoint: str | Path) -> str:
     """The one command that fits the summary of ``checkpoint`` on its training data and
     keeps it where :func:`carried_summary` finds it."""
-    return (f"python -m dicosa heads train summary --checkpoint {checkpoint} "
+    return (f"dicosa heads train summary --checkpoint {checkpoint} "
             f"--out {summary_beside(checkpoint)}")
 
 

@@ -1,4 +1,4 @@
-"""Training a head on a frozen DiCoSA checkpoint: ``python -m dicosa heads train KIND``."""
+"""Training a head on a frozen DiCoSA checkpoint: ``dicosa heads train KIND``."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def train_head(kind: str, checkpoint: str | Path, out: str | Path, overrides: It
     }
     trained.update(getattr(head, "fit_report", {}))
     path = save_head(head, out, model, trained)
-    log.info("saved the %s head to %s", kind, path)
+    log.debug("saved the %s head to %s", kind, path)  # callers say where
     return path
 
 

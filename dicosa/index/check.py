@@ -121,7 +121,7 @@ def _remove_damaged(directory: Path, store: FrameStore, ids: np.ndarray, why: st
     index = VideoIndex.load(directory, verify=False)
     with index.transaction():
         index.store.remove(ids)
-    report.repaired.append(what + ": removed; run 'python -m dicosa index' on their folder "
+    report.repaired.append(what + ": removed; run 'dicosa index' on their folder "
                            "again to encode them anew")
 
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from ..data.protocol import FrameProtocol
 from ..data.segments import SegmentPolicy
 from ..model import DiCoSA
+from ..progress import progress as show_progress
 from ..search.shards import VideoRun
 from .decode import VideoItems
 from .encode import Clip, Encoder
@@ -65,7 +65,7 @@ def ingest(model: DiCoSA, device: torch.device, todo: list[str], frames: FramePr
     loader = DataLoader(items, batch_size=None, num_workers=min(num_workers, len(todo)))
     encoder = Encoder(model, device, frames, segments, batch_size)
     report, pending = IngestReport(), []
-    bar = tqdm(total=len(todo), desc="indexing videos", unit="video", disable=not progress)
+    bar = show_progress(total=len(todo), desc="indexing videos", unit="video", enabled=progress)
 
     def hand_on(force: bool = False) -> None:
         nonlocal pending

@@ -50,7 +50,7 @@ RESERVED = "reserved.json"
 # Indexes decoded with this before their manifest recorded the frame protocol (``frames``).
 UNRECORDED_FRAMES = FrameProtocol("segments", "black")
 _STORE_KEYS = ("num_frames", "dim", "next_id", "removed", "shards")
-_REBUILD = "rebuild the index with 'python -m dicosa index'"
+_REBUILD = "rebuild the index with 'dicosa index'"
 
 
 class ManifestError(ValueError):

@@ -442,7 +442,7 @@ class VideoIndex(Transactional, PluginHost, Searching):
 
             raise StoreError(f"{problems[0]}" + (f" (and {len(problems) - 1} more)"
                                                  if len(problems) > 1 else "")
-                             + "; run 'python -m dicosa check INDEX' for the details")
+                             + "; run 'dicosa check INDEX' for the details")
 
     # -- model ----------------------------------------------------------------------------
     def attach(self, model: DiCoSA, strict: bool = True) -> None:
@@ -543,7 +543,7 @@ def open_index(directory: str | os.PathLike, model: DiCoSA | None = None, *,
         source = index.meta.get("model")
         if not source:
             raise ValueError(f"the index at {directory} does not record its model; pass the "
-                             "model (python -m dicosa search --checkpoint CKPT)")
+                             "model (dicosa search --checkpoint CKPT)")
         model = model_from_source(source, towers)
     return VideoIndex.load(directory, model, device=device, strict=strict, skip=skip,
                            lock_timeout=lock_timeout)

@@ -1,6 +1,6 @@
 """The lexical plugin: search an index by words with a VDR or Dense2Sparse head.
 
-:class:`LexicalPlugin` (``index.use(LexicalPlugin(HEAD))``, or ``python -m dicosa index
+:class:`LexicalPlugin` (``index.use(LexicalPlugin(HEAD))``, or ``dicosa index
 --head HEAD``) gives an index what word-level search needs:
 
 - a :class:`~dicosa.search.sparse.SparseStage` holding each row's sparse word vector
@@ -102,7 +102,7 @@ def load_lexical_head(path: str | os.PathLike, model: torch.nn.Module) -> Lexica
     head = load_head(Path(path), model)
     if not isinstance(head, LexicalHead):
         raise HeadMismatchError(f"{path} holds a '{head.kind}' head, not a lexical one "
-                                "(train one with 'python -m dicosa heads train lexical' or d2s)")
+                                "(train one with 'dicosa heads train lexical' or d2s)")
     return head
 
 

@@ -162,6 +162,12 @@ def connect(uri: str, timeout: float):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             return MilvusClient(uri=uri, timeout=timeout)
+    except ModuleNotFoundError as exc:
+        if exc.name != "pkg_resources":
+            raise
+        # milvus-lite 2.5 (a .db file) imports pkg_resources, which setuptools 82 removed
+        raise MilvusError(f"milvus-lite (for {uri}) needs pkg_resources, which setuptools 82 "
+                          "removed: pip install 'setuptools<82'") from None
     except Exception as exc:  # pymilvus raises MilvusException, ConnectionError, ...
         raise MilvusError(f"cannot reach Milvus at {uri} ({_first_line(exc)})") from None
 

@@ -1,4 +1,4 @@
-"""The search service and its web page (``python -m dicosa serve``; extra ``dicosa[serve]``).
+"""The search service and its web page (``dicosa serve``; extra ``dicosa[serve]``).
 
 ``engine`` adapts an opened index for the service (search, "more like this", the moment,
 media files); ``app`` holds the FastAPI routes; ``media`` streams files with byte ranges and

@@ -1,4 +1,4 @@
-"""``python -m dicosa.serve INDEX ...``: the serve command on its own (see ``cli.py``)."""
+"""``dicosa.serve INDEX ...``: the serve command on its own (see ``cli.py``)."""
 
 import sys
 

@@ -1,6 +1,7 @@
 """The HTTP service: FastAPI routes over one :class:`~dicosa.serve.engine.Engine` at a time.
 
-Routes (OpenAPI at ``/docs`` and ``/openapi.json``; every answer but media is JSON, every error
+Routes (OpenAPI at ``/openapi.json``, Swagger UI at ``/docs`` served offline, :mod:`.openapi`;
+every answer but media is JSON, described by :mod:`.schemas`; every error
 ``{"error": "one sentence"}``):
 
     GET  /                          the search page (static/: HTML, plain JavaScript, CSS)
@@ -20,7 +21,7 @@ Videos are named by their row id only; a file is served only when the engine fin
 its row says (:meth:`Engine.video`). Nothing on the server fetches a URL.
 
 :class:`Service` holds the current engine and, every ``reload_interval_s``, looks whether
-another process changed the index (``python -m dicosa index`` into the same folder); once the
+another process changed the index (``dicosa index`` into the same folder); once the
 change is complete (the manifest's first stage is in step with its store) it opens the index
 again beside the old one and swaps the whole engine in, so each search sees the old
 collection or the new one.
@@ -52,6 +53,8 @@ from .batching import Batcher
 from .engine import Answer, Engine, SearchRequest
 from .errors import BAD_REQUESTS, NotReady, ServeError, UnknownVideo
 from .media import ThumbnailError, Thumbnails, file_response
+from .openapi import DOCS_CSP, install_docs, openapi_schema
+from .schemas import Health, Info, Ready, SearchAnswer, VideoDetails, errors
 from .security import COOKIE, Guard, safe_next
 
 __all__ = ["Limits", "Service", "Settings", "create_app"]
@@ -59,11 +62,15 @@ __all__ = ["Limits", "Service", "Settings", "create_app"]
 log = logging.getLogger("dicosa.serve")
 
 STATIC = Path(str(resources.files("dicosa.serve") / "static"))
-# The page loads nothing from elsewhere; /docs (Swagger UI) loads its script from a CDN.
+# The page loads nothing from elsewhere (nor does /docs: its own policy, openapi.DOCS_CSP).
 _CSP = ("default-src 'self'; img-src 'self' data:; media-src 'self'; style-src 'self'; "
         "script-src 'self'; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
         "form-action 'self'")
 _OPEN_PATHS = ("/login", "/static/login.css", "/static/login.js")
+_BINARY: dict = {}  # OpenAPI 3.1: raw bytes are content without a schema
+_MEDIA = {"video": {"description": "the file (Accept-Ranges: bytes)",
+                    "content": {"video/*": _BINARY, "application/octet-stream": _BINARY}},
+          "image": {"description": "a JPEG", "content": {"image/jpeg": _BINARY}}}
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class Settings:
-    """How the service runs (``python -m dicosa serve``'s options)."""
+    """How the service runs (``dicosa serve``'s options)."""
 
     api_key: str | None = None
     limits: Limits = field(default_factory=Limits)
@@ -241,8 +248,8 @@ def create_app(service: Service | Engine, settings: Settings | None = None) -> F
         batcher.close()
         thumbnails.close()
 
-    app = FastAPI(title="dicosa", version=__version__, lifespan=lifespan, redoc_url=None,
-                  default_response_class=_JSON,
+    app = FastAPI(title="dicosa", version=__version__, lifespan=lifespan, docs_url=None,
+                  redoc_url=None, default_response_class=_JSON,
                   description="Text-video search with DiCoSA: where in each video the query "
                               "matches. Errors are {\"error\": \"one sentence\"}.")
     app.state.service, app.state.guard, app.state.thumbnails = service, guard, thumbnails
@@ -251,7 +258,16 @@ def create_app(service: Service | Engine, settings: Settings | None = None) -> F
     _install_errors(app)
     _install_pages(app, guard, settings)
     _install_api(app, service, settings, guard, thumbnails, batcher)
+    install_docs(app)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    def schema() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = openapi_schema(app, api_key=guard.enabled,
+                                                host_check=settings.allowed_hosts is not None)
+        return app.openapi_schema
+
+    app.openapi = schema
     return app
 
 
@@ -278,8 +294,8 @@ def _install_guards(app: FastAPI, settings: Settings, guard: Guard) -> None:
         response = await call_next(request)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("Referrer-Policy", "no-referrer")
-        if not path.startswith("/docs"):
-            response.headers.setdefault("Content-Security-Policy", _CSP)
+        response.headers.setdefault("Content-Security-Policy",
+                                    DOCS_CSP if path.startswith("/docs") else _CSP)
         return response
 
 
@@ -389,12 +405,14 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
         return _JSON(answer)  # as it is: FastAPI's encoder pass over it costs milliseconds
 
-    @app.get("/api/health", tags=["service"])
+    @app.get("/api/health", tags=["service"], response_model=None,
+             responses={200: {"model": Health}, **errors(500)})
     def health() -> dict:
         """The process answers (it may still be opening the index: see /api/ready)."""
         return {"status": "ok"}
 
-    @app.get("/api/ready", tags=["service"])
+    @app.get("/api/ready", tags=["service"], response_model=None,
+             responses={200: {"model": Ready}, **errors(500, 503)})
     def ready() -> dict:
         """The index is open and searchable."""
         engine = service.engine
@@ -402,13 +420,16 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
                 engine.opened_at.isoformat(timespec="seconds"), "reloads": service.reloads,
                 "last_reload": service.last_reload, "reload_error": service.reload_error}
 
-    @app.get("/api/info", tags=["service"])
+    @app.get("/api/info", tags=["service"], response_model=None,
+             responses={200: {"model": Info}, **errors(500, 503)})
     def info() -> dict:
         """What is being searched: videos, model, heads, search modes, backend, limits."""
         return {**service.engine.info(), "limits": vars(limits), "version": __version__,
                 "api_key": guard.enabled}
 
-    @app.get("/api/search", tags=["search"], response_model=None)
+    searched = {200: {"model": SearchAnswer}, **errors(400, 500, 503)}
+
+    @app.get("/api/search", tags=["search"], response_model=None, responses=searched)
     def search(q: str, exclude: Annotated[list[str] | None, Query()] = None, k: int = 10,
                offset: int = 0, candidates: int = 1000, mode: str | None = None,
                explain: bool = False) -> Response:
@@ -418,18 +439,20 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         return run_search(_checked(limits, q, exclude or [], k, offset, candidates, mode,
                                    explain))
 
-    @app.post("/api/search", tags=["search"], response_model=None)
+    @app.post("/api/search", tags=["search"], response_model=None, responses=searched)
     def search_body(body: SearchBody) -> Response:
         """:func:`search` with the parameters in a JSON body."""
         return run_search(_checked(limits, body.q, body.exclude, body.k, body.offset,
                                    body.candidates, body.mode, body.explain))
 
-    @app.get("/api/videos/{video_id}", tags=["videos"])
+    @app.get("/api/videos/{video_id}", tags=["videos"], response_model=None,
+             responses={200: {"model": VideoDetails}, **errors(404, 500, 503)})
     def video(video_id: str) -> dict:
         """A video's name, title, duration and frame rate (never its path)."""
         return service.engine.details(video_id)
 
-    @app.get("/api/videos/{video_id}/similar", tags=["videos"], response_model=None)
+    @app.get("/api/videos/{video_id}/similar", tags=["videos"], response_model=None,
+             responses={200: {"model": SearchAnswer}, **errors(400, 404, 500, 503)})
     def similar(video_id: str, k: int = 10, offset: int = 0, candidates: int = 1000,
                 row: str | None = None) -> Response:
         """More like this: the videos whose frames are most like this video's (or, with
@@ -442,13 +465,17 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
         return _JSON(answer)
 
-    @app.get("/api/videos/{video_id}/stream", tags=["videos"],
-             response_class=Response, responses={206: {"description": "a byte range"}})
+    @app.get("/api/videos/{video_id}/stream", tags=["videos"], response_class=Response,
+             responses={200: _MEDIA["video"], 206: {**_MEDIA["video"], "description":
+                                                     "the byte range asked for"},
+                        304: {"description": "If-None-Match named the current ETag"},
+                        **errors(404, 416, 500, 503)})
     def stream(video_id: str, request: Request) -> Response:
         """The video file; ``Range: bytes=...`` gets 206 and ``Content-Range``."""
         return file_response(service.engine.video(video_id), request.headers)
 
-    @app.get("/api/videos/{video_id}/thumb", tags=["videos"], response_class=Response)
+    @app.get("/api/videos/{video_id}/thumb", tags=["videos"], response_class=Response,
+             responses={200: _MEDIA["image"], **errors(400, 404, 500, 503)})
     def thumb(video_id: str, t: float = 0.0) -> Response:
         """A JPEG of the frame shown ``t`` seconds into the video (decoded once, cached)."""
         if not math.isfinite(t) or not 0 <= t <= 86_400:

@@ -1,6 +1,6 @@
-"""``python -m dicosa serve INDEX``: the search service and its page on one index.
+"""``dicosa serve INDEX``: the search service and its page on one index.
 
-    python -m dicosa serve INDEX [--host 127.0.0.1] [--port 8000] [--api-key [KEY]]
+    dicosa serve INDEX [--host 127.0.0.1] [--port 8000] [--api-key [KEY]]
                                  [--media-root DIR ...] [--device cpu|cuda]
                                  [--max-batch 8] [--reload-interval 2]
 
@@ -35,10 +35,10 @@ class MissingExtra(ValueError):
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
-    """Add the ``serve`` command to a ``python -m dicosa`` sub-parser set; returns it."""
+    """Add the ``serve`` command to a ``dicosa`` sub-parser set; returns it."""
     p = subparsers.add_parser("serve", help="a search service and web page on an index",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("index", help="index folder written by 'python -m dicosa index'")
+    p.add_argument("index", help="index folder written by 'dicosa index'")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; another "
                         "address exposes the index: set an API key)")
@@ -69,7 +69,7 @@ def run_serve(args: argparse.Namespace) -> int:
         from .app import Settings, create_app
         from .engine import Engine
     except ImportError as exc:
-        raise MissingExtra(f"'python -m dicosa serve' needs FastAPI and uvicorn ({exc.name} is "
+        raise MissingExtra(f"'dicosa serve' needs FastAPI and uvicorn ({exc.name} is "
                            "missing): pip install 'dicosa[serve]'") from None
     key = _api_key(args.api_key)
     for warning in binding_warnings(args.host, key):
@@ -120,10 +120,10 @@ def allowed_hosts(host: str, extra: list[str]) -> tuple[str, ...] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dicosa.serve``: the serve command on its own."""
+    """``dicosa.serve``: the serve command on its own."""
     from ..errors import USER_ERRORS
 
-    parser = argparse.ArgumentParser(prog="python -m dicosa.serve")
+    parser = argparse.ArgumentParser(prog="dicosa.serve")
     commands = parser.add_subparsers(dest="command", required=True)
     add_serve_parser(commands)
     args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])

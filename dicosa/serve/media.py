@@ -1,9 +1,16 @@
 """Video files over HTTP with byte ranges (so ``<video>`` can seek), and moment thumbnails.
 
-Ranges: one ``bytes=first-last``, ``bytes=first-`` or ``bytes=-suffix`` range is answered with
-206 and ``Content-Range``; a range past the end with 416 and ``Content-Range: bytes */size``;
-anything else (no header, several ranges, another unit, bad syntax, an ``If-Range`` that no
-longer matches) with the whole file, which RFC 9110 allows a server to send instead.
+Files are sent by Starlette's ``FileResponse``, which does the byte serving (one range: 206
+with ``Content-Range``; HEAD; the file read in chunks and closed when the client leaves).
+What it is asked for is decided here first, because three of its own answers differ from
+what this API promises: it answers a Range of an unknown unit (``items=0-5``) with 400 where
+RFC 9110 (14.2) says a server MUST ignore it, it answers malformed ranges and ranges past the
+end in plain text where every error of this API is ``{"error": ...}``, and it has no
+conditional GET. So here: ``If-None-Match`` with the current ETag gets 304; one
+``bytes=first-last``, ``bytes=first-`` or ``bytes=-suffix`` range is passed on to
+``FileResponse``; a range past the end gets 416 with ``Content-Range: bytes */size`` and a
+JSON error; anything else (several ranges, another unit, bad syntax, an ``If-Range`` that no
+longer matches) gets the whole file, which RFC 9110 allows a server to send instead.
 
 Thumbnails: the frame shown at a time ``t`` (the last frame that starts at or before it) as a
 JPEG, decoded with PyAV from the nearest earlier keyframe. Each is decoded once and kept in a
@@ -15,18 +22,18 @@ so the browser's requests usually find them made.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from email.utils import formatdate
 from pathlib import Path
-from typing import BinaryIO
 
 import av
 import numpy as np
 import simplejpeg
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import FileResponse, Response
 
 from .engine import VideoFile
 from .errors import UnknownVideo
@@ -36,7 +43,6 @@ __all__ = ["RangeNotSatisfiable", "ThumbnailError", "Thumbnails", "decode_thumbn
 
 log = logging.getLogger(__name__)
 
-CHUNK = 256 * 1024  # bytes per read while streaming
 _EPSILON = 1e-3  # seconds: frame times are i / fps, which floating point may put a hair off
 
 
@@ -72,44 +78,44 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     return start, size - 1 if not last else min(int(last), size - 1)
 
 
-def _read(handle: BinaryIO, start: int, length: int) -> Iterator[bytes]:
-    with handle:
-        handle.seek(start)
-        while length > 0:
-            block = handle.read(min(CHUNK, length))
-            if not block:
-                return
-            length -= len(block)
-            yield block
+class _FileRange(FileResponse):
+    """``FileResponse`` told which range to send (None: the whole file) in place of the
+    request's own ``Range`` and ``If-Range`` headers, which :func:`file_response` judged."""
+
+    def __init__(self, path: Path, span: tuple[int, int] | None, **kwargs):
+        super().__init__(path, **kwargs)
+        self.span = span
+
+    async def __call__(self, scope, receive, send) -> None:
+        headers = [(k, v) for k, v in scope.get("headers", ())
+                   if k not in (b"range", b"if-range")]
+        if self.span is not None:
+            headers.append((b"range", f"bytes={self.span[0]}-{self.span[1]}".encode()))
+        await super().__call__({**scope, "headers": headers}, receive, send)
 
 
 def file_response(file: VideoFile, headers: dict[str, str]) -> Response:
     """The response to a GET of ``file`` with request ``headers`` (lower-case names)."""
-    etag = f'"{file.size:x}-{int(file.mtime * 1000):x}"'
+    try:
+        stat = os.stat(file.path)  # now: the file may have changed since it was checked
+    except OSError:  # removed or made unreadable since it was checked
+        raise UnknownVideo(file.id) from None
+    etag = f'"{stat.st_size:x}-{int(stat.st_mtime * 1000):x}"'
     common = {"Accept-Ranges": "bytes", "ETag": etag, "Cache-Control": "private, no-cache",
-              "Last-Modified": formatdate(file.mtime, usegmt=True)}
+              "Last-Modified": formatdate(stat.st_mtime, usegmt=True)}
     if headers.get("if-none-match") == etag:
         return Response(status_code=304, headers=common)
     wanted = headers.get("range")
     if wanted and headers.get("if-range", etag) != etag:
         wanted = None  # the file changed since the client's first part: start again
     try:
-        span = parse_range(wanted, file.size)
+        span = parse_range(wanted, stat.st_size)
     except RangeNotSatisfiable:
         return Response(b'{"error":"the requested byte range lies past the end of the file"}',
                         status_code=416, media_type="application/json",
-                        headers={**common, "Content-Range": f"bytes */{file.size}"})
-    first, last = span if span is not None else (0, file.size - 1)
-    length = max(0, last - first + 1)
-    try:
-        handle = open(file.path, "rb")  # noqa: SIM115 (closed by the stream)
-    except OSError:  # removed or made unreadable since it was checked
-        raise UnknownVideo(file.id) from None
-    out = {**common, "Content-Length": str(length)}
-    if span is not None:
-        out["Content-Range"] = f"bytes {first}-{last}/{file.size}"
-    return StreamingResponse(_read(handle, first, length), status_code=206 if span else 200,
-                             media_type=file.media_type, headers=out)
+                        headers={**common, "Content-Range": f"bytes */{stat.st_size}"})
+    return _FileRange(file.path, span, headers=common, media_type=file.media_type,
+                      stat_result=stat)
 
 
 def decode_thumbnail(path: str | Path, t: float, width: int = 320, quality: int = 80) -> bytes:

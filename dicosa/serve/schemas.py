@@ -1,0 +1,196 @@
+"""The service's answers as pydantic models: what ``/openapi.json`` publishes.
+
+One model per JSON object the routes send, built from the same names as ``engine.py`` and
+``app.py`` write. The routes send their dicts as they are (a search's answer is not passed
+through FastAPI's encoder, which costs milliseconds); these models describe them, and
+``tests/test_serve_schema.py`` validates live answers against the published schema. Every
+model forbids fields it does not declare (``additionalProperties: false``), so a field the
+server starts sending without its model here fails that test: add it here first.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ERROR_RESPONSES", "ErrorBody", "Health", "Hit", "Info", "Limits", "Moment",
+           "MomentBest", "MomentFrame", "QueryEcho", "Ready", "SearchAnswer", "VideoDetails",
+           "errors"]
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorBody(_Answer):
+    """Every error the service answers (any status but media's 206/304): one sentence."""
+
+    error: str = Field(description="what was wrong, as one sentence (never a traceback)")
+
+
+class Health(_Answer):
+    status: Literal["ok"]
+
+
+class Ready(_Answer):
+    ready: bool
+    videos: int
+    opened_at: str = Field(description="when the index snapshot was opened (ISO 8601, UTC)")
+    reloads: int = Field(description="how often the index was reopened after a change")
+    last_reload: str | None
+    reload_error: str | None = Field(description="why the last reopening failed (the "
+                                                 "previous snapshot is still served)")
+
+
+class ModelInfo(_Answer):
+    source: str | None = Field(description="the checkpoint's or config's file name")
+    arch: str
+    frames: int
+    dim: int
+    max_words: int
+
+
+class HeadsInfo(_Answer):
+    lexical: str | None = Field(description="the lexical head's kind (vdr, d2s) or null")
+    concepts: bool
+    fusion: Literal["late", "mul2vec"] | None
+
+
+class Limits(_Answer):
+    query_chars: int
+    exclusions: int
+    page: int
+    depth: int
+    candidates: int
+
+
+class Info(_Answer):
+    videos: int
+    model: ModelInfo
+    heads: HeadsInfo
+    modes: dict[str, str] = Field(description="search mode -> what it does")
+    default_mode: str
+    backend: str | None
+    summary: str | None
+    frame_protocol: dict[str, str]
+    frame_times: str
+    opened_at: str
+    limits: Limits
+    version: str
+    api_key: bool = Field(description="whether requests need the API key")
+
+
+class VideoDetails(_Answer):
+    id: int
+    name: str = Field(description="the file's name (never its path)")
+    title: str
+    duration: float | None = Field(description="seconds")
+    fps: float | None
+
+
+class MomentFrame(_Answer):
+    frame: int = Field(description="the frame's place in the video's stored frames")
+    time: float | None = Field(description="seconds into the video (null: unknown)")
+    weight: float = Field(description="the frame's share of its best row's text-conditioned "
+                                      "pooling (Eq. 1)")
+    score: float | None = Field(description="DiCoSA's score of the best row (segment) holding "
+                                            "the frame")
+
+
+class MomentBest(_Answer):
+    frame: int
+    time: float | None
+    weight: float
+
+
+class TimeRange(_Answer):
+    """A moment: a time range of the video (one of its rows) and its score."""
+
+    start: float | None = Field(description="seconds into the video (null: unknown)")
+    end: float | None
+    score: float
+    row: int = Field(description="the row (segment) it is: 'more like this' from a moment "
+                                 "takes it as row=")
+
+
+class Moment(_Answer):
+    """The video's relevance over its whole length: its stored frames (a long video's thinned
+    to at most 240), each with the score of the best row holding it, and the best frame."""
+
+    frames: list[MomentFrame]
+    best: MomentBest
+    moments: list[TimeRange] = Field(description="the video's best rows that do not overlap, "
+                                                 "scored on every row of the video")
+
+
+class Hit(_Answer):
+    rank: int
+    id: int
+    name: str
+    title: str
+    duration: float | None
+    fps: float | None
+    score: float | None = Field(description="the final score (null where not finite)")
+    dicosa: float | None = Field(description="DiCoSA's score of the pair")
+    stage: str = Field(description="the first stage that proposed the video")
+    stage_score: float | None
+    stage_scores: dict[str, float | None] | None
+    row: int = Field(description="the row (segment) of the video that scored best")
+    moments: list[TimeRange] = Field(description="the video's best moments among the ranked "
+                                                 "candidates, not overlapping, best first")
+    moment: Moment | None = Field(description="null for a video indexed from its title alone")
+    explain: dict[str, Any] | None = Field(
+        None, description="with explain=true: words, exclusion and fusion parts by plugin")
+    video: str | None = Field(description="the file's stream URL (null: it may not be served)")
+    thumbnail: str | None = Field(description="a JPEG of the best moment")
+    media_type: str | None
+    media_token: str | None = Field(description="token=... for links to other moments "
+                                                "(with an API key)")
+
+
+class QueryEcho(_Answer):
+    q: str | None = Field(description="the text searched (null for more-like-this)")
+    exclude: list[str]
+    text: str | None = Field(description="what was searched after parsing 'A without B'")
+    without: list[str]
+    mode: str | None
+    k: int
+    offset: int
+    candidates: int
+    explain: bool
+    like: int | None = Field(None, description="more-like-this: the seed video's id")
+    like_row: int | None = Field(None, description="more-like-this from a moment: its row")
+
+
+class SearchAnswer(_Answer):
+    """A page of a ranking: a search's, or more-like-this."""
+
+    query: QueryEcho
+    videos: int = Field(description="videos in the index")
+    reranked: int = Field(description="candidates DiCoSA reranked")
+    stage: str
+    truncated: bool = Field(description="the query was longer than the model reads")
+    batch: int = Field(description="searches ranked together with this one")
+    more: bool = Field(description="whether a next page exists")
+    times_ms: dict[str, float]
+    notes: list[str]
+    hits: list[Hit]
+
+
+_SAID = {
+    400: "a parameter the service cannot honour (one sentence says which)",
+    401: "the API key is needed: X-API-Key, Authorization: Bearer, the login cookie or, for "
+         "media, a token",
+    404: "no video with this id can be served, or nothing at this address",
+    416: "the byte range lies past the end of the file",
+    500: "the service failed; its log says why",
+    503: "the index is not open yet (Retry-After says when to ask again)",
+}
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": said} for status, said in _SAID.items()}
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The error answers of a route (for FastAPI's ``responses=``)."""
+    return {status: ERROR_RESPONSES[status] for status in statuses}

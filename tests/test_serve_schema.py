@@ -1,0 +1,110 @@
+"""The published OpenAPI schema against what a running service really answers.
+
+Each request goes to a real uvicorn server; its request and its answer (status, content type,
+body) are validated with openapi-core against the ``/openapi.json`` that server publishes.
+openapi-core fails an answer whose status the operation does not list (a 400 where the schema
+says 422), whose body breaks its model, or that carries a field the model does not declare
+(the models forbid extras: ``dicosa/serve/schemas.py``)."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+openapi_core = pytest.importorskip("openapi_core")
+
+from openapi_core import OpenAPI  # noqa: E402
+from openapi_core.testing import MockRequest, MockResponse  # noqa: E402
+
+from dicosa.serve.app import Settings, create_app  # noqa: E402
+from dicosa.serve.engine import Engine  # noqa: E402
+
+from ._serve import served  # noqa: E402
+from .test_serve_api import build  # noqa: E402
+
+KEY = "a key for the schema test"
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory) -> Engine:
+    return Engine.open(build(tmp_path_factory.mktemp("schema")))
+
+
+class Checked:
+    """Requests to one live server, each answer validated against its published schema."""
+
+    def __init__(self, base: str, headers: dict | None = None):
+        self.base, self.headers = base, headers or {}
+        published = httpx.get(base + "/openapi.json", headers=self.headers, timeout=30)
+        assert published.status_code == 200
+        self.schema = published.json()
+        self.openapi = OpenAPI.from_dict(self.schema)
+
+    def __call__(self, method: str, url: str, *, expect: int, json_body: dict | None = None,
+                 headers: dict | None = None) -> httpx.Response:
+        sent = {**self.headers, **(headers or {})}
+        answer = httpx.request(method, self.base + url, json=json_body, headers=sent,
+                               timeout=60)
+        assert answer.status_code == expect, (url, answer.status_code, answer.text[:300])
+        parts = urlsplit(url)
+        body = None if json_body is None else json.dumps(json_body).encode()
+        request = MockRequest(self.base, method.lower(), parts.path,
+                              args=dict(httpx.QueryParams(parts.query).multi_items()),
+                              headers={k.lower(): v for k, v in sent.items()},
+                              data=body)
+        kind = answer.headers.get("content-type", "").split(";")[0]
+        response = MockResponse(answer.content, status_code=answer.status_code,
+                                headers=dict(answer.headers), content_type=kind)
+        self.openapi.validate_response(request, response)
+        return answer
+
+
+def test_every_answer_matches_the_published_schema(engine):
+    app = create_app(engine, Settings(reload_interval_s=0))
+    with served(app) as base:
+        check = Checked(base)
+        assert "422" not in json.dumps(check.schema["paths"])
+        assert "securitySchemes" not in check.schema.get("components", {})
+        check("GET", "/api/health", expect=200)
+        check("GET", "/api/ready", expect=200)
+        check("GET", "/api/info", expect=200)
+        found = check("GET", "/api/search?q=a+red+circle&k=3&explain=true", expect=200).json()
+        assert found["hits"] and found["hits"][0]["moment"]["frames"]
+        check("POST", "/api/search", json_body={"q": "a blue square", "k": 2}, expect=200)
+        check("GET", "/api/search?q=a&k=0", expect=400)
+        check("GET", "/api/search?q=a&k=three", expect=400)
+        check("GET", "/api/search?q=a&mode=nonsense", expect=400)
+        check("POST", "/api/search", json_body={"q": "a", "unknown": 1}, expect=400)
+        check("GET", "/api/videos/0", expect=200)
+        check("GET", "/api/videos/999", expect=404)
+        check("GET", "/api/videos/0/similar?k=2", expect=200)
+        check("GET", "/api/videos/0/similar?k=0", expect=400)
+        size = len(check("GET", "/api/videos/0/stream", expect=200).content)
+        check("GET", "/api/videos/0/stream", headers={"Range": "bytes=0-9"}, expect=206)
+        check("GET", "/api/videos/0/stream", headers={"Range": f"bytes={size}-"}, expect=416)
+        check("GET", "/api/videos/0/thumb?t=0.1", expect=200)
+        check("GET", "/api/videos/0/thumb?t=-1", expect=400)
+
+
+def test_the_api_key_is_a_security_scheme_and_401_is_declared(engine):
+    app = create_app(engine, Settings(reload_interval_s=0, api_key=KEY,
+                                      allowed_hosts=("127.0.0.1",)))
+    with served(app) as base:
+        check = Checked(base, {"X-API-Key": KEY})
+        schemes = check.schema["components"]["securitySchemes"]
+        assert schemes["ApiKey"] == {**schemes["ApiKey"], "type": "apiKey", "in": "header",
+                                     "name": "X-API-Key"}
+        assert {"Bearer", "Session", "MediaToken"} <= set(schemes)
+        stream = check.schema["paths"]["/api/videos/{video_id}/stream"]["get"]
+        assert {"MediaToken": []} in stream["security"]
+        assert {"MediaToken": []} not in check.schema["paths"]["/api/info"]["get"]["security"]
+        check("GET", "/api/info", expect=200)
+        check("GET", "/api/info", headers={"X-API-Key": "wrong"}, expect=401)
+        hit = check("GET", "/api/search?q=a&k=1", expect=200).json()["hits"][0]
+        assert "token=" in hit["video"]
+        # the Host check answers any route with 400, which every operation then lists
+        check("GET", "/api/health", headers={"Host": "elsewhere.example"}, expect=400)
