@@ -4,8 +4,9 @@
 2. train the tiny model with ``configs/synthetic.yaml`` into ``OUT/run``;
 3. evaluate the best checkpoint on the test split (raw metrics table);
 4. draw the factor visualisation of the first test video and its caption;
-5. index the test videos and search them with that caption, in two stages (dense proxy
-   candidates, then the DiCoSA rerank), printing each stage's time;
+5. index the test videos and a few long videos of unseen scenes, search them with that
+   caption in two stages (first-stage candidates, then the DiCoSA rerank), printing each
+   stage's time, then search a scene of a long video and print its moment;
 6. train the lexical (VDR) head on the frozen model and print that query's words with their
    contributions to the sparse score;
 7. train a concepts head, answer one "A without B" query and show which results show B.
@@ -48,6 +49,7 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     """
     from .checkpoint import load
     from .data.datasets import load_split
+    from .data.long_synthetic import load_long_synthetic, make_long_synthetic
     from .data.protocol import FrameProtocol
     from .data.synthetic import make_synthetic
     from .evaluation import evaluate, format_table
@@ -98,7 +100,14 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     _stage("5/7 index and search")
     summary, notice = default_summary(checkpoint, model)  # what `index` does: the carried one
     print(notice)
-    index = VideoIndex.build(model, test.video_paths, out / "index", **summary,
+    # Long videos of scenes the model never trained on, joined by hard cuts: the index finds
+    # their shots and searches inside them.
+    long_root = make_long_synthetic(out / "data" / "long", num_videos=2 if quick else 3,
+                                    scenes_per_video=3 if quick else 6, exclude_root=data,
+                                    size=_image_size(cfg.model.arch), num_workers=1)
+    long = load_long_synthetic(long_root)
+    index = VideoIndex.build(model, [*test.video_paths, *map(str, long.video_paths)],
+                             out / "index", **summary,
                              num_workers=cfg.data.num_workers,
                              frame_sampling=cfg.data.frame_sampling,
                              frame_padding=cfg.data.frame_padding, meta={
@@ -119,6 +128,7 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     for rank, hit in enumerate(hits, 1):
         mark = "  <- match" if Path(hit.path) == Path(video).resolve() else ""
         print(f"  {rank}. {hit.score:.4f}  {Path(hit.path).name}  ({hit.stage}){mark}")
+    _moment(index, long)
 
     _stage("6/7 words: the lexical (VDR) head")
     row = [Path(p) for p in index.paths].index(Path(video).resolve())
@@ -142,6 +152,20 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     print(f"look at the results in a browser: dicosa serve {out / 'index'}  (then "
           "open http://127.0.0.1:8000/)")
     return outputs
+
+
+def _moment(index, long) -> None:
+    """Search one scene of a long video and print the best moments with where it is."""
+    from .search.moment import format_span
+
+    caption, (start, end) = long.captions[0], long.ranges[0][0]
+    where = Path(long.video_paths[long.caption_video[0]]).name
+    found = index.query(caption, k=3).top_moments(3)
+    print(f'moments for "{caption}" (the scene is {where} '
+          f"{format_span(start, end)}; {len(index.store)} rows for {len(index)} videos):")
+    for rank, (path, _, moment) in enumerate(found, 1):
+        print(f"  {rank}. {moment.score:.4f}  {Path(path).name}  "
+              f"{format_span(moment.start, moment.end)}")
 
 
 def _lexical_words(model, checkpoint: Path, out: Path, caption: str, video) -> Path:

@@ -16,10 +16,18 @@ QUICK_HEAD = ("spine_steps=60", "steps=60")
 
 
 def clip_objects(data: Path) -> dict[str, set[str]]:
-    """``{clip name: {"red circle", ...}}`` from the generator's ``synthetic_meta.json``."""
+    """``{clip name: {"red circle", ...}}`` from the generator's ``synthetic_meta.json``, and
+    for each long video under ``data/long`` (``long_meta.json``) the objects of all its
+    scenes."""
     meta = json.loads((Path(data) / "synthetic_meta.json").read_text())
-    return {name: {f"{o['colour']} {o['shape']}" for o in clip["objects"]}
-            for name, clip in meta.items()}
+    out = {name: {f"{o['colour']} {o['shape']}" for o in clip["objects"]}
+           for name, clip in meta.items()}
+    long = Path(data) / "long" / "long_meta.json"
+    if long.is_file():
+        for name, video in json.loads(long.read_text())["videos"].items():
+            out[name] = {f"{o['colour']} {o['shape']}" for scene in video["scenes"]
+                         for o in scene["objects"]}
+    return out
 
 
 def exclusion_pair(objects: dict[str, set[str]], clips: list[str]) -> tuple[str, str] | None:
@@ -51,7 +59,7 @@ def run_exclusion_demo(index, checkpoint: Path, data: Path, out: Path, *,
                            QUICK_HEAD if quick else (), progress=False)
     plugin = index.use(ExclusionPlugin(head_path))
     query = f"{_article(a)} without {_article(b)}"
-    result = index.query(query, k=k, candidates=len(index))
+    result = index.query(query, k=k, candidates=len(index.store))
     hits = result.hits
     explained = explain_hits(plugin, result)
     shows_b = [b in objects[Path(h.path).stem] for h in hits]
@@ -62,7 +70,7 @@ def run_exclusion_demo(index, checkpoint: Path, data: Path, out: Path, *,
         print(f"  {rank}. {hit.score:.4f}  {name}  objects: {', '.join(sorted(objects[name]))}"
               f"{'  <- shows ' + b if has_b else ''}")
         print(f"       {format_explanation(explained[rank - 1])}")
-    plain = index.search(_article(a), k=k, candidates=len(index))
+    plain = index.search(_article(a), k=k, candidates=len(index.store))
     plain_b = sum(b in objects[Path(h.path).stem] for h in plain)
     print(f"{sum(shows_b)} of {len(hits)} results show {b} ({plain_b} of {len(plain)} for "
           f'the plain query "{_article(a)}")'
