@@ -66,7 +66,7 @@ def test_segment_spans_from_frame_times():
 
 def test_policy_checks_and_round_trips():
     policy = SegmentPolicy(window=12)
-    assert (policy.step, policy.span, policy.min_frames) == (6, 12.0, 1)
+    assert (policy.step, policy.span, policy.min_frames) == (6, 12.0, 2)
     assert SegmentPolicy.from_dict(policy.as_dict()) == policy
     assert SegmentPolicy(window=4, rate=2.0, min_shot=1.5).min_frames == 3
     for bad, message in [({"window": 0}, "window"), ({"window": 4, "rate": 0}, "rate"),

@@ -54,7 +54,7 @@ def add_parser(commands) -> None:
                    help="shot detector for long videos (PySceneDetect; default content); "
                         "none: windows only")
     p.add_argument("--min-shot", type=float, default=None, metavar="SECONDS",
-                   help="a shorter shot is joined to a neighbour (default 1)")
+                   help="a shorter shot is joined to a neighbour (default 2)")
     p.add_argument("--no-segments", action="store_true",
                    help="keep one row of N frames per video, spread over the whole file, "
                         "as indexes before moments did")

@@ -49,7 +49,10 @@ class SegmentPolicy:
     window: int  # N: the most frames one segment holds
     rate: float = 1.0  # frames per second decoded from a long video
     stride: int | None = None  # frames between two windows of one long shot (None: ceil(N/2))
-    min_shot: float = 1.0  # seconds: a shorter shot is joined to a neighbour
+    # Seconds: a shorter shot is joined to a neighbour. 2 s, chosen on a validation collection
+    # (benchmarks/RESULTS.md, "Moments in long videos"): at 1 s the content detector's false
+    # cuts inside moving scenes left one-frame segments.
+    min_shot: float = 2.0
     detector: str = "content"  # "content" / "adaptive" (PySceneDetect) or "none" (windows)
     threshold: float | None = None  # the detector's threshold (None: its default)
 
