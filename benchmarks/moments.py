@@ -52,7 +52,25 @@ def reference(model, root: Path, frames) -> dict:
         ranked = rank(clips.captions)
     mapped = [[(*where[clip], score) for clip, _, _, score in row] for row in ranked]
     result = evaluate_rankings(mapped, videos.truths())
-    return {**result, "videos": len(index), "rows": len(index.store)}
+    return {**result, "videos": len(index), "rows": len(index.store),
+            "short_clips_unchanged": unchanged(model, index, clips, frames)}
+
+
+def unchanged(model, index: VideoIndex, clips, frames) -> dict:
+    """The same clips indexed as an index without segments stores them (one row of N frames
+    per video, the layout before moments): equal features and rankings show that short-clip
+    search did not change."""
+    before = VideoIndex.build(model, [str(p) for p in clips.video_paths], None,
+                              backend="exact", progress=False, segments=False,
+                              frame_sampling=frames.sampling, frame_padding=frames.padding)
+    now, then = index.features, before.features
+    same = [[h.path for h in a] == [h.path for h in b] for a, b in zip(
+        index.search(clips.captions, k=10, candidates=None),
+        before.search(clips.captions, k=10, candidates=None), strict=True)]
+    return {"max_abs_feature_difference": float((now.frames.float()
+                                                 - then.frames.float()).abs().max()),
+            "same_masks": bool((now.frame_mask == then.frame_mask).all()),
+            "same_top10_fraction": sum(same) / len(same)}
 
 
 def main() -> None:

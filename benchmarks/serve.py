@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # -- the index --------------------------------------------------------------------------------
 def build_index(args, videos: int, directory: Path) -> dict:
     """An index of ``videos`` synthesised videos in ``directory``, its model recorded."""
-    from dicosa.__main__ import load_model
+    from dicosa.loading import load_model
     from dicosa.clip import get_tokenizer
     from dicosa.index import VideoIndex
 

@@ -96,9 +96,11 @@ def test_search_table(index_dir, capsys, monkeypatch):
     assert main(["search", str(out), "a blue square", "-k", "2", *TINY]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith('top 2 of 5 videos for "a blue square" (')
-    assert lines[1].split() == ["rank", "score", "stage", "path"] and len(lines) == 4
+    assert lines[1].split() == ["rank", "score", "stage", "moment", "path"] and len(lines) == 4
     assert [line.split()[0] for line in lines[2:]] == ["1", "2"]
-    assert all(Path(line.split()[3]).is_file() for line in lines[2:])
+    # a 1-s clip is one moment over its whole length
+    assert all(line.split()[3] == "00:00–00:01" for line in lines[2:])
+    assert all(Path(line.split()[4]).is_file() for line in lines[2:])
 
 
 def test_search_with_another_model_fails_clearly(index_dir, capsys, tmp_path):
@@ -133,7 +135,7 @@ def test_demo_quick(tmp_path):
     # whole log was 4.5 KB when measured (a tqdm bar redrawn into it would add kilobytes)
     assert "\r" not in text and len(text.encode()) < 6_000
     for said in ("training: 2/2 step (100%)", "encoding videos: 1/1 batch (100%)",
-                 "indexing videos: 8/8 video (100%)"):
+                 "indexing videos: 10/10 video (100%)"):
         assert said in text, said
     for name in ("factors.png", "metrics.json", "search.json", "index/manifest.json"):
         assert (tmp_path / "demo" / name).is_file(), name
