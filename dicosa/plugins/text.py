@@ -29,6 +29,7 @@ Its record (``meta["text"]``): ``{"subtitles", "speech", "ocr_frames", "rrf_k",
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -54,13 +55,15 @@ from ..text.speech import Recognizer
 if TYPE_CHECKING:
     from ..index.searcher import SearchResult
 
-__all__ = ["TEXT_RANKED", "TextPlugin", "TextRanking", "attach_text"]
+__all__ = ["TEXT_RANKED", "TextPlugin", "TextRanking", "attach_text", "format_line",
+           "mark_words"]
 
 log = logging.getLogger(__name__)
 
 STAGE = "text"
 TEXT_RANKED = 1000  # rows of the text ranking each query keeps (the first stage's C at most)
 _READ_CHUNK = 16  # rows read and committed at once when filling an index
+_TOKEN = re.compile(r"[^\W_]+")
 
 
 @dataclass
@@ -72,6 +75,7 @@ class TextRanking:
     terms: set[str]
     matches: list[Match] = field(default_factory=list)
     ranks: dict[int, int] = field(default_factory=dict)  # row -> 1-based text rank (ties shared)
+    shares: dict[int, float] = field(default_factory=dict)  # row -> BM25 / the best BM25
 
     @property
     def text(self) -> bool:
@@ -228,6 +232,9 @@ class TextPlugin:
                 ranks = competition_ranks(np.array([m.score for m in ranking.matches]))
                 ranking.ranks = {m.row: int(r) for m, r in zip(ranking.matches, ranks,
                                                                strict=True)}
+                best = max((m.score for m in ranking.matches), default=0.0)
+                ranking.shares = {m.row: m.score / best if best > 0 else 1.0
+                                  for m in ranking.matches}
             rankings.append(ranking)
         encoded.extra["text"] = rankings
 
@@ -247,9 +254,10 @@ class TextPlugin:
                                   for i in ids[q]], dtype=np.int64)
             if ranking.visual and not text_rank.any():
                 continue
+            share = np.array([ranking.shares.get(int(i), 0.0) for i in ids[q]])
             visual = scores[q].double().numpy()
             visual = np.where(ids[q] >= 0, visual, -np.inf)
-            fused = fuse(visual, text_rank, use_visual=ranking.visual, k=self.rrf_k,
+            fused = fuse(visual, text_rank, share, use_visual=ranking.visual, k=self.rrf_k,
                          weight=self.text_weight)
             out[q] = torch.from_numpy(fused).to(out.dtype)
         return out
@@ -334,3 +342,24 @@ def attach_text(index, *, subtitles: bool | None = None, speech: str | bool | No
         return index.use(TextPlugin(subtitles=subtitles, speech=speech, ocr=ocr,
                                     ocr_frames=ocr_frames, rrf_k=rrf_k, text_weight=text_weight,
                                     recognizer=recognizer))
+
+
+def mark_words(text: str, words: list[str] | set[str], left: str = "[", right: str = "]"
+               ) -> str:
+    """``text`` with each of ``words`` (as :func:`~dicosa.text.query.words_of` gives them)
+    between ``left`` and ``right``."""
+    wanted = set(words)
+    return _TOKEN.sub(lambda m: f"{left}{m.group(0)}{right}"
+                      if words_of(m.group(0)) and words_of(m.group(0))[0] in wanted
+                      else m.group(0), text)
+
+
+def format_line(line: dict) -> str:
+    """One readable line: ``speech 0:03.0-0:05.2 "the [secret] number"``."""
+    return (f"{line['source']} {_clock(line['start'])}-{_clock(line['end'])} "
+            f"\"{mark_words(line['text'], line['words'])}\"")
+
+
+def _clock(seconds: float) -> str:
+    minutes, rest = divmod(max(0.0, seconds), 60)
+    return f"{int(minutes)}:{rest:04.1f}"

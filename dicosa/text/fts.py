@@ -61,7 +61,7 @@ CREATE TABLE IF NOT EXISTS done(row INTEGER NOT NULL, source TEXT NOT NULL, engi
 """
 
 
-class TextIndexError(RuntimeError):
+class TextIndexError(ValueError):
     """A text file that cannot be used (damaged, another format, no FTS5): one sentence."""
 
 

@@ -5,22 +5,25 @@ A search may look at the pictures (``visual``) and at the lines of any text sour
 ``"text"`` for the three text sources, or a comma-separated list).
 
 The two rankings are fused by weighted reciprocal-rank fusion (Cormack, Clarke and
-Büttcher, SIGIR 2009)::
+Büttcher, SIGIR 2009) whose text term is scaled by how well the row matches against the
+query's best match::
 
-    fused(v) = 1 / (k + r_visual(v)) + w / (k + r_text(v))
+    fused(v) = 1 / (k + r_visual(v)) + w * (s(v) / s_best) / (k + r_text(v))
 
 ``r_visual`` is the row's rank among the candidates by the score the rerank produced
 (DiCoSA's S after earlier hooks); ``r_text`` its rank among the rows whose lines match, by
-its best line's BM25; a row absent from a ranking gets nothing from it. Ties share the best
-rank (competition ranking), so rows BM25 cannot tell apart get the same text term. RRF needs
-no calibration between DiCoSA's and BM25's scales, which differ per model and per query.
-``k`` and ``w`` (:data:`DEFAULT_RRF_K`, :data:`DEFAULT_TEXT_WEIGHT`) were chosen on a
-validation collection generated with another seed than the test collection
-(``benchmarks/text_sources.py``; docs/text.md).
+its best line's BM25 ``s(v)``; ``s_best`` the query's best BM25; a row absent from a ranking
+gets nothing from it. Ties share the best rank (competition ranking), so rows BM25 cannot
+tell apart get the same text term. Ranks need no calibration between DiCoSA's and BM25's
+scales, which differ per model and per query; the factor ``s / s_best`` keeps a row that
+matches only a common word ("the", "is": a BM25 near 0) from getting the text term of the
+row that matches a rare name. ``k`` and ``w`` (:data:`DEFAULT_RRF_K`,
+:data:`DEFAULT_TEXT_WEIGHT`) were chosen on a validation collection generated with another
+seed than the test collection (``benchmarks/text_sources.py``; docs/text.md).
 
-The known weakness: RRF keeps ranks, not scores, so a match on a common word ranks as high
-in the text ranking as one on a rare name when nothing better matches. A query with no
-match at all keeps DiCoSA's scores unchanged.
+What it cannot do: when the best match itself is a common word (a query that describes only
+pictures, in a collection whose lines share one of its words), that row still gets the full
+text term. A query with no match at all keeps DiCoSA's scores unchanged.
 """
 
 from __future__ import annotations
@@ -84,12 +87,14 @@ def competition_ranks(scores: np.ndarray, rtol: float = 1e-9) -> np.ndarray:
     return ranks
 
 
-def fuse(visual: np.ndarray, text_rank: np.ndarray, *, use_visual: bool, k: float,
-         weight: float) -> np.ndarray:
+def fuse(visual: np.ndarray, text_rank: np.ndarray, text_share: np.ndarray, *,
+         use_visual: bool, k: float, weight: float) -> np.ndarray:
     """Fused scores of candidates (module docstring): ``visual`` their scores (-inf where the
     row has none: padding, a row without frames), ``text_rank`` their 1-based text ranks (0:
-    no matching line). Without ``use_visual`` the text term alone, -inf where none."""
-    text = np.where(text_rank > 0, weight / (k + np.maximum(text_rank, 1)), 0.0)
+    no matching line), ``text_share`` their BM25 over the query's best (0..1). Without
+    ``use_visual`` the text term alone, -inf where none."""
+    share = np.clip(np.nan_to_num(text_share), 0.0, 1.0)
+    text = np.where(text_rank > 0, weight * share / (k + np.maximum(text_rank, 1)), 0.0)
     if not use_visual:
         return np.where(text_rank > 0, text, -np.inf)
     ranks = competition_ranks(visual)
