@@ -100,13 +100,27 @@ def parse_cues(text: str, fmt: str | None) -> tuple[list[tuple[float, float, str
         parsed = pysubs2.SSAFile.from_string(text, format_=fmt)
     except Exception as exc:  # pysubs2 raises its own errors and plain ones on bad input
         raise ValueError(f"pysubs2 could not parse it ({type(exc).__name__}: {exc})") from None
-    cues = [(e.start / 1000.0, e.end / 1000.0, e.plaintext) for e in parsed
+    cues = [(e.start / 1000.0, e.end / 1000.0, _unswallowed(e.plaintext)) for e in parsed
             if not e.is_comment and not e.is_drawing]
     marker = _CUE_MARKERS.get(fmt or "")
     expected = len(marker.findall(text)) if marker is not None else len(parsed)
-    if expected and not cues and not len(parsed):
+    if not len(parsed):
         raise ValueError("no cue in it could be read")
     return cues, max(0, expected - len(parsed))
+
+
+def _unswallowed(text: str) -> str:
+    """A cue's text without the cues pysubs2 glued onto it: SubRip/WebVTT cues whose timing
+    line it could not read become text of the cue before (their number, timing and text);
+    that text is cut at the first timing line (the broken cue is counted as unreadable)."""
+    lines = text.split("\n")
+    for at, line in enumerate(lines):
+        if "-->" in line:
+            kept = lines[:at]
+            if kept and kept[-1].strip().isdigit():
+                kept.pop()  # the broken cue's number
+            return "\n".join(kept)
+    return text
 
 
 def _clean(cues: list[tuple[float, float, str]], duration: float, report: SourceReport
@@ -140,7 +154,7 @@ def _sidecar_cues(path: Path, report: SourceReport) -> list[tuple[float, float, 
     try:
         cues, unreadable = parse_cues(text, SUBTITLE_EXTENSIONS[path.suffix.lower()])
     except ValueError as exc:
-        report.skipped["files that are not subtitles"] += 1
+        report.skipped["files without a readable cue"] += 1
         report.note(f"{path} was skipped: {exc}")
         return []
     if unreadable:
