@@ -152,7 +152,7 @@ def _read_text(index, plugin) -> None:
             print(reports[source].summary())
         if source in plugin.reader.unavailable:
             print(f"{source}: not read: {plugin.reader.unavailable[source]}")
-    totals = plugin.index.stats(index.ids) if plugin.index is not None else {}
+    totals = plugin.index.stats() if plugin.index is not None else {}
     held = ", ".join(f"{s} {t['lines']} lines in {t['rows_with_lines']} of {t['rows']} videos"
                      for s, t in sorted(totals.items()))
     print(f"text index: {held or 'no lines'}")

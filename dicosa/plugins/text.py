@@ -299,9 +299,12 @@ class _TextStage:
         self.plugin = plugin
 
     def add(self, ids: np.ndarray, videos: object) -> None:
-        """New rows: read now by the writer (before their manifest commit)."""
+        """New rows: read now by the writer (before their manifest commit), committed
+        ``_READ_CHUNK`` rows at a time."""
         if self.plugin._ctx.writing() and self.plugin.index is not None:
-            self.plugin.read(np.asarray(ids, dtype=np.int64))
+            ids = np.asarray(ids, dtype=np.int64)
+            for start in range(0, len(ids), _READ_CHUNK):
+                self.plugin.read(ids[start:start + _READ_CHUNK])
 
     def remove(self, ids: np.ndarray) -> None:
         if self.plugin._ctx.writing() and self.plugin.index is not None:

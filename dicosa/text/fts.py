@@ -266,28 +266,16 @@ class TextIndex:
         return self._all("SELECT start_s, end_s, source, text FROM line WHERE row = ? "
                          "ORDER BY start_s, id", (int(row),))
 
-    def stats(self, ids: np.ndarray | None = None) -> dict[str, dict]:
-        """Per source: rows read, rows with lines, lines, seconds transcribed, frames read
-        (over rows ``ids``, default all)."""
-        where, params = "", ()
-        if ids is not None:
-            where = f"WHERE row IN ({', '.join(str(int(i)) for i in ids) or 'NULL'})"
+    def stats(self) -> dict[str, dict]:
+        """Per source: rows read, rows with lines, lines, seconds transcribed, frames read."""
         out = {}
         for source, rows, found, lines, seconds, frames in self._all(
-                f"SELECT source, count(*), sum(lines > 0), sum(lines), sum(seconds), "
-                f"sum(frames) FROM done {where} GROUP BY source", params):
+                "SELECT source, count(*), sum(lines > 0), sum(lines), sum(seconds), "
+                "sum(frames) FROM done GROUP BY source"):
             out[source] = {"rows": rows, "rows_with_lines": int(found or 0),
                            "lines": int(lines or 0), "seconds": float(seconds or 0),
                            "frames": int(frames or 0)}
         return out
-
-    def notes(self, ids: np.ndarray) -> list[tuple[int, str, str]]:
-        """``(row, source, note)`` of the rows ``ids`` whose reading left a note."""
-        if not len(ids):
-            return []
-        marks = ", ".join(str(int(i)) for i in ids)
-        return self._all(f"SELECT row, source, note FROM done WHERE row IN ({marks}) AND "
-                         "note != '' ORDER BY row, source")
 
     def problems(self) -> list[str]:
         """What SQLite's integrity check and FTS5's own find wrong with the file."""

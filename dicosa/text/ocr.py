@@ -38,10 +38,13 @@ def read_frame(image) -> str:
     """The words Tesseract reads in a PIL image, in reading order, one space apart.
 
     Raises:
-        SourceUnavailable: the ``tesseract`` program is not installed.
+        SourceUnavailable: the ``tesseract`` program or pytesseract is not installed.
     """
-    import pytesseract
-
+    try:
+        import pytesseract
+    except ImportError:
+        raise SourceUnavailable("pytesseract is not installed (pip install 'dicosa[text]')"
+                                ) from None
     gray = image.convert("L")
     short = min(gray.size)
     if 0 < short < MIN_SIDE:

@@ -102,8 +102,8 @@ class PocketSphinxRecognizer(_Lazy):
         try:
             import pocketsphinx
         except ImportError:
-            raise SpeechModelError("PocketSphinx is not installed (pip install pocketsphinx)"
-                                   ) from None
+            raise SpeechModelError("PocketSphinx is not installed (pip install "
+                                   "'dicosa[text]')") from None
         try:
             return pocketsphinx.Decoder(samprate=self.rate, loglevel="FATAL")
         except (RuntimeError, ValueError) as exc:
@@ -178,7 +178,7 @@ class WhisperRecognizer(_Lazy):
             from faster_whisper import WhisperModel
         except ImportError:
             raise SpeechModelError("faster-whisper is not installed (pip install "
-                                   "faster-whisper)") from None
+                                   "'dicosa[text]')") from None
         local = Path(self.model_name).expanduser()
         try:
             return WhisperModel(str(local) if local.is_dir() else self.model_name,
