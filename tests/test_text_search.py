@@ -24,7 +24,7 @@ from dicosa.plugins.text import TextPlugin, attach_text
 from dicosa.search.query import QueryError
 from dicosa.text.fts import TEXT_FILE, TextIndex
 
-from ._text_media import silence, write_clip
+from ._text_media import have, say, silence, write_clip
 from .conftest import loads, tiny_config
 
 SAID = {"oak": "The treasure is buried under the old oak", "gate": "Meet me at gate seven",
@@ -279,3 +279,22 @@ def test_the_service_answers_with_the_line(model, built):
         assert all(h["line"] is None for h in visual["hits"]) and len(visual["hits"]) == 4
         bad = client.get("/api/search", params={"q": "gate", "source": "smell"})
         assert bad.status_code == 400 and "unknown source" in bad.json()["error"]
+
+
+@pytest.mark.skipif(not have("espeak-ng"), reason="Debian's espeak-ng is not installed")
+def test_a_spoken_word_is_found_at_its_time(model, videos, tmp_path):
+    """espeak-ng says "the secret number is seven" from 1 s into one clip of three; with
+    PocketSphinx, searching "seven" in what is said finds that clip, its line starting
+    within 0.3 s of 1 s."""
+    folder = tmp_path / "spoken"
+    folder.mkdir()
+    for name in ("oak", "plain"):
+        shutil.copy(videos / f"{name}.mp4", folder)
+    write_clip(folder / "said.mp4", 4.0, size=(32, 32),
+               sound=np.concatenate([silence(1.0), say("the secret number is seven")]))
+    index = _build(model, folder, tmp_path / "index")
+    attach_text(index, subtitles=False, speech="pocketsphinx")
+    hits = index.query("seven", k=3, source="speech").hits
+    assert [Path(h.path).name for h in hits] == ["said.mp4"]
+    line = index.plugins["text"].match(index.query("seven", k=1, source="speech"), 0)
+    assert "seven" in line["words"] and abs(line["start"] - 1.0) <= 0.3

@@ -1,8 +1,8 @@
 """The text index: every line of every row in SQLite FTS5, ranked by BM25.
 
-One SQLite file in the index folder, ``text.sqlite`` (Python's own ``sqlite3``; FTS5 is
-compiled into the SQLite it ships with on every platform dicosa supports, and
-:func:`check_fts5` says so in one sentence where it is not):
+One SQLite file in the index folder, ``text.sqlite`` (Python's own ``sqlite3``; the SQLite
+of the usual Python builds has FTS5 compiled in, and :func:`check_fts5` says in one sentence
+where it has not):
 
 ``line(id, row, start_s, end_s, source, text)``
     one row per line and index row (a line two overlapping segments hold is stored twice),
