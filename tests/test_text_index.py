@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,3 +174,10 @@ def test_parse_sources():
     for bad in ("sound", "", ","):
         with pytest.raises(ValueError):
             parse_sources(bad)
+
+
+def test_a_relative_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("rel").mkdir()
+    _filled(Path("rel")).close()
+    assert sorted(_rows(TextIndex.open(Path("rel"), create=False), "oscar")) == [0, 1]

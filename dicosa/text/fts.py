@@ -120,7 +120,7 @@ class TextIndex:
         if directory is None:
             check_fts5()
             return cls._ready(sqlite3.connect(":memory:", check_same_thread=False), None, True)
-        path = Path(directory) / TEXT_FILE
+        path = Path(directory).absolute() / TEXT_FILE  # a file URI is absolute
         if not path.is_file() and not create:
             return None
         if not path.is_file():
