@@ -87,9 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # -- the index --------------------------------------------------------------------------------
 def build_index(args, videos: int, directory: Path) -> dict:
     """An index of ``videos`` synthesised videos in ``directory``, its model recorded."""
-    from dicosa.loading import load_model
     from dicosa.clip import get_tokenizer
     from dicosa.index import VideoIndex
+    from dicosa.loading import load_model
 
     if args.reuse and (directory / "manifest.json").is_file():
         return {"build_s": None, "reused": True}

@@ -136,7 +136,8 @@ def test_python_api_gives_the_command_lines_results(built, tmp_path, capsys, mon
                      "--json"]) == 0  # few candidates: the first stages propose
     said = json.loads(capsys.readouterr().out)["results"]
     index = open_index(folder)
-    assert set(index.plugins) == {"lexical", "concepts", "fusion"}
+    # text: the command line reads subtitles whenever present, so it records the text plugin
+    assert set(index.plugins) == {"lexical", "concepts", "fusion", "text"}
     hits = index.search(QUERY, k=2, candidates=1)
     assert [h.id for h in hits] == [r["id"] for r in said]
     assert [h.stage for h in hits] == [r["stage"] for r in said]

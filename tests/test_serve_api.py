@@ -486,7 +486,7 @@ def test_a_failed_batch_is_run_again_one_search_at_a_time():
     calls = []
 
     class Stub:
-        def rank(self, texts, *, depth, candidates, exclude=(), mode=None):
+        def rank(self, texts, *, depth, candidates, exclude=(), mode=None, source=None):
             calls.append(list(texts))
             if "bad" in texts:
                 raise ValueError("no good")

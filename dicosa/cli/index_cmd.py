@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import model_options, options
+from .common import model_options, options, positive_int
 
 __all__ = ["add_parser", "run"]
 
@@ -58,6 +58,19 @@ def add_parser(commands) -> None:
     p.add_argument("--no-segments", action="store_true",
                    help="keep one row of N frames per video, spread over the whole file, "
                         "as indexes before moments did")
+    p.add_argument("--speech", metavar="ENGINE",
+                   help="transcribe what is said: pocketsphinx (English model in its wheel; "
+                        "fast, inaccurate) or whisper:MODEL (faster-whisper, recommended: a "
+                        "model name fetched on first use, or a local model folder); off stops "
+                        "transcribing new videos. An existing index keeps its own")
+    p.add_argument("--ocr", action=argparse.BooleanOptionalAction, default=None,
+                   help="read on-screen text with Tesseract on --ocr-frames frames per video "
+                        "(Debian: tesseract-ocr tesseract-ocr-eng)")
+    p.add_argument("--ocr-frames", type=positive_int, default=None,
+                   help="frames read by --ocr per video (default 3)")
+    p.add_argument("--subtitles", action=argparse.BooleanOptionalAction, default=None,
+                   help="read subtitles beside the videos (name.srt, name.en.vtt, ...) and "
+                        "inside them (default: on; cheap)")
     p.add_argument("--no-wait", action="store_true",
                    help="fail at once (one sentence) when another process is writing the index, "
                         "instead of waiting for it")
@@ -78,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if args.sparse_backend or sparse_options:
         # seismic missing or a bad option fails before any video is encoded
         check_sparse_backend(args.sparse_backend or "exact", sparse_options)
+    text = _text_plugin(args)  # an unknown --speech engine fails before any encoding
     model, source, frames = load_model(args.checkpoint, args.config, args.set)
     summary = _summary(args, model)
     # A head of another model fails before anything is encoded.
@@ -110,8 +124,50 @@ def run(args: argparse.Namespace) -> int:
     if args.concepts is not None:
         index.use(ExclusionPlugin(args.concepts))
         print(f"concept codes of {len(index)} videos, for 'A without B' searches")
+    if text is not None:
+        _read_text(index, text)
     _report(index, report, args.out)
     return 0
+
+
+def _text_plugin(args: argparse.Namespace):
+    """The text plugin the options ask for (None: --no-subtitles and nothing else asked
+    of an index that records no text); options left out keep what the index recorded."""
+    from ..plugins.text import TextPlugin
+    from ..text.speech import make_recognizer
+
+    speech = args.speech
+    if speech is not None and speech.lower() in ("off", "none"):
+        speech = False
+    elif speech is not None:
+        make_recognizer(speech)
+    if args.subtitles is False and not speech and not args.ocr:
+        return None
+    return TextPlugin(subtitles=args.subtitles, speech=speech, ocr=args.ocr,
+                      ocr_frames=args.ocr_frames)
+
+
+def _read_text(index, plugin) -> None:
+    """Attach the text plugin under the writer lock (the videos' text is read now, what was
+    read before kept) and say what each source found."""
+    before = index.plugins.get("text")
+    with index.writing():
+        plugin = index.use(plugin)
+    reports = dict(before.reports) if before is not None else {}
+    for source, report in plugin.reports.items():
+        if source in reports:
+            reports[source].merge(report)
+        else:
+            reports[source] = report
+    for source in plugin.settings.engines():
+        if source in reports:
+            print(reports[source].summary())
+        if source in plugin.reader.unavailable:
+            print(f"{source}: not read: {plugin.reader.unavailable[source]}")
+    totals = plugin.index.stats() if plugin.index is not None else {}
+    held = ", ".join(f"{s} {t['lines']} lines in {t['rows_with_lines']} of {t['rows']} videos"
+                     for s, t in sorted(totals.items()))
+    print(f"text index: {held or 'no lines'}")
 
 
 def _report(index, report, out: str) -> None:

@@ -43,6 +43,11 @@ def add_parser(commands) -> None:
                         "query on the sparse stage), bow (the query's own words, no network) "
                         "or hybrid (dense and lexical united; the default with a lexical "
                         "head, else dense)")
+    p.add_argument("--source", default=None,
+                   help="what the query is matched against: visual (the pictures, DiCoSA), "
+                        "subtitles, speech, screen (on-screen text), text (those three), all "
+                        "(the default where the index has text), or several comma-separated; "
+                        "\"quoted words\" match a line literally")
     p.add_argument("-k", type=positive_int, default=10, help="number of results")
     p.add_argument("--candidates", type=positive_int, default=1000,
                    help="videos the first stage proposes for DiCoSA to rerank (default 1000)")
@@ -98,15 +103,18 @@ def run(args: argparse.Namespace) -> int:
     mode = _mode(index, args)
     candidates = None if args.exhaustive else args.candidates
     result = index.query(args.query, k=args.k, candidates=candidates, exclude=args.exclude,
-                         mode=mode)
+                         mode=mode, source=args.source)
     explained = ([result.explain(i) for i in range(len(result.hits))] if args.explain
                  else [])
+    text = index.plugins.get("text")
+    lines = [text.match(result, i) if text is not None else None
+             for i in range(len(result.hits))]
     if args.moments:
         _print_moments(args, index, result, candidates)
     elif args.json:
-        _print_json(args, index, result, candidates, explained)
+        _print_json(args, index, result, candidates, explained, lines)
     else:
-        _print_table(args, index, result, candidates, explained)
+        _print_table(args, index, result, candidates, explained, lines)
     return 0
 
 
@@ -165,13 +173,14 @@ def _mode(index, args: argparse.Namespace) -> str:
 
 
 def _split(explained: list[dict]) -> tuple[list[dict], list[dict] | None]:
-    """Per hit: the exclusion's and the words' keys side by side; the fusion parts apart."""
+    """Per hit: the exclusion's and the words' keys side by side; the fusion parts apart (the
+    text plugin's matched line is printed for every hit, with or without --explain)."""
     merged = [{**e.get("concepts", {}), **e.get("lexical", {})} for e in explained]
     parts = [e["fusion"] for e in explained if "fusion" in e] or None
     return (merged if any(merged) else []), parts
 
 
-def _print_json(args, index, result, candidates, explained) -> None:
+def _print_json(args, index, result, candidates, explained, lines) -> None:
     merged, parts = _split(explained)
     stats = {**result.times, "stage": result.stage, "mode": result.mode,
              "candidates": [result.candidates], "truncated": [result.truncated]}
@@ -179,7 +188,8 @@ def _print_json(args, index, result, candidates, explained) -> None:
                       "exclude": args.exclude, "candidates": candidates, "stats": stats,
                       "truncated": result.truncated,
                       "results": [{"rank": r, **hit.as_dict(),
-                                   **({"explain": merged[r - 1]} if merged else {})}
+                                   **({"explain": merged[r - 1]} if merged else {}),
+                                   **({"line": lines[r - 1]} if lines[r - 1] else {})}
                                   for r, hit in enumerate(result.hits, 1)],
                       **({"fusion": parts} if parts is not None else {})}))
 
@@ -202,10 +212,11 @@ def _print_moments(args, index, result, candidates) -> None:
               f"{path}")
 
 
-def _print_table(args, index, result, candidates, explained) -> None:
+def _print_table(args, index, result, candidates, explained, lines) -> None:
     from ..plugins.exclusion import format_explanation
     from ..plugins.fusion import format_parts
     from ..plugins.lexical import format_words
+    from ..plugins.text import format_line
     from ..search.moment import format_span
 
     if result.truncated:
@@ -227,6 +238,8 @@ def _print_table(args, index, result, candidates, explained) -> None:
             print(f"{'':>16}{format_explanation(said['concepts'])}")
         if said.get("lexical"):
             print(f"{'':>16}{format_words(said['lexical'])}")
+        if lines[rank - 1]:
+            print(f"{'':>16}{format_line(lines[rank - 1])}")
     parts = [e["fusion"] for e in explained if "fusion" in e]
     if parts:
         print(format_parts(parts))

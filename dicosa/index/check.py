@@ -8,12 +8,16 @@ What is checked, in order:
 3. every live row's stored features are finite (a damaged row would score NaN);
 4. the dense first stage's files open and match the store (else it is rebuilt when opened);
 5. the derived files (a lexical stage, concept codes, title vectors, the faiss stage's
-   pending and removed lists, the per-frame stage's under ``frames/``) load;
+   pending and removed lists, the per-frame stage's under ``frames/``) load; the text index
+   (``text.sqlite``) passes SQLite's and FTS5's integrity checks, and holds lines of live
+   rows only (lines of rows a write never committed are never searched; reported);
 6. files in the folder that no commit names (left by a write that never committed).
 
 ``repair`` removes rows whose features are damaged (one transaction: their ids become
 tombstones, as any removal), deletes derived files that do not load (they are rebuilt from
-the shards the next time they are needed) and deletes the uncommitted files. A shard whose
+the shards the next time they are needed; the text index from the videos, by the next
+``index`` run), deletes the text lines of rows the manifest does not hold, and deletes the
+uncommitted files. A shard whose
 checksum differs is reported, never repaired: its rows' features are not derivable; rebuild
 the index, or remove those rows' videos and add them again.
 """
@@ -50,7 +54,8 @@ _DERIVED = {
 # Files an index folder may hold besides shards and derived files.
 _KNOWN = {MANIFEST, RESERVED, ".writer.lock", ".writer.json", "first_stage.json",
           "dense.faiss", "lexical.json", "concepts.codes.json", "fusion.titles.json",
-          "summary_head.pt", "milvus.db", "seismic.json", "seismic.index"}
+          "summary_head.pt", "milvus.db", "seismic.json", "seismic.index", "text.sqlite",
+          "text.sqlite-journal"}
 _SHARD = re.compile(r"^shard-\d{5}\.(safetensors|csv)$")
 
 
@@ -92,6 +97,7 @@ def check_index(directory: str | Path, repair: bool = False) -> CheckReport:
     if len(bad):
         _remove_damaged(directory, store, bad, "non-finite stored features", repair, report)
     _derived(directory, repair, report)
+    _text(directory, store, repair, report)
     _uncommitted(directory, manifest, repair, report)
     report.checked.append(f"first stage synced: {_synced(manifest, store)}")
     return report
@@ -139,6 +145,21 @@ def _derived(directory: Path, repair: bool, report: CheckReport) -> None:
                 report.repaired.append(what + ": deleted, rebuilt when next needed")
             else:
                 report.problems.append(what + "; 'check --repair' deletes it (derivable)")
+
+
+def _text(directory: Path, store: FrameStore, repair: bool, report: CheckReport) -> None:
+    from ..text.fts import check_text_file
+    from .lock import WriterLock
+
+    if repair:  # deleting lines is a write: under the writer lock, like every other
+        with WriterLock(directory):
+            problems, repaired, checked = check_text_file(directory, store.live(), True)
+    else:
+        problems, repaired, checked = check_text_file(directory, store.live(), False)
+    report.problems += problems
+    report.repaired += repaired
+    if checked:
+        report.checked.append(checked)
 
 
 def _uncommitted(directory: Path, manifest: Manifest, repair: bool,

@@ -46,11 +46,17 @@ class PluginHost:
     def _context(self) -> IndexContext:
         return IndexContext(self.model, self.tokenizer, self.device, self.store,
                             self.directory, self.model_key, self.meta, self._stages,
-                            self.modes, self.hooks, self.query_encoders)
+                            self.modes, self.hooks, self.query_encoders, self._is_writer)
+
+    def _is_writer(self) -> bool:
+        """Whether this object may write the folder now: it holds the writer lock (or the
+        index is in memory)."""
+        return self.directory is None or (self._lock is not None and self._lock.held
+                                           and self._lock.directory == self.directory)
 
     def restore_plugins(self, skip: Iterable[str] = ()) -> None:
         """Attach every plugin the manifest records (but the keys in ``skip``), in the
-        order lexical, concepts, fusion."""
+        order lexical, concepts, fusion, text."""
         skip = set(skip)
         for key in BUILTIN_PLUGINS:
             record = self.meta.get(key)

@@ -41,6 +41,7 @@ BUILTIN_PLUGINS = {
     "lexical": "dicosa.plugins.lexical:LexicalPlugin",
     "concepts": "dicosa.plugins.exclusion:ExclusionPlugin",
     "fusion": "dicosa.plugins.fusion:FusionPlugin",
+    "text": "dicosa.plugins.text:TextPlugin",
 }
 
 
@@ -59,6 +60,9 @@ class IndexContext:
     modes: dict[str, SearchMode]
     hooks: list[RerankHook]
     encoders: list[Callable[[EncodedQueries], None]]
+    # Whether this process is the index's writer now (holds its writer lock, or the index is
+    # in memory): only then may a plugin write files of its own beside the index.
+    writing: Callable[[], bool] = field(default=lambda: True)
     added: list[tuple[str, object]] = field(default_factory=list)  # what attach added
 
     def add_stage(self, stage: FirstStage,

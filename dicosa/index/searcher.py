@@ -381,7 +381,7 @@ def _skip_non_finite(scores: Tensor, ids: np.ndarray) -> Tensor:
     if bad.any():
         rows = sorted({int(i) for i in ids[bad.numpy()]})
         log.warning("skipped %d candidate row(s) whose DiCoSA score is NaN (damaged stored "
-                    "features; run 'python -m dicosa check INDEX'): ids %s", len(rows),
+                    "features; run 'dicosa check INDEX'): ids %s", len(rows),
                     rows[:10])
         scores = scores.masked_fill(bad, float("-inf"))
     return scores

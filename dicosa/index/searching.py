@@ -20,12 +20,36 @@ log = logging.getLogger("dicosa.index.video_index")
 class Searching:
     """Mixed into :class:`~dicosa.index.VideoIndex`."""
 
-    def searcher(self, hooks: Sequence[RerankHook] | None = None) -> Searcher:
-        """The query path over this index's current parts (:mod:`dicosa.index.searcher`)."""
+    def searcher(self, hooks: Sequence[RerankHook] | None = None,
+                 options: dict | None = None) -> Searcher:
+        """The query path over this index's current parts (:mod:`dicosa.index.searcher`);
+        ``options`` go into every batch's ``EncodedQueries.extra`` before the query encoders
+        run (``{"source": ...}``)."""
         explainers = {key: plugin.explain for key, plugin in self.plugins.items()}
+        encoders = list(self.query_encoders)
+        if options:
+            encoders.insert(0, lambda encoded: encoded.extra.update(options))
         return Searcher(self._require_model(), self.tokenizer, self.device, self.store,
                         self._stages, self.modes, list(self.hooks if hooks is None else hooks),
-                        list(self.query_encoders), explainers, self.frames)
+                        encoders, explainers, self.frames)
+
+    def _source_option(self, source) -> dict | None:
+        """``source=`` checked: the sources a search looks at (:mod:`dicosa.text.fusion`);
+        text sources need the text plugin."""
+        if source is None:
+            return None
+        from ..search.query import QueryError
+        from ..text.fusion import VISUAL, parse_sources
+
+        try:
+            sources = parse_sources(source)
+        except ValueError as exc:
+            raise QueryError(str(exc)) from None
+        if sources - {VISUAL} and "text" not in self.plugins:
+            raise QueryError("this index has no text lines to search: read them with "
+                             "'dicosa index FOLDER --out INDEX' (subtitles, --speech, "
+                             "--ocr) or dicosa.plugins.text.attach_text(index)")
+        return {"source": sorted(sources)}
 
     def encode_queries(self, texts: Sequence[str], exclude: Sequence[str] = (),
                        mode: str | None = None):
@@ -45,14 +69,16 @@ class Searching:
     def query(self, text: str | Sequence[str], k: int = 10,
               candidates: int | None = DEFAULT_CANDIDATES, *,
               hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
-              exclude: Sequence[str] = (), mode: str | None = None
+              exclude: Sequence[str] = (), mode: str | None = None,
+              source: str | Sequence[str] | None = None
               ) -> SearchResult | list[SearchResult]:
         """:meth:`search` with everything it computed: a :class:`SearchResult` per text (hits,
         seconds per stage, the encoded query, the candidates, ``truncated``, ``explain``)."""
         check_search(text, k, candidates)
         texts = [text] if isinstance(text, str) else list(text)
-        results = self.searcher(hooks).run(texts, k, candidates, exclude=exclude, mode=mode,
-                                           chunk=chunk)
+        options = self._source_option(source)
+        results = self.searcher(hooks, options).run(texts, k, candidates, exclude=exclude,
+                                                    mode=mode, chunk=chunk)
         for result in results:
             if result.truncated:
                 log.warning("the query %r is longer than the %d tokens the model reads; it was "
@@ -63,8 +89,8 @@ class Searching:
     def search(self, text: str | Sequence[str], k: int = 10,
                candidates: int | None = DEFAULT_CANDIDATES, *,
                hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
-               exclude: Sequence[str] = (), mode: str | None = None
-               ) -> list[Hit] | list[list[Hit]]:
+               exclude: Sequence[str] = (), mode: str | None = None,
+               source: str | Sequence[str] | None = None) -> list[Hit] | list[list[Hit]]:
         """The ``k`` best videos for ``text``, best first; a list of texts gives one list per
         text.
 
@@ -79,18 +105,24 @@ class Searching:
             mode: a key of :attr:`modes`: which first stages propose candidates (``"dense"``;
                 with a lexical head ``"lexical"``, ``"bow"`` or ``"hybrid"``). None: every
                 registered stage.
+            source: what the query is matched against (with the text plugin): ``"visual"``
+                (DiCoSA alone), ``"subtitles"``, ``"speech"``, ``"screen"``, ``"text"`` (the
+                three), ``"all"``, or several (a list, or comma-separated); a text source
+                alone ranks by the words only. None: everything the index has.
         """
         return self.search_with_stats(text, k, candidates, hooks=hooks, chunk=chunk,
-                                      exclude=exclude, mode=mode)[0]
+                                      exclude=exclude, mode=mode, source=source)[0]
 
     def search_with_stats(self, text: str | Sequence[str], k: int = 10,
                           candidates: int | None = DEFAULT_CANDIDATES, *,
                           hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
-                          exclude: Sequence[str] = (), mode: str | None = None
+                          exclude: Sequence[str] = (), mode: str | None = None,
+                          source: str | Sequence[str] | None = None
                           ) -> tuple[list[Hit] | list[list[Hit]], dict]:
         """:meth:`search` and what it did: seconds per stage and candidates kept per query."""
         results = self.query([text] if isinstance(text, str) else text, k, candidates,
-                             hooks=hooks, chunk=chunk, exclude=exclude, mode=mode)
+                             hooks=hooks, chunk=chunk, exclude=exclude, mode=mode,
+                             source=source)
         stats = {**results[0].times, "stage": results[0].stage, "mode": mode,
                  "candidates": [r.candidates for r in results],
                  "truncated": [r.truncated for r in results]}

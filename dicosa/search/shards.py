@@ -55,7 +55,7 @@ COLUMNS = ("path", "duration", "fps", "num_frames", "valid_frames", "title", "te
            "frames_lost", "size", "mtime")
 _NUMERIC = ("duration", "fps", "size", "mtime")
 _DTYPES = {"F16": np.float16, "F32": np.float32, "BOOL": np.bool_, "I64": np.int64}
-_REBUILD = "rebuild the index with 'python -m dicosa index'"
+_REBUILD = "rebuild the index with 'dicosa index'"
 
 
 class StoreError(ValueError):

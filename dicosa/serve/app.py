@@ -205,10 +205,11 @@ class SearchBody(BaseModel):
     candidates: int = 1000
     mode: str | None = None
     explain: bool = False
+    source: str | None = None
 
 
 def _checked(limits: Limits, q: str, exclude: list[str], k: int, offset: int, candidates: int,
-             mode: str | None, explain: bool) -> SearchRequest:
+             mode: str | None, explain: bool, source: str | None = None) -> SearchRequest:
     """A SearchRequest within ``limits``, else a ServeError naming the limit."""
     if not q.strip():
         raise ServeError("the query is empty: type what to look for")
@@ -227,7 +228,8 @@ def _checked(limits: Limits, q: str, exclude: list[str], k: int, offset: int, ca
                          f"the first {limits.depth} results")
     if not 1 <= candidates <= limits.candidates:
         raise ServeError(f"candidates must be between 1 and {limits.candidates}")
-    return SearchRequest(q, k, offset, candidates, tuple(exclude), mode or None, explain)
+    return SearchRequest(q, k, offset, candidates, tuple(exclude), mode or None, explain,
+                         source or None)
 
 
 def create_app(service: Service | Engine, settings: Settings | None = None) -> FastAPI:
@@ -432,18 +434,20 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
     @app.get("/api/search", tags=["search"], response_model=None, responses=searched)
     def search(q: str, exclude: Annotated[list[str] | None, Query()] = None, k: int = 10,
                offset: int = 0, candidates: int = 1000, mode: str | None = None,
-               explain: bool = False) -> Response:
+               explain: bool = False, source: str | None = None) -> Response:
         """Rank the videos for ``q`` ("A without B" leaves B out, as ``exclude`` does): the
         page ``[offset, offset + k)`` with each hit's frame weights, their times and the best
-        moment, the time per stage, and (``explain``) the words and concepts behind each."""
+        moment, the time per stage, and (``explain``) the words and concepts behind each;
+        ``source`` (visual, subtitles, speech, screen, text, all) what the query is matched
+        against, each hit saying the ``line`` that matched."""
         return run_search(_checked(limits, q, exclude or [], k, offset, candidates, mode,
-                                   explain))
+                                   explain, source))
 
     @app.post("/api/search", tags=["search"], response_model=None, responses=searched)
     def search_body(body: SearchBody) -> Response:
         """:func:`search` with the parameters in a JSON body."""
         return run_search(_checked(limits, body.q, body.exclude, body.k, body.offset,
-                                   body.candidates, body.mode, body.explain))
+                                   body.candidates, body.mode, body.explain, body.source))
 
     @app.get("/api/videos/{video_id}", tags=["videos"], response_model=None,
              responses={200: {"model": VideoDetails}, **errors(404, 500, 503)})

@@ -38,7 +38,7 @@ class _Waiting:
 
     def key(self) -> tuple:
         request = self.request
-        return (id(self.engine), request.mode, request.exclude,
+        return (id(self.engine), request.mode, request.exclude, request.source,
                 max(request.candidates, request.depth))
 
 
@@ -124,13 +124,13 @@ def _together(batch: list[_Waiting]) -> list[Ranked]:
     return batch[0].engine.rank([w.request.text for w in batch],
                                 depth=max(w.request.depth for w in batch),
                                 candidates=max(first.candidates, first.depth),
-                                exclude=first.exclude, mode=first.mode)
+                                exclude=first.exclude, mode=first.mode, source=first.source)
 
 
 def _alone(engine: Engine, requests: list[SearchRequest]) -> list[Ranked]:
     request = requests[0]
     return engine.rank([request.text], depth=request.depth, candidates=request.candidates,
-                       exclude=request.exclude, mode=request.mode)
+                       exclude=request.exclude, mode=request.mode, source=request.source)
 
 
 def _deliver(waiting: _Waiting, ranked: Ranked, started: float) -> None:

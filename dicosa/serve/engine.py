@@ -60,6 +60,7 @@ class SearchRequest:
     exclude: tuple[str, ...] = ()
     mode: str | None = None
     explain: bool = False
+    source: str | None = None  # what the query is matched against (the text plugin's)
 
     @property
     def depth(self) -> int:
@@ -187,7 +188,8 @@ class Engine:
         return query
 
     def rank(self, texts: list[str], *, depth: int, candidates: int,
-             exclude: tuple[str, ...] = (), mode: str | None = None) -> list[Ranked]:
+             exclude: tuple[str, ...] = (), mode: str | None = None,
+             source: str | None = None) -> list[Ranked]:
         """The ``depth`` best hits of each text, searched together (one batch)."""
         mode = mode or self.default_mode
         if not len(self.index):
@@ -195,7 +197,7 @@ class Engine:
             return [Ranked([], empty, np.zeros(0, np.int64), {}, "none")
                     for _ in texts]
         results = self.index.query(list(texts), k=depth, candidates=max(candidates, depth),
-                                   exclude=list(exclude), mode=mode)
+                                   exclude=list(exclude), mode=mode, source=source)
         return [Ranked.of(result, len(texts)) for result in results]
 
     def answer(self, request: SearchRequest, ranked: Ranked) -> Answer:
@@ -216,6 +218,10 @@ class Engine:
         hits = [_hit(request.offset + i + 1, hit, row, moment, why)
                 for i, (hit, row, moment, why) in enumerate(
                     zip(page, rows.to_dict("records"), found, explained, strict=True))]
+        text = self.plugins.get("text")
+        if text is not None and ranked.result is not None:
+            for i, hit in enumerate(hits):  # the line that matched: what was said or written
+                hit["line"] = text.match(ranked.result, request.offset + i)
         result = ranked.result
         query = result.encoded.queries[result.position] if result is not None else None
         return Answer({
@@ -241,7 +247,7 @@ class Engine:
         self.check(request)
         ranked = self.rank([request.text], depth=request.depth,
                            candidates=request.candidates, exclude=request.exclude,
-                           mode=request.mode)[0]
+                           mode=request.mode, source=request.source)[0]
         return self.answer(request, ranked)
 
     # -- more like this -------------------------------------------------------------------

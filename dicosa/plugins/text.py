@@ -1,0 +1,368 @@
+"""The text plugin: search what is said and written in the videos beside what they show.
+
+:class:`TextPlugin` (``attach_text(index, speech=..., ocr=...)``, or ``dicosa
+index``, which reads subtitles whenever present) gives an index:
+
+- its text index, ``text.sqlite`` in the folder (:mod:`dicosa.text.fts`): every row's lines
+  from subtitles, speech and on-screen text (:mod:`dicosa.text.extract`), read when the row
+  is added (inside the add's transaction, before its manifest commit) or, for rows the index
+  held before, when the plugin is attached by the writer;
+- a first stage (``"text"``) proposing the rows whose lines match the query, so that a video
+  whose pictures do not show what was said is still reranked;
+- a query encoder: each query's text ranking (BM25 over FTS5, best line per row), once per
+  search, in ``EncodedQueries.extra["text"]``, for the sources the search asks for
+  (``source=``: ``extra["source"]``);
+- a rerank hook fusing DiCoSA's ranking with the text ranking (:mod:`dicosa.text.fusion`);
+- ``explain``: the line that matched, its time and source, and the query's words in it.
+
+**Who writes.** Only the process holding the index's writer lock writes ``text.sqlite``
+(:attr:`~dicosa.index.plugins.IndexContext.writing`); a reader that meets rows without text
+(added by a writer without this plugin) leaves them and says so. Lines of rows the manifest
+does not hold (a write that died between the text commit and the manifest commit) are never
+searched (the search keeps live rows only) and are deleted by the next writer, as reserved
+ids are (``docs/data-safety.md``).
+
+Its record (``meta["text"]``): ``{"subtitles", "speech", "ocr_frames", "rrf_k",
+"text_weight"}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ..search.types import Candidates, EncodedQueries
+from ..text.extract import DEFAULT_OCR_FRAMES, TextReader, TextSettings
+from ..text.fts import TEXT_FILE, Match, TextIndex, TextIndexError
+from ..text.fusion import (
+    DEFAULT_RRF_K,
+    DEFAULT_TEXT_WEIGHT,
+    TEXT_SOURCES,
+    VISUAL,
+    competition_ranks,
+    fuse,
+    parse_sources,
+)
+from ..text.lines import SourceReport, row_spans
+from ..text.query import text_query, words_of
+from ..text.speech import Recognizer
+
+if TYPE_CHECKING:
+    from ..index.searcher import SearchResult
+
+__all__ = ["TEXT_RANKED", "TextPlugin", "TextRanking", "attach_text", "format_line",
+           "mark_words"]
+
+log = logging.getLogger(__name__)
+
+STAGE = "text"
+TEXT_RANKED = 1000  # rows of the text ranking each query keeps (the first stage's C at most)
+_READ_CHUNK = 16  # rows read and committed at once when filling an index
+_TOKEN = re.compile(r"[^\W_]+")
+
+
+@dataclass
+class TextRanking:
+    """One query's text side: the sources it looks at and its matching rows, best first."""
+
+    visual: bool  # the pictures count
+    sources: tuple[str, ...]  # the text sources searched
+    terms: set[str]
+    matches: list[Match] = field(default_factory=list)
+    ranks: dict[int, int] = field(default_factory=dict)  # row -> 1-based text rank (ties shared)
+    shares: dict[int, float] = field(default_factory=dict)  # row -> BM25 / the best BM25
+
+    @property
+    def text(self) -> bool:
+        return bool(self.sources)
+
+
+class TextPlugin:
+    """Text sources, their FTS5 index and fused search (:class:`~dicosa.index.plugins
+    .IndexPlugin`; module docstring).
+
+    Args:
+        subtitles: read sidecar files and subtitle streams (default True).
+        speech: ``"pocketsphinx"`` or ``"whisper:MODEL"`` to transcribe speech; False: none.
+        ocr: read on-screen text with Tesseract on ``ocr_frames`` frames per row.
+        rrf_k, text_weight: the fusion's constants (:mod:`dicosa.text.fusion`).
+        recognizer: a recogniser object to use for ``speech`` (tests; not recorded).
+
+    Options left None keep what the index recorded, else the defaults (subtitles only).
+    """
+
+    key = "text"
+
+    def __init__(self, *, subtitles: bool | None = None, speech: str | bool | None = None,
+                 ocr: bool | None = None, ocr_frames: int | None = None,
+                 rrf_k: float | None = None, text_weight: float | None = None,
+                 recognizer: Recognizer | None = None):
+        self.asked = {"subtitles": subtitles, "speech": speech, "ocr": ocr,
+                      "ocr_frames": ocr_frames, "rrf_k": rrf_k, "text_weight": text_weight}
+        self.recognizer = recognizer
+        self.settings: TextSettings | None = None
+        self.rrf_k, self.text_weight = DEFAULT_RRF_K, DEFAULT_TEXT_WEIGHT
+        self.index: TextIndex | None = None
+        self.reader: TextReader | None = None
+        self._ctx = None
+
+    @classmethod
+    def restore(cls, record: dict, ctx) -> TextPlugin:
+        frames = record.get("ocr_frames") or 0
+        return cls(subtitles=record.get("subtitles", True), speech=record.get("speech") or False,
+                   ocr=bool(frames), ocr_frames=frames or None, rrf_k=record.get("rrf_k"),
+                   text_weight=record.get("text_weight"))
+
+    def _resolve(self, recorded: dict) -> None:
+        asked = self.asked
+
+        def pick(name: str, default):
+            value = asked[name]
+            return value if value is not None else recorded.get(name, default)
+
+        speech = pick("speech", None) or None
+        frames = asked["ocr_frames"] or recorded.get("ocr_frames") or DEFAULT_OCR_FRAMES
+        ocr = asked["ocr"] if asked["ocr"] is not None else bool(recorded.get("ocr_frames"))
+        self.settings = TextSettings(bool(pick("subtitles", True)), speech,
+                                     int(frames) if ocr else 0)
+        self.rrf_k = float(pick("rrf_k", DEFAULT_RRF_K))
+        self.text_weight = float(pick("text_weight", DEFAULT_TEXT_WEIGHT))
+
+    def attach(self, ctx) -> None:
+        self._resolve(ctx.meta.get("text") or {})
+        self._ctx = ctx
+        self.reader = TextReader(self.settings, self.recognizer)
+        self.index = self._open(ctx)
+        ctx.add_stage(_TextStage(self), videos=lambda ids, _: ids, indexed=ctx.store.live())
+        ctx.add_query_encoder(self._encode)
+        ctx.add_hook(self._hook)
+        if ctx.writing():
+            self.fill()
+        else:
+            self._say_missing()
+
+    def _open(self, ctx) -> TextIndex | None:
+        """The folder's text index (a damaged one is deleted and read again by the writer;
+        a reader goes without text)."""
+        writer = ctx.writing()
+        try:
+            return TextIndex.open(ctx.directory, create=writer)
+        except TextIndexError as exc:
+            if not writer:
+                log.warning("searching without text lines: %s", exc)
+                return None
+            log.warning("reading the videos' text again: %s", exc)
+            path = ctx.directory / TEXT_FILE
+            path.unlink(missing_ok=True)
+            path.with_name(TEXT_FILE + "-journal").unlink(missing_ok=True)
+            return TextIndex.open(ctx.directory, create=True)
+
+    def record(self) -> dict | None:
+        return {"subtitles": self.settings.subtitles, "speech": self.settings.speech,
+                "ocr_frames": self.settings.ocr_frames, "rrf_k": self.rrf_k,
+                "text_weight": self.text_weight}
+
+    # -- reading rows (the writer) ----------------------------------------------------------
+    def fill(self) -> int:
+        """Bring the text index in step with the store: forget rows it no longer holds, read
+        the live rows a wanted source has not read (``_READ_CHUNK`` rows per commit, so an
+        interrupted fill keeps what it read). Returns the rows read."""
+        store = self._ctx.store
+        live = store.live()
+        stray = np.setdiff1d(self.index.rows(), live)
+        if len(stray):
+            self.index.remove(stray)
+        missing = np.setdiff1d(live, self.index.held(self.settings.engines()))
+        for start in range(0, len(missing), _READ_CHUNK):
+            self.read(missing[start:start + _READ_CHUNK])
+        return len(missing)
+
+    def read(self, ids: np.ndarray) -> None:
+        """Read rows ``ids`` for every wanted source that has not read them with its engine,
+        and commit their lines (one transaction)."""
+        engines = self.settings.engines()
+        if not len(ids) or not engines or self.index is None:
+            return
+        have = self.index.engines(ids)
+        todo = {source: np.array([have.get((int(r), source)) != engine for r in ids])
+                for source, engine in engines.items()}
+        todo = {s: m for s, m in todo.items() if m.any()}
+        if not todo:
+            return
+        paths, start, end = row_spans(self._ctx.store, ids)
+        lines, done = self.reader.read(np.asarray(ids), paths, start, end, todo)
+        if done:
+            self.index.write(lines, done)
+
+    def _say_missing(self) -> None:
+        if self.index is None:
+            return
+        missing = len(np.setdiff1d(self._ctx.store.live(),
+                                   self.index.held(self.settings.engines())))
+        if missing:
+            log.info("%d indexed video(s) have not had their text read (%s); the next "
+                     "'dicosa index' run reads it", missing,
+                     ", ".join(self.settings.engines()))
+
+    @property
+    def reports(self) -> dict[str, SourceReport]:
+        """What each source read since the plugin was attached."""
+        return self.reader.reports if self.reader is not None else {}
+
+    # -- search -----------------------------------------------------------------------------
+    def _encode(self, encoded: EncodedQueries) -> None:
+        """Each query's text ranking, in ``encoded.extra["text"]``."""
+        sources = parse_sources(encoded.extra.get("source"))
+        text_sources = tuple(s for s in TEXT_SOURCES if s in sources)
+        rankings = []
+        for query in encoded.queries:
+            parsed = text_query(query.text)
+            ranking = TextRanking(VISUAL in sources, text_sources, parsed.terms)
+            expression = parsed.expression()
+            if expression and text_sources and self.index is not None:
+                found = self.index.search(expression, text_sources, TEXT_RANKED + 64)
+                live = self._ctx.store.is_live(np.array([m.row for m in found], np.int64))
+                ranking.matches = [m for m, ok in zip(found, live, strict=True) if ok
+                                   ][:TEXT_RANKED]
+                ranks = competition_ranks(np.array([m.score for m in ranking.matches]))
+                ranking.ranks = {m.row: int(r) for m, r in zip(ranking.matches, ranks,
+                                                               strict=True)}
+                best = max((m.score for m in ranking.matches), default=0.0)
+                ranking.shares = {m.row: m.score / best if best > 0 else 1.0
+                                  for m in ranking.matches}
+            rankings.append(ranking)
+        encoded.extra["text"] = rankings
+
+    def _hook(self, queries: EncodedQueries, ids: np.ndarray, scores: torch.Tensor
+              ) -> torch.Tensor:
+        """Fused scores of the candidates ``ids [Q, C]`` (module docstring of
+        :mod:`dicosa.text.fusion`); a query that looks at no text, or matches none among its
+        candidates, keeps its scores."""
+        rankings = queries.extra.get("text")
+        if rankings is None:
+            return scores
+        out = scores.clone()
+        for q, ranking in enumerate(rankings):
+            if not ranking.text:
+                continue
+            text_rank = np.array([ranking.ranks.get(int(i), 0) if i >= 0 else 0
+                                  for i in ids[q]], dtype=np.int64)
+            if ranking.visual and not text_rank.any():
+                continue
+            share = np.array([ranking.shares.get(int(i), 0.0) for i in ids[q]])
+            visual = scores[q].double().numpy()
+            visual = np.where(ids[q] >= 0, visual, -np.inf)
+            fused = fuse(visual, text_rank, share, use_visual=ranking.visual, k=self.rrf_k,
+                         weight=self.text_weight)
+            out[q] = torch.from_numpy(fused).to(out.dtype)
+        return out
+
+    def match(self, result: SearchResult, i: int) -> dict | None:
+        """The line of hit ``i`` that matched the query (None: none did)."""
+        rankings = result.encoded.extra.get("text")
+        if not rankings:
+            return None
+        ranking = rankings[result.position]
+        hit = result.hits[i]
+        found = next((m for m in ranking.matches if m.row == hit.id), None)
+        if found is None:
+            return None
+        return {"text": found.text, "start": found.start, "end": found.end,
+                "source": found.source, "bm25": found.score,
+                "text_rank": ranking.ranks.get(hit.id),
+                "words": sorted(set(words_of(found.text)) & ranking.terms)}
+
+    def explain(self, result: SearchResult, i: int) -> dict | None:
+        """The matched line (:meth:`match`): its text, time, source and the query's words in
+        it, with the hit's text rank and BM25."""
+        return self.match(result, i)
+
+    def lines(self, row: int) -> list[dict]:
+        """Every line of row ``row``, in time order."""
+        if self.index is None:
+            return []
+        return [{"start": a, "end": b, "source": s, "text": t}
+                for a, b, s, t in self.index.lines(row)]
+
+
+class _TextStage:
+    """The first stage over the text index: the rows whose lines match, by BM25."""
+
+    name = STAGE
+
+    def __init__(self, plugin: TextPlugin):
+        self.plugin = plugin
+
+    def add(self, ids: np.ndarray, videos: object) -> None:
+        """New rows: read now by the writer (before their manifest commit), committed
+        ``_READ_CHUNK`` rows at a time."""
+        if self.plugin._ctx.writing() and self.plugin.index is not None:
+            ids = np.asarray(ids, dtype=np.int64)
+            for start in range(0, len(ids), _READ_CHUNK):
+                self.plugin.read(ids[start:start + _READ_CHUNK])
+
+    def remove(self, ids: np.ndarray) -> None:
+        if self.plugin._ctx.writing() and self.plugin.index is not None:
+            self.plugin.index.remove(np.asarray(ids).tolist())
+
+    def search(self, queries: EncodedQueries, k: int) -> Candidates:
+        rankings = queries.extra.get("text") or [None] * len(queries)
+        ids = np.full((len(queries), k), -1, dtype=np.int64)
+        scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+        for q, ranking in enumerate(rankings):
+            found = ranking.matches[:k] if ranking is not None else []
+            ids[q, :len(found)] = [m.row for m in found]
+            scores[q, :len(found)] = [m.score for m in found]
+        return Candidates(ids, scores, STAGE)
+
+    def save(self, directory) -> None:
+        """An in-memory text index goes into the folder the index is saved to."""
+        plugin = self.plugin
+        if plugin.index is not None and plugin.index.path is None and directory is not None:
+            from pathlib import Path
+
+            target = Path(directory) / TEXT_FILE
+            plugin.index.backup(target)
+            plugin.index.close()
+            plugin.index = TextIndex.open(Path(directory), create=True)
+
+    def __len__(self) -> int:
+        return 0 if self.plugin.index is None else len(self.plugin.index.rows())
+
+
+def attach_text(index, *, subtitles: bool | None = None, speech: str | bool | None = None,
+                ocr: bool | None = None, ocr_frames: int | None = None,
+                rrf_k: float | None = None, text_weight: float | None = None,
+                recognizer: Recognizer | None = None) -> TextPlugin:
+    """``index.use(TextPlugin(...))`` under the index's writer lock: the rows' text is read
+    now (what was read before is kept) and the settings recorded."""
+    with index.writing():
+        return index.use(TextPlugin(subtitles=subtitles, speech=speech, ocr=ocr,
+                                    ocr_frames=ocr_frames, rrf_k=rrf_k, text_weight=text_weight,
+                                    recognizer=recognizer))
+
+
+def mark_words(text: str, words: list[str] | set[str], left: str = "[", right: str = "]"
+               ) -> str:
+    """``text`` with each of ``words`` (as :func:`~dicosa.text.query.words_of` gives them)
+    between ``left`` and ``right``."""
+    wanted = set(words)
+    return _TOKEN.sub(lambda m: f"{left}{m.group(0)}{right}"
+                      if words_of(m.group(0)) and words_of(m.group(0))[0] in wanted
+                      else m.group(0), text)
+
+
+def format_line(line: dict) -> str:
+    """One readable line: ``speech 0:03.0-0:05.2 "the [secret] number"``."""
+    return (f"{line['source']} {_clock(line['start'])}-{_clock(line['end'])} "
+            f"\"{mark_words(line['text'], line['words'])}\"")
+
+
+def _clock(seconds: float) -> str:
+    minutes, rest = divmod(max(0.0, seconds), 60)
+    return f"{int(minutes)}:{rest:04.1f}"

@@ -1,0 +1,132 @@
+"""Reading the text sources of index rows: which source runs on which row, and with what.
+
+:class:`TextSettings` says which sources an index reads (subtitles whenever present: cheap;
+speech and OCR only when asked) and names each one's engine, which the text index records per
+row: a row read by another engine (``pocketsphinx`` then ``whisper:small``) is read again.
+:class:`TextReader` reads rows: it groups them by video so that each file's subtitles are
+parsed once and its speech transcribed once over the union of the rows' ranges, then gives
+each line to the rows that hold it (:func:`~dicosa.text.lines.assign`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .fts import Done
+from .lines import SourceReport, SourceUnavailable, TextLine, assign
+from .ocr import screen_lines
+from .speech import Recognizer, make_recognizer, merge_spans, speech_lines
+from .subtitles import subtitle_lines
+
+__all__ = ["DEFAULT_OCR_FRAMES", "TextReader", "TextSettings"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OCR_FRAMES = 3  # frames read by OCR per row
+
+
+@dataclass(frozen=True)
+class TextSettings:
+    """Which sources to read: subtitles (sidecars and streams), speech with a recogniser
+    (``"pocketsphinx"``, ``"whisper:MODEL"``; None: no speech), OCR on ``ocr_frames`` frames
+    per row (0: no OCR)."""
+
+    subtitles: bool = True
+    speech: str | None = None
+    ocr_frames: int = 0
+
+    def __post_init__(self) -> None:
+        if self.speech is not None:
+            make_recognizer(self.speech)  # an unknown engine is one sentence now
+        if isinstance(self.ocr_frames, bool) or not isinstance(self.ocr_frames, int) or (
+                self.ocr_frames < 0):
+            raise ValueError(f"ocr_frames must be a number of frames >= 0, got "
+                             f"{self.ocr_frames!r}")
+
+    def engines(self) -> dict[str, str]:
+        """Each source read, and the engine its rows are recorded with."""
+        out = {}
+        if self.subtitles:
+            out["subtitles"] = "pysubs2"
+        if self.speech:
+            out["speech"] = self.speech
+        if self.ocr_frames:
+            out["screen"] = f"tesseract:{self.ocr_frames}"
+        return out
+
+
+@dataclass
+class TextReader:
+    """Reads rows' text with ``settings``; ``reports`` adds up what each source did."""
+
+    settings: TextSettings
+    recognizer: Recognizer | None = None
+    reports: dict[str, SourceReport] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)  # source -> why it cannot run
+
+    def __post_init__(self) -> None:
+        if self.recognizer is None and self.settings.speech:
+            self.recognizer = make_recognizer(self.settings.speech)
+
+    def read(self, ids: np.ndarray, paths: list[str], start: np.ndarray, end: np.ndarray,
+             todo: dict[str, np.ndarray]) -> tuple[list[tuple[int, TextLine]],
+                                                    list[tuple[int, Done]]]:
+        """Read rows ``ids`` (their videos ``paths`` and spans ``start``/``end``) for the
+        sources in ``todo`` (source -> bool [n]: the rows it must read). Returns the
+        ``(row, line)`` pairs and ``(row, Done)`` records to write; a row a source could not
+        run on (its program or model missing) gets no record, so it is read again later."""
+        lines: list[tuple[int, TextLine]] = []
+        done: list[tuple[int, Done]] = []
+        groups: dict[str, list[int]] = {}
+        for position, path in enumerate(paths):
+            groups.setdefault(path, []).append(position)
+        for path, positions in groups.items():
+            at = np.array(positions)
+            for source, wanted in todo.items():
+                rows = at[wanted[at]]
+                if len(rows) and source not in self.unavailable:
+                    found = self._source(source, path, start[rows], end[rows])
+                    if found is not None:
+                        self._give(found, ids[rows], start[rows], end[rows], lines, done)
+        return lines, done
+
+    def _source(self, source: str, path: str, start: np.ndarray, end: np.ndarray
+                ) -> tuple[list[TextLine], SourceReport] | None:
+        try:
+            if source == "subtitles":
+                found = subtitle_lines(path)
+            elif source == "speech":
+                found = speech_lines(path, merge_spans(start, end), self.recognizer)
+            else:
+                found = screen_lines(path, list(zip(start.tolist(), end.tolist(),
+                                                    strict=True)), self.settings.ocr_frames)
+        except SourceUnavailable as exc:
+            self.unavailable[source] = str(exc)
+            log.warning("%s is not read: %s", source, exc)
+            return None
+        report = found[1]
+        self.reports.setdefault(source, SourceReport(source, report.engine)).merge(report)
+        for note in report.notes:
+            log.warning("%s: %s", source, note)
+        return found
+
+    def _give(self, found: tuple[list[TextLine], SourceReport], ids: np.ndarray,
+              start: np.ndarray, end: np.ndarray, lines: list, done: list) -> None:
+        """Each line to the rows holding it; a record per row."""
+        found_lines, report = found
+        count = np.zeros(len(ids), dtype=np.int64)
+        for line in found_lines:
+            for position in assign(line.start, line.end, start, end):
+                lines.append((int(ids[position]), line))
+                count[position] += 1
+        length = np.where(np.isfinite(end - start), end - start, 0.0)
+        share = length / length.sum() if length.sum() > 0 else np.full(len(ids), 1 / len(ids))
+        note = report.notes[0] if report.notes else ""
+        engine = self.settings.engines()[report.source]
+        for position, row in enumerate(ids.tolist()):
+            done.append((row, Done(report.source, engine, int(count[position]),
+                                   float(report.seconds * share[position]),
+                                   round(report.frames * share[position]), note)))
