@@ -188,3 +188,26 @@ def test_damaged_and_unreadable_long_videos(model, tmp_path, caplog):
     # no segment spans the lost stretch (about 4-5.2 s): it is a boundary
     assert not ((spans[:, 0] < 4.0) & (spans[:, 1] > 5.5)).any()
     assert spans[:, 0].min() == 0 and spans[:, 1].max() == pytest.approx(10.0)
+
+
+def test_subtitles_of_a_long_video_find_the_segment_they_fall_in(model, folder, tmp_path):
+    """A cue at 7-8 s of the five-scene video belongs to its third scene's segment (6-9 s):
+    a search of its words finds the video at that moment, and says the line."""
+    import shutil
+
+    from dicosa.plugins.text import attach_text
+
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    shutil.copy(folder / "five_scenes.mp4", videos / "talk.mp4")
+    shutil.copy(folder / "clip.mp4", videos / "other.mp4")
+    (videos / "talk.srt").write_text("1\n00:00:07,000 --> 00:00:08,000\nthe lighthouse keeper\n")
+    index = VideoIndex.build(model, videos, tmp_path / "index", num_workers=0,
+                             progress=False, backend="exact")
+    text = attach_text(index)
+    result = index.query("lighthouse keeper", k=2, source="subtitles")
+    hit = result.hits[0]
+    assert hit.path.endswith("talk.mp4") and (hit.start, hit.end) == (6.0, 9.0)
+    line = text.match(result, 0)
+    assert line["text"] == "the lighthouse keeper" and (line["start"], line["end"]) == (7, 8)
+    assert line["row"] == hit.row

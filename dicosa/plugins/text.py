@@ -268,14 +268,28 @@ class TextPlugin:
         if not rankings:
             return None
         ranking = rankings[result.position]
-        hit = result.hits[i]
-        found = next((m for m in ranking.matches if m.row == hit.id), None)
+        found = self._line_of(ranking, result.hits[i])
         if found is None:
             return None
         return {"text": found.text, "start": found.start, "end": found.end,
-                "source": found.source, "bm25": found.score,
-                "text_rank": ranking.ranks.get(hit.id),
+                "source": found.source, "bm25": found.score, "row": found.row,
+                "text_rank": ranking.ranks.get(found.row),
                 "words": sorted(set(words_of(found.text)) & ranking.terms)}
+
+    def _line_of(self, ranking, hit):
+        """The matched line of a hit: in its best row, else in another of its moments, else
+        in any row of its video (a long video's lines belong to its segments)."""
+        rows = [hit.row, *(m.row for m in hit.moments)]
+        for row in rows:
+            found = next((m for m in ranking.matches if m.row == row), None)
+            if found is not None:
+                return found
+        if not ranking.matches or self._ctx is None:
+            return None
+        matched = np.array([m.row for m in ranking.matches], dtype=np.int64)
+        videos = self._ctx.store.videos_of(matched)
+        return next((m for m, v in zip(ranking.matches, videos, strict=True) if v == hit.id),
+                    None)
 
     def explain(self, result: SearchResult, i: int) -> dict | None:
         """The matched line (:meth:`match`): its text, time, source and the query's words in

@@ -114,6 +114,20 @@ class TimeRange(_Answer):
                                  "takes it as row=")
 
 
+class MatchedLine(_Answer):
+    """A line of the video's text (subtitles, speech, on-screen text) that the query matched."""
+
+    text: str
+    start: float | None = Field(description="seconds into the video")
+    end: float | None
+    source: str = Field(description="subtitles, speech or screen")
+    bm25: float = Field(description="the text index's score of the line (lower is better, "
+                                    "SQLite FTS5's sign)")
+    row: int = Field(description="the row (segment) the line belongs to")
+    text_rank: int | None = Field(description="the row's rank among the text matches")
+    words: list[str] = Field(description="the query's words the line holds")
+
+
 class Moment(_Answer):
     """The video's relevance over its whole length: its stored frames (a long video's thinned
     to at most 240), each with the score of the best row holding it, and the best frame."""
@@ -140,6 +154,8 @@ class Hit(_Answer):
     moments: list[TimeRange] = Field(description="the video's best moments among the ranked "
                                                  "candidates, not overlapping, best first")
     moment: Moment | None = Field(description="null for a video indexed from its title alone")
+    line: MatchedLine | None = Field(None, description="with a text index: the line that "
+                                                       "matched (null: none did)")
     explain: dict[str, Any] | None = Field(
         None, description="with explain=true: words, exclusion and fusion parts by plugin")
     video: str | None = Field(description="the file's stream URL (null: it may not be served)")
