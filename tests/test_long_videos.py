@@ -211,3 +211,59 @@ def test_subtitles_of_a_long_video_find_the_segment_they_fall_in(model, folder, 
     line = text.match(result, 0)
     assert line["text"] == "the lighthouse keeper" and (line["start"], line["end"]) == (7, 8)
     assert line["row"] == hit.row
+
+
+def test_evaluate_moments_on_a_didemo_sample(tmp_path, capsys):
+    """``dicosa evaluate --moments didemo`` reads DiDeMo's times and ranks every segment of
+    the sample's 22-30 s videos (a random-weight model: the figures are not the point, their
+    table and its JSON are)."""
+    from dicosa.cli.evaluate_cmd import main
+    from dicosa.data.didemo_sample import write_didemo_sample
+
+    root = write_didemo_sample(tmp_path / "didemo")
+    out = tmp_path / "moments.json"
+    main(["--moments", "didemo", "--root", str(root), "--config", "synthetic",
+          "--out", str(out), "train.output_dir=" + str(tmp_path / "run")])
+    printed = capsys.readouterr().out
+    assert "didemo/test: 3 videos" in printed and "Video-corpus moment retrieval" in printed
+    result = json.loads(out.read_text())
+    assert result["num_queries"] > 0 and result["num_multi_annotator"] == result["num_queries"]
+    assert result["rows"] > result["videos"] == 3  # 22-30 s videos are several segments each
+    assert result["min_list_length"] >= 10 and result["selected_on"] is None
+
+
+def test_audio_only_files_and_a_failing_detector(model, folder, tmp_path, caplog,
+                                                 monkeypatch):
+    import av
+
+    from dicosa.data import shots
+
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    with av.open(str(videos / "voice.m4a"), "w") as container:  # audio only: no video stream
+        stream = container.add_stream("aac", rate=16000)
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 16000), np.float32), format="fltp",
+                                           layout="mono")
+        frame.sample_rate = 16000
+        for packet in stream.encode(frame):
+            container.mux(packet)
+        container.mux(stream.encode())
+    (videos / "voice.m4a").rename(videos / "voice.mp4")
+    import shutil
+
+    shutil.copy(folder / "five_scenes.mp4", videos / "scenes.mp4")
+
+    def broken(self, kind, threshold):
+        raise RuntimeError("no detector today")
+
+    monkeypatch.setattr(shots.ShotDetector, "_make", broken)
+    with caplog.at_level(logging.WARNING):
+        index = VideoIndex.build(model, videos, None, num_workers=0, progress=False,
+                                 backend="exact")
+    assert [(p.rsplit("/", 1)[1], r) for p, r in index.skipped] == [("voice.mp4",
+                                                                      "no video stream")]
+    assert any("no detector today" in r.message and "cut into windows alone" in r.message
+               for r in caplog.records)
+    # 15 frames in windows of 4 every 2: the video is still searchable, as windows
+    spans = index.store.spans(index.store.video_rows(int(index.ids[0])))
+    assert spans[:, 0].tolist() == [0, 2, 4, 6, 8, 10, 11]
