@@ -81,22 +81,25 @@ def main() -> None:
     parser.add_argument("--scenes", type=int, default=10)
     parser.add_argument("--scene-seconds", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=0, help="the long videos' seed")
-    parser.add_argument("--smoke", action="store_true", help="tiny: 2 videos of 3 scenes")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny: 2 videos of 3 scenes, a random-weight model")
     parser.add_argument("--out", help="JSON result file")
     args = parser.parse_args()
     if args.smoke:
         args.videos, args.scenes = 2, 3
     work = Path(args.work)
     started = time.perf_counter()
-    checkpoint, data, _ = synthetic_checkpoint(work, smoke=args.smoke,
-                                               num_train=40 if args.smoke else 300,
-                                               num_test=0 if args.smoke else 100)
+    if args.smoke:  # the pipeline only: random weights, the training scenes replayed
+        checkpoint, data = None, None
+    else:
+        checkpoint, data, _ = synthetic_checkpoint(work)
     trained = time.perf_counter()
     root = work / f"long-{args.videos}x{args.scenes}-seed{args.seed}"
     if not (root / "moments.json").is_file():
         make_long_synthetic(root, num_videos=args.videos, scenes_per_video=args.scenes,
                             scene_seconds=args.scene_seconds, seed=args.seed, exclude_root=data)
-    model, _, frames = load_model(checkpoint, None, [])
+    model, _, frames = load_model(checkpoint, None if checkpoint else "configs/synthetic.yaml",
+                                  [])
     model.eval()
     long = evaluate_split(model, load_long_synthetic(root), frame_sampling=frames.sampling,
                           frame_padding=frames.padding, progress=False)
