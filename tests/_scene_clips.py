@@ -149,22 +149,24 @@ def write_long(path: Path, scenes: list[list[str]], seconds: int = 3) -> Path:
     return path
 
 
-def long_index(folder: Path, scenes: list[list[str]], seconds: int = 3) -> VideoIndex:
-    """An in-memory index of one long video of ``scenes`` (``seconds`` each) stored as an
-    index with segments stores it: its frames at 1 frame/s (each the scene's object vectors),
-    one segment per scene; and the scenes as separate short clips beside it."""
+def long_index(folder: Path, videos: list[list[list[str]]], seconds: int = 3) -> VideoIndex:
+    """An in-memory index of long videos, each a list of scenes (``seconds`` each), stored as
+    an index with segments stores them: frames at 1 frame/s (each the scene's object vectors),
+    one segment per scene."""
     from dicosa.search.shards import VideoRun
 
-    path = write_long(folder / "long.webm", scenes, seconds)
-    frames = torch.cat([scene_video(s, frames=seconds, seed=200 + i)
-                        for i, s in enumerate(scenes)]).half().numpy()  # [F, D]
-    count = len(scenes) * seconds
-    starts = np.arange(0, count, seconds)
-    run = VideoRun(frames, np.ones(count, bool), np.arange(count, dtype=np.float32),
-                   np.stack([starts, np.full(len(scenes), seconds)], 1),
-                   np.stack([starts, starts + seconds], 1).astype(np.float32),
-                   {"path": str(path), "duration": float(count), "fps": float(FPS),
-                    "num_frames": FPS * count, "valid_frames": count})
+    runs = []
+    for v, scenes in enumerate(videos):
+        path = write_long(folder / f"long{v}.webm", scenes, seconds)
+        frames = torch.cat([scene_video(s, frames=seconds, seed=200 + 20 * v + i)
+                            for i, s in enumerate(scenes)]).half().numpy()  # [F, D]
+        count = len(scenes) * seconds
+        starts = np.arange(0, count, seconds)
+        runs.append(VideoRun(frames, np.ones(count, bool), np.arange(count, dtype=np.float32),
+                             np.stack([starts, np.full(len(scenes), seconds)], 1),
+                             np.stack([starts, starts + seconds], 1).astype(np.float32),
+                             {"path": str(path), "duration": float(count), "fps": float(FPS),
+                              "num_frames": FPS * count, "valid_frames": count}))
     index = VideoIndex(lookup_model(), tokenizer=tokenize, backend="exact")
-    index.add_runs([run], np.zeros(frames.shape[1], np.float16))
+    index.add_runs(runs, np.zeros(runs[0].frames.shape[1], np.float16))
     return index

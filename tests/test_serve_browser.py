@@ -281,13 +281,15 @@ def test_api_docs_render_offline(base):
 
 LONG = [["green cross"], ["white circle"], ["blue square"], [A, "green circle"],
         ["white cross"], ["green square"]]
+OTHER_LONG = [[["white square"], [A], ["green cross"], ["blue circle"], [A, B]],
+              [["green circle"], ["white cross"], ["blue cross"], ["green square"]]]
 
 
 @pytest.fixture(scope="module")
 def long_base(tmp_path_factory):
     from ._scene_clips import long_index
 
-    index = long_index(tmp_path_factory.mktemp("long"), LONG)
+    index = long_index(tmp_path_factory.mktemp("long"), [LONG, *OTHER_LONG])
     with served(create_app(Engine(index), Settings(reload_interval_s=0))) as url:
         yield url
 
@@ -296,12 +298,15 @@ def test_a_moment_click_plays_its_time_range(browser, long_base):
     """A long video of six 3-s scenes: the query's scene is the hit's best moment, marked on
     the timeline of the whole video; a click plays from the moment's start."""
     open_page(browser, long_base, q="a red circle")
-    card = browser.find_element(By.CSS_SELECTOR, "#results li.hit")
+    cards = browser.find_elements(By.CSS_SELECTOR, "#results li.hit")
+    assert len(cards) == 3
+    card = next(c for c in cards if c.find_element(By.CSS_SELECTOR, ".name").text
+                == "long0.webm")
     marks = card.find_elements(By.CSS_SELECTOR, ".moments .moment")
     assert marks and "best" in marks[0].get_attribute("class")
     start, end = (float(marks[0].get_attribute(f"data-{k}")) for k in ("start", "end"))
     assert (start, end) == (9.0, 12.0)  # the fourth scene, the one with the red circle
-    assert marks[0].text == "0:09.0–0:12.0"
+    assert marks[0].text == "0:09–0:12"
     bars = card.find_elements(By.CSS_SELECTOR, ".timeline .frame")
     assert len(bars) == 18  # every stored frame of the whole video, at 1 frame/s
     left = [b.rect["x"] for b in bars]
@@ -316,5 +321,7 @@ def test_a_moment_click_plays_its_time_range(browser, long_base):
                                  "return v.currentTime;")
     assert start - 0.05 <= now < end  # in the moment's range
     assert "More like this moment" in card.find_element(By.CSS_SELECTOR, ".like").text
-    if os.environ.get("DICOSA_MOMENTS_SCREENSHOT"):
+    if os.environ.get("DICOSA_MOMENTS_SCREENSHOT"):  # docs/moments.png
+        browser.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)
+        browser.execute_script("window.scrollTo(0, 0)")
         browser.save_screenshot(os.environ["DICOSA_MOMENTS_SCREENSHOT"])

@@ -18,10 +18,15 @@ let info = null;
 let current = 0; // the request in flight: older answers are dropped
 
 function clock(seconds) {
+  // m:ss, with tenths where the time is not a whole second; h:mm:ss past an hour
   if (seconds === null || seconds === undefined) return "?";
-  const m = Math.floor(seconds / 60);
-  const s = seconds - 60 * m;
-  return `${m}:${s < 10 ? "0" : ""}${s.toFixed(1)}`;
+  const whole = Math.abs(seconds - Math.round(seconds)) < 0.05;
+  if (whole) seconds = Math.round(seconds);
+  const h = Math.floor(seconds / 3600);
+  const m = Math.floor((seconds - 3600 * h) / 60);
+  const s = seconds - 3600 * h - 60 * m;
+  const sec = whole ? String(s).padStart(2, "0") : s.toFixed(1).padStart(4, "0");
+  return h ? `${h}:${String(m).padStart(2, "0")}:${sec}` : `${m}:${sec}`;
 }
 
 function say(text, kind = "") {
