@@ -295,16 +295,23 @@ def index_tokenizer(model: DiCoSA):
     return get_tokenizer(model.config.arch, model.config.max_words)
 
 
+def model_and_centres(arch: str, frames: int, clusters: int) -> tuple[DiCoSA, torch.Tensor]:
+    """The random-weight model (seeded) and its text vectors of ``clusters`` synthetic
+    captions: the centres the synthetic videos' frames are drawn around."""
+    torch.manual_seed(0)
+    model = random_model(arch, "released", frames).eval()
+    tokenize = index_tokenizer(model)
+    with torch.inference_mode():
+        centres = torch.cat([model.encode_text(tokenize(captions(min(256, clusters - s),
+                                                                  seed=s))).text
+                             for s in range(0, clusters, 256)])
+    return model, centres
+
+
 def latency(args, work: Path, server: MilvusServerInfo | None) -> dict:
     """The latency part for every ``--backend`` (one result, or one per backend); the brute
     force reference is timed once, on the first."""
-    torch.manual_seed(0)
-    model = random_model(args.arch, "released", args.frames).eval()
-    tokenize = index_tokenizer(model)
-    with torch.inference_mode():
-        centres = torch.cat([model.encode_text(tokenize(captions(min(256, args.clusters - s),
-                                                                  seed=s))).text
-                             for s in range(0, args.clusters, 256)])
+    model, centres = model_and_centres(args.arch, args.frames, args.clusters)
     head, head_s = args.summary_head, None  # one head for every backend of the run
     if args.summary == "distilled" and head is None and not args.reuse:
         started = time.perf_counter()

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import environment, random_model, report
-from search import captions, index_tokenizer, latency_head, resident, timed_searches
+from common import environment, report
+from search import captions, latency_head, model_and_centres, resident, timed_searches
 
 from dicosa.data.segments import SegmentPolicy, segment_run, segment_spans
 from dicosa.index import VideoIndex
@@ -115,13 +115,7 @@ def build(args, model, centres: torch.Tensor, directory: Path, head) -> dict:
 
 def main() -> None:
     args = parse_args()
-    torch.manual_seed(0)
-    model = random_model(args.arch, "released", args.frames).eval()
-    tokenize = index_tokenizer(model)
-    with torch.inference_mode():
-        centres = torch.cat([model.encode_text(tokenize(captions(min(256, args.clusters - s),
-                                                                  seed=s))).text
-                             for s in range(0, args.clusters, 256)])
+    model, centres = model_and_centres(args.arch, args.frames, args.clusters)
     work = Path(args.work)
     directory = work / f"long-{args.hours:g}h"
     built = None
