@@ -27,6 +27,7 @@ from ..data.protocol import FrameProtocol
 from ..model import DiCoSA, TextFeatures
 from ..search.moment import Moment, Timeline, best_moments, overlaps, video_timeline
 from ..search.query import Query, QueryError, parse_query
+from ..search.query_text import QueryText
 from ..search.rerank import pair_scores
 from ..search.store import FrameStore
 from ..search.types import Candidates, EncodedQueries, RerankHook
@@ -164,6 +165,11 @@ class Searcher:
     encoders: Sequence[Callable[[EncodedQueries], None]]
     explainers: dict[str, Callable] = field(default_factory=dict)
     frames: FrameProtocol = field(default_factory=FrameProtocol)  # how the index decoded
+    text: QueryText | None = None  # the text tower and cache (None: the model's, uncached)
+
+    def __post_init__(self) -> None:
+        if self.text is None:
+            self.text = QueryText(self.model, self.tokenizer, self.device)
 
     # -- encode ---------------------------------------------------------------------------
     def encode(self, texts: Sequence[str], exclude: Sequence[str] = (),
@@ -172,14 +178,11 @@ class Searcher:
         positive text once, run the query encoders; and which queries were cut short."""
         self.check_mode(mode)
         queries = [parse_query(t, exclude) for t in texts]
-        positive = [q.text for q in queries]
-        tokens = self.tokenizer(positive)
-        with torch.inference_mode():
-            text = self.model.encode_text(tokens.to(self.device))
-        encoded = EncodedQueries(queries, text, {"mode": mode})
+        vectors, cut = self.text.encode([q.text for q in queries])
+        encoded = EncodedQueries(queries, TextFeatures(vectors), {"mode": mode})
         for encoder in self.encoders:
             encoder(encoded)
-        return encoded, truncated(self.tokenizer, positive, tokens)
+        return encoded, cut
 
     def check_mode(self, mode: str | None) -> None:
         if mode is not None and mode not in self.modes:
@@ -370,23 +373,6 @@ def _best_per_video(scores: np.ndarray, videos: np.ndarray, usable: np.ndarray,
     order = columns[np.argsort(-scores[columns], kind="stable")]
     _, first = np.unique(videos[order], return_index=True)
     return order[np.sort(first)][:k].tolist()
-
-
-def truncated(tokenizer: Callable, texts: Sequence[str], tokens: Tensor) -> list[bool]:
-    """Whether each text had more tokens than ``tokens`` holds (the tokenizer cut it).
-
-    A full last position means the text reached the context; it was cut when the tokenizer,
-    given a longer context (open_clip's tokenizers take ``context_length``), yields more."""
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2:  # a tokenizer of another shape
-        return [False] * len(texts)
-    full = (tokens[:, -1] != 0).tolist()
-    if not any(full):
-        return [False] * len(texts)
-    try:
-        longer = tokenizer(list(texts), context_length=tokens.shape[1] * 8)
-    except TypeError:  # a tokenizer without context_length: a full row is all we know
-        return full
-    return ((longer != 0).sum(dim=1) > tokens.shape[1]).tolist()
 
 
 def _skip_non_finite(scores: Tensor, ids: np.ndarray) -> Tensor:

@@ -44,6 +44,7 @@ from ..data.protocol import FrameProtocol
 from ..data.segments import SegmentPolicy
 from ..fingerprint import fingerprint_mismatch, model_fingerprint
 from ..model import DiCoSA, VideoFeatures
+from ..search.query_text import QueryText
 from ..search.shards import VideoRun
 from ..search.store import FrameStore
 from ..search.types import RerankHook
@@ -127,6 +128,9 @@ class VideoIndex(Transactional, PluginHost, Searching):
         self._lock: WriterLock | None = None
         self._in_transaction = 0
         self.model_key: str | None = None  # set by attach
+        # how queries are encoded (the text tower, the cache): set by attach, or by
+        # configure_queries
+        self.query_text: QueryText | None = None
         if model is not None:
             self.attach(model)
 
@@ -491,6 +495,8 @@ class VideoIndex(Transactional, PluginHost, Searching):
             from ..clip import get_tokenizer
 
             self.tokenizer = get_tokenizer(model.config.arch, model.config.max_words)
+        if self.query_text is None or self.query_text.model is not self.model:
+            self.query_text = QueryText(self.model, self.tokenizer, self.device)
 
     def _require_model(self) -> DiCoSA:
         if self.model is None:
