@@ -24,9 +24,9 @@ The same products in the same float32, so the vectors equal the model's up to fl
 dynamic quantisation: int8 weights with one scale per output channel, activations quantised
 per call with one scale per tensor, fbgemm/x86 kernels) to the blocks' four linear layers;
 the embeddings, LayerNorms, attention and the final projection stay float32. On the
-random-weight towers tested this moves the text vector by several percent and changes the
-top 10 of most queries (tests/test_query_text.py states by how much): it is a speed option
-that does not keep the ranking, not a default. PyTorch marks ``torch.ao.quantization``
+random-weight towers tested this moves the text vector by a few percent and changes the top
+10 of many queries (docs/serve.md gives the figures): it is a speed option that does not keep
+the ranking, not a default. PyTorch marks ``torch.ao.quantization``
 deprecated in favour of torchao; where it is missing, asking for int8 is one sentence.
 """
 

@@ -293,10 +293,9 @@ class Searcher:
         out = torch.full(ids.shape, float("-inf"))
         text = TextFeatures(encoded.text.text.to(self.device, dtype))
         step = self._pairs_per_chunk()
-        read_as = torch.float32 if dtype == torch.float32 else torch.float16
         for start in range(0, len(query), step):
             q, c = query[start:start + step], column[start:start + step]
-            video = self.store.gather(ids[q, c], read_as).to(self.device, dtype)
+            video = self.store.gather(ids[q, c], dtype).to(self.device)
             pairs = torch.from_numpy(q).to(self.device)
             out[q, c] = pair_scores(self.model, text, video, pairs=pairs).cpu()
         return out
@@ -311,7 +310,7 @@ class Searcher:
         dtype = next(self.model.parameters()).dtype
         out = [torch.zeros(len(text), 0)]
         for start in range(0, len(ids), chunk):
-            video = self.store.gather(ids[start:start + chunk]).to(self.device, dtype)
+            video = self.store.gather(ids[start:start + chunk], dtype).to(self.device)
             out.append(self.model.score(text, video).float().cpu())
         return torch.cat(out, dim=1)
 

@@ -239,8 +239,7 @@ def video_timelines(model: DiCoSA, store, protocol: FrameProtocol, text: Tensor,
     if not len(rows):
         return [None] * len(videos)
     dtype = next(model.parameters()).dtype
-    features = store.gather(rows, torch.float32 if dtype == torch.float32
-                            else torch.float16)  # [R, N, D]
+    features = store.gather(rows, dtype)  # [R, N, D]
     text = text.to(next(model.parameters()).device, dtype)
     weights = frame_weights(model, text, features).numpy()  # [R, N]
     one = torch.zeros(len(rows), dtype=torch.int64, device=text.device)

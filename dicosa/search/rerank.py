@@ -28,8 +28,8 @@ width H:
   one D×D product per pair. Not done.
 - The MLP's video half W_1^v e^v_k (K·d·H = D·H per pair) is linear in the pooled vector too:
   storing W_1^v W^v_k f_i per frame would be exact but is K·H numbers per frame (4D with
-  the default expansion of 4): four times the bytes, to replace D·H by N·K·H per pair. Not
-  done.
+  the default expansion of 4) beside the raw D that Eq. 1 needs: five times the bytes, to
+  replace D·H by N·K·H per pair. Not done.
 - Per frame and query-independent, so storable exactly: nothing else that the score reads.
   What is query-independent and exact is computed once per query instead (the text side,
   above), and the first stage's per-video vectors (the dense proxy: Eq. 1 at τ → ∞) are.

@@ -125,19 +125,20 @@ class FrameStore:
 
     def gather(self, ids: np.ndarray, dtype: torch.dtype = torch.float16) -> VideoFeatures:
         """Features of rows ``ids`` [n] (any order, repeats allowed): ``[n, N, D]`` of
-        ``dtype`` (float16 or float32) and the mask ``[n, N]``.
+        ``dtype`` and the mask ``[n, N]``.
 
         Only the requested rows are read from the memory-mapped shards, and only they are
         dequantised (int8 shards). Each shard's rows are written straight into the answer in
-        ``dtype``: asking for float32 (what the rerank computes in) costs no float16 copy.
+        float16 or float32 (for float32, what the rerank computes in, no float16 copy is
+        made); another ``dtype`` is converted from float16.
         """
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        kind = {torch.float16: np.float16, torch.float32: np.float32}[dtype]
+        kind = np.float32 if dtype == torch.float32 else np.float16
         frames = np.empty((len(ids), self.num_frames, self.dim), dtype=kind)
         mask = np.empty((len(ids), self.num_frames), dtype=bool)
         for shard, where, rows in self._by_shard(ids):
             frames[where], mask[where] = shard.gather(rows, self.num_frames)
-        return VideoFeatures(torch.from_numpy(frames), torch.from_numpy(mask))
+        return VideoFeatures(torch.from_numpy(frames).to(dtype), torch.from_numpy(mask))
 
     def has_frames(self, ids: np.ndarray) -> np.ndarray:
         """Whether each row ``ids`` [n] has a valid frame: bool [n] (False: a row indexed from

@@ -317,8 +317,8 @@ class Engine:
     def _scores(self, text: Tensor, ids: np.ndarray) -> np.ndarray:
         parts = [np.zeros(0, np.float32)]
         for start in range(0, len(ids), _SCORE_CHUNK):
-            video = self.index.store.gather(ids[start:start + _SCORE_CHUNK])
-            video = video.to(self.index.device, self._dtype)
+            video = self.index.store.gather(ids[start:start + _SCORE_CHUNK], self._dtype)
+            video = video.to(self.index.device)
             parts.append(self.model.score(TextFeatures(text), video)[0].float().cpu().numpy())
         return np.concatenate(parts)
 
