@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..model import DiCoSA, TextFeatures, VideoFeatures
+from .rerank import pair_scores
 
 __all__ = ["FRAME_DTYPES", "check_frame_dtype", "dequantise", "quantise", "score_tolerance"]
 
@@ -75,8 +76,6 @@ def score_tolerance(model: DiCoSA, text: TextFeatures, video: VideoFeatures,
         text: ``[P, D]``; video: the float (reference) frames ``[P, N, D]`` and mask.
         step: ``[P, N]`` the quantisation step s of each frame (0 where it is exact).
     """
-    from .rerank import pair_scores
-
     with torch.inference_mode(False), torch.enable_grad():
         frames = video.frames.detach().float().clone().requires_grad_(True)
         scores = pair_scores(model, TextFeatures(text.text.detach().float().clone()),

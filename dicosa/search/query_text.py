@@ -70,7 +70,9 @@ class QueryText:
         if missing:
             tokens = self.tokenizer(missing)
             with torch.inference_mode():
-                vectors = self.model.encode_text(tokens.to(self.device), tower=self._tower).text
+                tokens = tokens.to(self.device)
+                vectors = (self.model.encode_text(tokens) if self._tower is None
+                           else self.model.encode_text(tokens, tower=self._tower)).text
             cut = truncated(self.tokenizer, missing, tokens)
             fresh = {t: (vectors[i], cut[i]) for i, t in enumerate(missing)}
             self._store(fresh)
