@@ -21,6 +21,13 @@ backgrounds and pixel noise sampled as the benchmark samples them), rendered to 
 encoded by the trained model, so every video is a real encoding, not a perturbed copy. Every
 test caption is a query; t2v R@1/R@5 count its own video among all of them.
 
+Frames and text (``--frame-dtype``, ``--text-tower``): the indexes keep frames as float16 (the
+default) or int8 with one scale per frame (docs/index-format.md), and queries are encoded by
+the model's text tower, the packed CPU tower or its int8 variant (docs/serve.md). Either
+option off its default adds to the quality part a reference: the exhaustive top 10 of an index
+with the defaults (float16, the model's tower) over the same videos and captions, and every
+ranking's overlap with it (``top10_vs_default_exhaustive``).
+
 Backends (``--backend``, several compared in one run): the latency part reports, per backend,
 the seconds the adds took (``ingest_s``) and the final save (``index_wait_s``: on a Milvus
 server, flushing and then waiting until it has indexed and serves every row), search p50/p99,
@@ -34,6 +41,8 @@ settings; or ``--uri`` plus ``--milvus-pid``). Each index gets its own collectio
     python benchmarks/search.py --videos 100000 --quality-videos 100000    # under contention
     python benchmarks/search.py --videos 100000 --quality-videos 0 --backend local milvus \
         --milvus-server benchmarks/results/milvus-bench                        # local vs server
+    python benchmarks/search.py --videos 100000 --quality-videos 100000 --frame-dtype int8 \
+        --text-tower packed                                                   # the options
     python benchmarks/search.py --smoke
 """
 
@@ -108,6 +117,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--towers", choices=("text", "all"), default="text",
                    help="latency part: the model the searching index holds; 'text' drops "
                         "CLIP's image tower as a search process loads it")
+    p.add_argument("--frame-dtype", choices=("float16", "int8"), default="float16",
+                   help="how the indexes keep frames (int8: one scale per frame)")
+    p.add_argument("--text-tower", choices=("float", "packed", "int8"), default="float",
+                   help="how searches encode queries (dicosa.search.query_text)")
     p.add_argument("--checkpoint", default=None,
                    help="trained tiny DiCoSA (default: synthetic_checkpoint under --work)")
     p.add_argument("--work", default="benchmarks/results/search-bench",
@@ -328,6 +341,7 @@ def latency(args, work: Path, server: MilvusServerInfo | None) -> dict:
 def latency_of(args, work: Path, model: DiCoSA, centres: torch.Tensor, backend: str,
                server: MilvusServerInfo | None, head, brute_force: bool) -> dict:
     suffix = "" if args.summary == "confidence" else f"-{args.summary}"
+    suffix += "" if args.frame_dtype == "float16" else f"-{args.frame_dtype}"
     directory = work / f"latency-{args.videos}{suffix}-{backend}"
     options, uri = stage_options(args.stage_option), None
     if backend == "milvus":
@@ -339,7 +353,8 @@ def latency_of(args, work: Path, model: DiCoSA, centres: torch.Tensor, backend: 
         if backend == "milvus":
             drop_collection(uri, options["collection"])
         index = VideoIndex(model, device="cpu", backend=backend, uri=uri,
-                           summary=args.summary, summary_head=head, stage_options=options)
+                           summary=args.summary, summary_head=head, stage_options=options,
+                           frame_dtype=args.frame_dtype)
         build = build_latency_index(index, centres, args, directory)
         memory_after_build = resident()
         del index
@@ -349,6 +364,7 @@ def latency_of(args, work: Path, model: DiCoSA, centres: torch.Tensor, backend: 
         model = drop_image_tower(model)
         gc.collect()
     index = VideoIndex.load(directory, model, device="cpu")  # a fresh process's view
+    index.configure_queries(args.text_tower)
     memory_loaded = resident()
     texts = captions(args.queries, seed=10_000)
     index.search(texts[0], k=10)  # warm-up
@@ -357,6 +373,7 @@ def latency_of(args, work: Path, model: DiCoSA, centres: torch.Tensor, backend: 
     result = {
         "videos": len(index), "dim": model.embed_dim, "frames": args.frames,
         "backend": backend, "summary": args.summary, "towers": args.towers,
+        "frame_dtype": index.store.frame_dtype, "text_tower": args.text_tower,
         "stage_options": options,
         "build_s": None if build is None else round(sum(build), 1), "reused": build is None,
         "ingest_s": None if build is None else round(build[0], 1),
@@ -507,8 +524,8 @@ def recall_at(ranked: list[list[int]], truth: list[int], k: int) -> float:
 
 def quality_index(args, work: Path, model: DiCoSA, test: VideoFeatures,
                   others: VideoFeatures, summary: str,
-                  server: MilvusServerInfo | None, checkpoint: str
-                  ) -> tuple[VideoIndex, np.ndarray]:
+                  server: MilvusServerInfo | None, checkpoint: str,
+                  frame_dtype: str | None = None) -> tuple[VideoIndex, np.ndarray]:
     backend, uri, options = args.backend[0], None, {}
     if backend == "milvus":
         uri = server.uri if server else args.uri
@@ -523,9 +540,11 @@ def quality_index(args, work: Path, model: DiCoSA, test: VideoFeatures,
         if head is None:
             raise SystemExit(f"--summaries distilled: give --summary-head, or fit the "
                              f"checkpoint's own ({summary_beside(checkpoint)})")
+    frame_dtype = frame_dtype or args.frame_dtype
     index = VideoIndex(model, device="cpu", backend=backend, uri=uri, stage_options=options,
-                       summary=summary, summary_head=head)
-    index.save(fresh(work / f"quality-{args.quality_videos}-{summary}"))
+                       summary=summary, summary_head=head, frame_dtype=frame_dtype)
+    suffix = "" if frame_dtype == "float16" else f"-{frame_dtype}"
+    index.save(fresh(work / f"quality-{args.quality_videos}-{summary}{suffix}"))
     test_ids = index.add_features(VideoFeatures(test.frames.half(), test.frame_mask),
                                   [{"path": f"test/{i}"} for i in range(len(test))])
     for first in range(0, len(others), args.shard_size):
@@ -543,43 +562,71 @@ def quality(args, work: Path, server: MilvusServerInfo | None) -> dict:
               VideoFeatures(torch.randn(extra, 4, model.embed_dim).half(),
                             torch.ones(extra, 4, dtype=torch.bool)))
     texts = data["captions"]
-    result = {"checkpoint": data["checkpoint"], "queries": len(texts), "two_stage": {}}
+    result = {"checkpoint": data["checkpoint"], "queries": len(texts), "two_stage": {},
+              "frame_dtype": args.frame_dtype, "text_tower": args.text_tower}
+    reference = None  # the defaults' exhaustive top 10, when an option is off its default
+    if args.frame_dtype != "float16" or args.text_tower != "float":
+        index, _ = quality_index(args, work, model, test, others, args.summaries[0], server,
+                                 data["checkpoint"], frame_dtype="float16")
+        reference = ranking(index, texts, None)
+        drop_index(index, args)
     exhaustive = None
     for summary in args.summaries:
         index, test_ids = quality_index(args, work, model, test, others, summary, server,
                                         data["checkpoint"])
+        index.configure_queries(args.text_tower)
         truth = test_ids[data["caption_video"].numpy()].tolist()
-
-        def ranked(candidates, index=index):
-            hits = []
-            for start in range(0, len(texts), 25):
-                hits += index.search(texts[start:start + 25], k=10, candidates=candidates)
-            return [[h.id for h in q] for q in hits]
-
         if exhaustive is None:
             start = time.perf_counter()
-            exhaustive = ranked(None)
+            exhaustive = ranking(index, texts, None)
             result["videos"] = len(index)
             result["exhaustive"] = {"R@1": recall_at(exhaustive, truth, 1),
                                     "R@5": recall_at(exhaustive, truth, 5),
-                                    "seconds_all_queries": round(time.perf_counter() - start, 1)}
+                                    "seconds_all_queries": round(time.perf_counter() - start, 1),
+                                    **versus(reference, exhaustive)}
             # The 100 test videos alone: the clean benchmark figure, for reference.
             clean = index.scores(texts)[:, :len(test)].argsort(dim=1, descending=True)
             result["clean_test_only"] = {"R@1": recall_at(clean.tolist(), truth, 1),
                                          "R@5": recall_at(clean.tolist(), truth, 5)}
         rows = result["two_stage"][summary] = {}
         for c in args.quality_candidates:
-            got = ranked(c)
-            overlap = np.mean([len(set(a) & set(b)) / len(a) for a, b in
-                               zip(exhaustive, got, strict=True)])
-            rows[str(c)] = {"recall@10_vs_exhaustive": round(float(overlap), 4),
-                            "R@1": recall_at(got, truth, 1), "R@5": recall_at(got, truth, 5)}
+            got = ranking(index, texts, c)
+            rows[str(c)] = {"recall@10_vs_exhaustive": overlap(exhaustive, got),
+                            "R@1": recall_at(got, truth, 1), "R@5": recall_at(got, truth, 5),
+                            **versus(reference, got)}
         if not args.keep:
-            if args.backend[0] == "milvus":
-                drop_collection(index.stage_spec["uri"],
-                                index.stage_spec["options"]["collection"])
-            shutil.rmtree(index.directory)
+            drop_index(index, args)
     return result
+
+
+def ranking(index: VideoIndex, texts: list[str], candidates: int | None) -> list[list[int]]:
+    """The top 10 video ids of each text (25 texts per search call)."""
+    hits = []
+    for start in range(0, len(texts), 25):
+        hits += index.search(texts[start:start + 25], k=10, candidates=candidates)
+    return [[h.id for h in q] for q in hits]
+
+
+def overlap(want: list[list[int]], got: list[list[int]]) -> float:
+    """Mean |want ∩ got| / |want| over the queries."""
+    return round(float(np.mean([len(set(a) & set(b)) / len(a) for a, b in
+                                zip(want, got, strict=True)])), 4)
+
+
+def versus(reference: list[list[int]] | None, got: list[list[int]]) -> dict:
+    """``got``'s overlap with the defaults' exhaustive top 10, and the share of queries whose
+    top 10 is the same set (nothing without a reference)."""
+    if reference is None:
+        return {}
+    same = np.mean([set(a) == set(b) for a, b in zip(reference, got, strict=True)])
+    return {"top10_vs_default_exhaustive": overlap(reference, got),
+            "same_top10_as_default_exhaustive": round(float(same), 4)}
+
+
+def drop_index(index: VideoIndex, args) -> None:
+    if args.backend[0] == "milvus":
+        drop_collection(index.stage_spec["uri"], index.stage_spec["options"]["collection"])
+    shutil.rmtree(index.directory)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -18,12 +18,25 @@ generator (other captions) for ``--seconds``, after ``--warmup`` seconds of the 
 client first (the single-client latency), then ``--clients`` at once; for each ``--max-batch``
 value (batching of concurrent searches, ``dicosa/serve/batching.py``; 1 = off) a fresh server.
 Latency is measured by the client (request sent to answer parsed); the server's own per-stage
-medians come from the answers' ``times_ms``. Resident memory is the server process's
-(``/proc/PID/status``) after the concurrent phase. Clients and server share the machine's
-cores, as they would on a 2-core box.
+medians come from the answers' ``times_ms``. Resident memory is the server process's (and its
+workers', ``/proc/PID/status``) after the concurrent phase. Clients and server share the
+machine's cores, as they would on a 2-core box; each phase also reports the CPU seconds the
+server and the clients used in its measured window (``benchmarks/profiling.py``).
+
+The service's options, each compared in one run where it takes several values (every
+combination is a fresh server): ``--max-batch``, ``--text-tower`` (float, packed, int8),
+``--workers`` (server processes), ``--threads`` (torch threads per process),
+``--batch-wait-ms``, ``--query-cache`` (off by default here: the clients cycle through a
+few hundred captions, so a cache would answer most of them from memory, which is not what a
+new query costs). ``--frame-dtype int8`` builds (and names) the index with int8 frames.
+``--profile`` runs py-spy on the server during each concurrent phase and writes its busiest
+functions and each search stage's share of the samples into the JSON (a profiled run is
+slower: take the timings from a run without it).
 
     python benchmarks/serve.py --videos 100000 1000000 --keep      # the lead, alone
     python benchmarks/serve.py --videos 1000000 --reuse            # again, on the kept index
+    python benchmarks/serve.py --videos 100000 --reuse --text-tower float packed --workers 1 2
+    python benchmarks/serve.py --videos 100000 --reuse --profile --max-batch 8
     python benchmarks/serve.py --smoke
 """
 
@@ -41,6 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from common import environment, report
+from profiling import Window
 from search import captions, fresh, stage_options, synthetic_shard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,6 +72,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--candidates", type=int, default=1000)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--max-batch", type=int, nargs="+", default=[8, 1])
+    p.add_argument("--text-tower", nargs="+", default=["float"],
+                   choices=("float", "packed", "int8"), help="dicosa serve --text-tower")
+    p.add_argument("--workers", type=int, nargs="+", default=[1], help="dicosa serve --workers")
+    p.add_argument("--threads", type=int, default=None, help="dicosa serve --threads")
+    p.add_argument("--batch-wait-ms", type=float, default=None,
+                   help="dicosa serve --batch-wait-ms (default: the server's)")
+    p.add_argument("--query-cache", type=int, default=0,
+                   help="dicosa serve --query-cache (default 0 here: module docstring)")
+    p.add_argument("--frame-dtype", choices=("float16", "int8"), default="float16",
+                   help="how the built index keeps frames")
+    p.add_argument("--profile", action="store_true",
+                   help="py-spy on the server during each concurrent phase")
+    p.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
+    p.add_argument("--profile-native", action="store_true",
+                   help="py-spy --native: C/C++ frames too (torch, OpenMP)")
     p.add_argument("--config", default="configs/msrvtt.yaml")
     p.add_argument("--set", action="append", default=["model.pretrained=null"],
                    metavar="SECTION.KEY=VALUE", help="model config overrides")
@@ -78,6 +107,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.videos, args.clients, args.clusters, args.shard_size = [2000], 2, 50, 512
         args.seconds, args.warmup, args.single_seconds, args.max_batch = 2.0, 0.5, 1.0, [8]
         args.config, args.set = str(REPO / "configs/synthetic.yaml"), ["model.num_frames=4"]
+        args.profile_rate = min(args.profile_rate, 50)
         args.work = "serve-bench-smoke"
     args.config = str((REPO / args.config) if not Path(args.config).is_absolute()
                       else args.config)
@@ -100,7 +130,8 @@ def build_index(args, videos: int, directory: Path) -> dict:
                                                                   seed=s))).text
                              for s in range(0, args.clusters, 256)])
     index = VideoIndex(model, device="cpu", backend=args.backend, summary=args.summary,
-                       stage_options=stage_options(args.stage_option))
+                       stage_options=stage_options(args.stage_option),
+                       frame_dtype=args.frame_dtype)
     index.meta["model"] = source
     index.save(fresh(directory))
     rng = torch.Generator().manual_seed(1)
@@ -122,13 +153,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(directory: Path, port: int, max_batch: int) -> subprocess.Popen:
+def start_server(directory: Path, port: int, setup: dict, args) -> subprocess.Popen:
+    """``dicosa serve`` on ``directory`` with the run's ``setup`` (max_batch, text_tower,
+    workers) and the options every run shares."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    return subprocess.Popen(
-        [sys.executable, "-m", "dicosa.serve", str(directory.resolve()), "--port", str(port),
-         "--max-batch", str(max_batch), "--reload-interval", "0", "--device", "cpu"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = [sys.executable, "-m", "dicosa.serve", str(directory.resolve()), "--port",
+               str(port), "--max-batch", str(setup["max_batch"]), "--reload-interval", "0",
+               "--device", "cpu", "--text-tower", setup["text_tower"], "--workers",
+               str(setup["workers"]), "--query-cache", str(args.query_cache)]
+    if args.threads:
+        command += ["--threads", str(args.threads)]
+    if args.batch_wait_ms is not None:
+        command += ["--batch-wait-ms", str(args.batch_wait_ms)]
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
 
 
 def wait_ready(base: str, server: subprocess.Popen, timeout: float = 1800.0) -> float:
@@ -148,7 +187,7 @@ def wait_ready(base: str, server: subprocess.Popen, timeout: float = 1800.0) -> 
 
 
 def resident(pid: int) -> dict[str, float]:
-    """The server's resident memory in GiB: anonymous, file-backed (mapped store pages) and
+    """A process's resident memory in GiB: anonymous, file-backed (mapped store pages) and
     the peak of both."""
     with open(f"/proc/{pid}/status") as f:
         fields = dict(line.split(":", 1) for line in f)
@@ -156,14 +195,31 @@ def resident(pid: int) -> dict[str, float]:
             (("anon_gib", "RssAnon"), ("file_gib", "RssFile"), ("peak_gib", "VmHWM"))}
 
 
+def server_memory(pid: int, workers: set[int]) -> dict:
+    """The server's memory (:func:`resident`); with worker processes, each worker's, and
+    their anonymous memory summed (their mapped store pages are the same page cache)."""
+    if not workers - {pid}:
+        return resident(pid)
+    each = [resident(w) for w in workers]
+    return {"anon_gib": round(sum(w["anon_gib"] for w in each), 3),
+            "file_gib_max": max(w["file_gib"] for w in each), "workers": each,
+            "supervisor": resident(pid)}
+
+
 # -- the load ---------------------------------------------------------------------------------
-def load(base: str, clients: int, seconds: float, warmup: float, args, seed: int) -> dict:
-    """``clients`` threads searching back to back: warm-up, then ``seconds`` measured."""
+def load(base: str, clients: int, seconds: float, warmup: float, args, seed: int,
+         window: Window | None = None) -> dict:
+    """``clients`` threads searching back to back: warm-up, then ``seconds`` measured
+    (``window`` started and stopped at its edges)."""
     import httpx
 
     texts = captions(max(500, 50 * clients), seed=10_000 + seed)
     start_at = time.perf_counter() + 0.2
     measure_from, stop_at = start_at + warmup, start_at + warmup + seconds
+    timers = [threading.Timer(at - time.perf_counter(), act) for at, act in
+              ((measure_from, window.start), (stop_at, window.stop))] if window else []
+    for timer in timers:
+        timer.start()
     records: list[list[tuple]] = [[] for _ in range(clients)]
 
     def client(c: int) -> None:
@@ -191,7 +247,10 @@ def load(base: str, clients: int, seconds: float, warmup: float, args, seed: int
         t.start()
     for t in threads:
         t.join()
-    return summarise([r for rows in records for r in rows], seconds, clients)
+    for timer in timers:
+        timer.join()
+    out = summarise([r for rows in records for r in rows], seconds, clients)
+    return {**out, **(window.result if window else {})}
 
 
 def summarise(rows: list[tuple], seconds: float, clients: int) -> dict:
@@ -214,23 +273,53 @@ def summarise(rows: list[tuple], seconds: float, clients: int) -> dict:
                                "moments", "total")}}
 
 
-def serve_and_load(args, directory: Path, max_batch: int) -> dict:
+def setups(args) -> list[dict]:
+    """Every combination of the compared service options: one fresh server each."""
+    return [{"max_batch": b, "text_tower": t, "workers": w}
+            for b in args.max_batch for t in args.text_tower for w in args.workers]
+
+
+def serve_and_load(args, directory: Path, setup: dict) -> dict:
     port = args.port or free_port()
     base = f"http://127.0.0.1:{port}"
-    server = start_server(directory, port, max_batch)
+    server = start_server(directory, port, setup, args)
+    label = "-".join(f"{k}{v}" for k, v in setup.items())
+    raw = Path(args.out).with_name(f"{Path(args.out).stem}.{directory.name}.{label}.pyspy.txt")
     try:
         ready_s = wait_ready(base, server)
-        single = load(base, 1, args.single_seconds, args.warmup, args, seed=0)
-        concurrent = load(base, args.clients, args.seconds, args.warmup, args, seed=1)
-        memory = resident(server.pid)
+        workers = wait_workers(base, setup["workers"])  # every worker up, not only the first
+        single = load(base, 1, args.single_seconds, args.warmup, args, seed=0,
+                      window=Window(server.pid))
+        concurrent = load(base, args.clients, args.seconds, args.warmup, args, seed=1,
+                          window=Window(server.pid, args.profile, args.profile_rate,
+                                        args.profile_native, raw))
+        memory = server_memory(server.pid, workers)
+        info = _info(base)
     finally:
         server.terminate()
         try:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
-    return {"max_batch": max_batch, "open_s": round(ready_s, 1), "single_client": single,
+    return {**setup, "threads": info["server"]["threads"], "query_cache": args.query_cache,
+            "text": info["text"], "open_s": round(ready_s, 1), "single_client": single,
             "concurrent": concurrent, "server_memory_gib": memory}
+
+
+def _info(base: str) -> dict:
+    import httpx
+
+    return httpx.get(base + "/api/info", timeout=30).json()
+
+
+def wait_workers(base: str, workers: int, timeout: float = 1800.0) -> set[int]:
+    """The process ids of the server's ``workers``, once each has answered /api/info."""
+    seen, started = set(), time.perf_counter()
+    while len(seen) < workers:
+        if time.perf_counter() - started > timeout:
+            raise TimeoutError(f"only {len(seen)} of {workers} workers answered")
+        seen.add(_info(base)["server"]["pid"])
+    return seen
 
 
 def met(videos: int, run: dict) -> bool:
@@ -246,19 +335,22 @@ def main(argv: list[str] | None = None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     sizes = []
     for videos in args.videos:
-        directory = work / f"index-{videos}-{args.summary}"
+        dtype = "" if args.frame_dtype == "float16" else f"-{args.frame_dtype}"
+        directory = work / f"index-{videos}-{args.summary}{dtype}"
         built = build_index(args, videos, directory)
         store = sum(p.stat().st_size for p in directory.glob("shard-*")) / 2**30
-        runs = [serve_and_load(args, directory, b) for b in args.max_batch]
+        runs = [serve_and_load(args, directory, setup) for setup in setups(args)]
         sizes.append({"videos": videos, **built, "store_gib": round(store, 2), "runs": runs,
-                      "targets_met": {f"max_batch={r['max_batch']}": met(videos, r)
-                                      for r in runs}})
+                      "targets_met": {",".join(f"{k}={r[k]}" for k in
+                                               ("max_batch", "text_tower", "workers")):
+                                      met(videos, r) for r in runs}})
         if not args.keep:
             shutil.rmtree(directory)
     result = {"benchmark": "serve", **environment("cpu"), "threads": torch.get_num_threads(),
               "smoke": args.smoke, "clients": args.clients, "seconds": args.seconds,
               "candidates": args.candidates, "k": args.k, "backend": args.backend,
               "summary": args.summary, "config": Path(args.config).name,
+              "frame_dtype": args.frame_dtype, "query_cache": args.query_cache,
               "overrides": args.set, "targets": TARGETS, "sizes": sizes}
     if args.smoke:
         shutil.rmtree(work, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -229,10 +230,12 @@ class DiCoSA(nn.Module):
         return self.clip.logit_scale.exp().clamp(max=self.config.logit_scale_max)
 
     # -- encoders -------------------------------------------------------------------------
-    def encode_text(self, tokens: Tensor) -> TextFeatures:
+    def encode_text(self, tokens: Tensor, tower: Callable[[Tensor], Tensor] | None = None
+                    ) -> TextFeatures:
         """``tokens [B_t, L]`` (L = max_words) -> T ``[B_t, D]`` (unit vectors with
-        ``normalize_features``)."""
-        text = encode_text_tokens(self.clip, tokens)
+        ``normalize_features``). ``tower``: another forward of CLIP's text tower to use (the
+        CPU one of :mod:`dicosa.text_tower`); None: the model's own."""
+        text = encode_text_tokens(self.clip, tokens) if tower is None else tower(tokens)
         return TextFeatures(F.normalize(text, dim=-1) if self.config.normalize_features
                             else text)
 

@@ -90,8 +90,14 @@ def test_pair_scores_equal_the_model_score(options):
     with torch.no_grad():
         expected = model.score(text, video).diagonal()
         got = pair_scores(model, text, video)
+        # the text side once per query: pair i is query pairs[i] with video i
+        queries = TextFeatures(_text(model, QUERIES))
+        pairs = torch.tensor([3, 0, 0, 2, 1, 3, 3, 2, 0, 1, 1, 2])
+        per_query = model.score(queries, video)[pairs, torch.arange(len(video))]
+        shared = pair_scores(model, queries, video, pairs=pairs)
     # float32 sums in another order: a few ulps of values of order 1.
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared, per_query, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.paths

@@ -433,6 +433,74 @@ def test_serve_command_listens_on_loopback_only(built):
     assert f"http://127.0.0.1:{port}/" in out
 
 
+def test_the_text_tower_and_query_cache_are_set_and_shown(built):
+    """--text-tower packed --query-cache N: the same ranking, and /api/info counts the cache's
+    hits (a second page of a query is not encoded again)."""
+    engine = Engine.open(built, text_tower="packed", query_cache=4)
+    plain = Engine.open(built, query_cache=0)
+    with TestClient(create_app(engine, Settings(reload_interval_s=0))) as c:
+        before = c.get("/api/info").json()["text"]
+        pages = [c.get("/api/search", params={"q": "a blue square", "k": 3, "offset": o}).json()
+                 for o in (0, 3)]
+        info = c.get("/api/info").json()
+    want = plain.search(_request("a blue square", k=6)).body["hits"]
+    assert [h["id"] for p in pages for h in p["hits"]] == [h["id"] for h in want]
+    assert before["tower"] == "packed" and before["cache"]["capacity"] == 4
+    assert info["text"]["cache"]["hits"] == before["cache"]["hits"] + 1
+    assert info["text"]["cache"]["misses"] == before["cache"]["misses"] + 1
+    assert info["frame_dtype"] == "float16" and info["server"]["workers"] == 1
+    assert info["server"]["max_batch"] == Settings().max_batch
+
+
+@pytest.mark.slow
+def test_several_worker_processes_serve_and_each_reloads(built, tmp_path):
+    """dicosa serve --workers 2: two processes answer on one port, each searches the index,
+    and each reopens it after another process adds videos."""
+    import httpx
+
+    folder = shutil.copytree(built, tmp_path / "index")
+    port = free_port()
+    server = run_cli("serve", str(folder), "--port", str(port), "--workers", "2",
+                     "--reload-interval", "0.5")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(base + "/api/ready", timeout=180)
+
+        def seen(videos: int, timeout: float = 120) -> set[int]:
+            """Worker pids answering with ``videos`` videos, until both have (new
+            connections each time, which the kernel hands to either process)."""
+            pids, deadline = set(), time.monotonic() + timeout
+            while len(pids) < 2 and time.monotonic() < deadline:
+                with ThreadPoolExecutor(4) as pool:
+                    infos = list(pool.map(lambda _: httpx.get(base + "/api/info",
+                                                              timeout=30).json(), range(4)))
+                pids |= {i["server"]["pid"] for i in infos if i["videos"] == videos}
+            return pids
+
+        workers = seen(len(CLIPS))
+        assert len(workers) == 2 and server.pid not in workers
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda q: httpx.get(base + "/api/search", timeout=60,
+                                                        params={"q": q, "k": 3}), QUERIES))
+        assert all(a.status_code == 200 and len(a.json()["hits"]) == 3 for a in answers)
+        new = tmp_path / "new"
+        for i in range(2):
+            write_video(new / f"added{i}.mp4", 15 + i, fps=10)
+        model, source, _ = load_model(None, TINY[1], TINY[3:])
+        VideoIndex.build(model, new, folder, meta={"model": source}, num_workers=0,
+                         progress=False)
+        assert seen(len(CLIPS) + 2) == workers  # both reopened it
+    finally:
+        server.terminate()
+        out, err = server.communicate(timeout=60)
+    assert server.returncode == 0, err[-2000:]
+    assert "in 2 processes" in out
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+
+
 def test_videos_added_by_another_writer_are_searched_after_a_reload(built, tmp_path):
     """Videos are added to the served folder while searches run, as ``dicosa index``
     does (``VideoIndex.build`` into it, with its own model and index objects, on another
@@ -478,27 +546,34 @@ def test_videos_added_by_another_writer_are_searched_after_a_reload(built, tmp_p
                                                             (len(CLIPS) + 3, len(CLIPS) + 3)}
 
 
+class _StubEngine:
+    """Ranks instantly, remembering each batch of texts; "bad" fails its batch."""
+
+    def __init__(self):
+        self.calls = []
+
+    def rank(self, texts, *, depth, candidates, exclude=(), mode=None, source=None):
+        from dicosa.serve.engine import Ranked
+
+        self.calls.append(list(texts))
+        if "bad" in texts:
+            raise ValueError("no good")
+        return [Ranked([], torch.zeros(1, 2), np.zeros(0, np.int64), {}, t, batch=len(texts))
+                for t in texts]
+
+
 def test_a_failed_batch_is_run_again_one_search_at_a_time():
     """A search that fails fails alone: its batch is run again search by search."""
     from dicosa.serve.batching import Batcher
-    from dicosa.serve.engine import Ranked
 
-    calls = []
-
-    class Stub:
-        def rank(self, texts, *, depth, candidates, exclude=(), mode=None, source=None):
-            calls.append(list(texts))
-            if "bad" in texts:
-                raise ValueError("no good")
-            return [Ranked([], torch.zeros(1, 2), np.zeros(0, np.int64), {}, t) for t in texts]
-
-    stub, batcher = Stub(), Batcher(max_batch=4, max_wait_s=0.2)
+    stub, batcher = _StubEngine(), Batcher(max_batch=4, max_wait_s=0.5)
+    tickets = {text: batcher.expect() for text in ["one", "bad", "two"]}  # all three received
     barrier = threading.Barrier(3)
 
     def ask(text):
         barrier.wait()
         try:
-            return batcher.rank(stub, _request(text)).stage
+            return batcher.rank(stub, _request(text), tickets[text]).stage
         except ValueError as exc:
             return str(exc)
 
@@ -506,4 +581,39 @@ def test_a_failed_batch_is_run_again_one_search_at_a_time():
         answers = list(pool.map(ask, ["one", "bad", "two"]))
     batcher.close()
     assert answers == ["one", "no good", "two"]
+    calls = stub.calls
     assert any(len(c) > 1 for c in calls) and ["bad"] in calls and ["one"] in calls
+
+
+def test_a_batch_waits_only_for_searches_on_their_way():
+    """A lone search is ranked at once however long a batch may wait; a search already
+    received (its ticket taken) is waited for, and joins; one that never comes costs the
+    batch at most max_wait_s."""
+    from dicosa.serve.batching import Batcher
+
+    stub, batcher = _StubEngine(), Batcher(max_batch=4, max_wait_s=1.0)
+    started = time.perf_counter()
+    alone = batcher.rank(stub, _request("one"))
+    assert time.perf_counter() - started < 0.5 and alone.times["queue_s"] < 0.5
+    assert alone.batch == 1 and batcher.coming == 0
+
+    ticket = batcher.expect()  # "two" has arrived and is being parsed
+
+    def late():
+        time.sleep(0.2)
+        return batcher.rank(stub, _request("two"), ticket)
+
+    with ThreadPoolExecutor(1) as pool:
+        second = pool.submit(late)
+        first = batcher.rank(stub, _request("three"))
+        assert first.batch == second.result().batch == 2 and ["three", "two"] in stub.calls
+    assert batcher.coming == 0
+
+    lost = batcher.expect()  # received, then never queued (its request failed elsewhere)
+    started = time.perf_counter()
+    assert batcher.rank(stub, _request("four")).batch == 1
+    assert 0.9 < time.perf_counter() - started < 5
+    lost.settle()
+    lost.settle()  # settling twice is settling once
+    assert batcher.coming == 0
+    batcher.close()

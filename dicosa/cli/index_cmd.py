@@ -71,6 +71,11 @@ def add_parser(commands) -> None:
     p.add_argument("--subtitles", action=argparse.BooleanOptionalAction, default=None,
                    help="read subtitles beside the videos (name.srt, name.en.vtt, ...) and "
                         "inside them (default: on; cheap)")
+    p.add_argument("--frame-dtype", choices=("float16", "int8"), default=None,
+                   help="how a new index keeps frame features: float16 (default) or int8 with "
+                        "one scale per frame (half the bytes; the rerank's scores stay within a "
+                        "stated bound of float16's, docs/index-format.md); an existing index "
+                        "keeps its own")
     p.add_argument("--no-wait", action="store_true",
                    help="fail at once (one sentence) when another process is writing the index, "
                         "instead of waiting for it")
@@ -108,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
                              uri=args.uri, stage_options=options(args.stage_option) or None,
                              titles=args.titles, frame_sampling=frames.sampling,
                              frame_padding=frames.padding, segments=_segments(args),
-                             lock_timeout=0 if args.no_wait else None, **summary)
+                             lock_timeout=0 if args.no_wait else None,
+                             frame_dtype=args.frame_dtype, **summary)
     except PeerFailed:
         # The main process prints why and exits non-zero, which fails the launch; a non-zero
         # status here could let torchrun stop the main process before it has printed.

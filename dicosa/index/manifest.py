@@ -9,10 +9,12 @@ replaced by rename, and is derivable from the shards).
 Fields (JSON): ``format`` (:data:`FORMAT`), ``version`` (2; 3 when the frame protocol is
 not ``segments``/``black``, so that a dicosa from before the ``frames`` field refuses such an
 index; 4 when it holds ``runs`` shards, the frame runs of videos cut into segments, which an
-older dicosa cannot read), ``generation`` (commits so far: a long-lived reader reloads when it
+older dicosa cannot read; 5 when it keeps frames as int8, :mod:`dicosa.search.frame_codec`),
+``generation`` (commits so far: a long-lived reader reloads when it
 grows), ``fingerprint`` (``weights_sha256`` and the config fields that change features or scores),
-the store's fields (``num_frames``, ``dim``, ``next_id``, ``removed`` row ids, ``shards``:
-``[{"name", "first_id", "count", "proxy", "sha256": {"safetensors", "csv"}}]``),
+the store's fields (``num_frames``, ``dim``, ``frame_dtype`` (``float16`` or ``int8``: how new
+shards keep frames), ``next_id``, ``removed`` row ids, ``shards``:
+``[{"name", "first_id", "count", "proxy", "frames", "sha256": {"safetensors", "csv"}}]``),
 ``num_videos`` (live rows), ``first_stage`` (``backend``, ``uri``, ``options``,
 ``summary``, ``calibration``, ``dim``, ``synced``: the store's ``[next_id, removed]`` when the
 stage was last saved; a stage that lags is rebuilt from the stored proxies when opened),
@@ -43,13 +45,13 @@ __all__ = ["FORMAT", "MANIFEST", "READABLE", "RESERVED", "VERSION", "Manifest",
            "ManifestError", "read_reserved", "write_reserved"]
 
 FORMAT = "dicosa-video-index"
-VERSION = 4  # written for an index with segments; 3 for another frame protocol; else 2
-READABLE = (1, 2, 3, 4)
+VERSION = 5  # int8 frames; 4 for an index with segments; 3 for another frame protocol; else 2
+READABLE = (1, 2, 3, 4, 5)
 MANIFEST = "manifest.json"
 RESERVED = "reserved.json"
 # Indexes decoded with this before their manifest recorded the frame protocol (``frames``).
 UNRECORDED_FRAMES = FrameProtocol("segments", "black")
-_STORE_KEYS = ("num_frames", "dim", "next_id", "removed", "shards")
+_STORE_KEYS = ("num_frames", "dim", "frame_dtype", "next_id", "removed", "shards")
 _REBUILD = "rebuild the index with 'dicosa index'"
 
 
@@ -134,7 +136,11 @@ class Manifest:
 
     @property
     def version(self) -> int:
-        if any(s.get("layout") == "runs" for s in self.store.get("shards", [])):
+        shards = self.store.get("shards", [])
+        if self.store.get("frame_dtype", "float16") != "float16" or any(
+                s.get("frames", "float16") != "float16" for s in shards):
+            return 5
+        if any(s.get("layout") == "runs" for s in shards):
             return 4
         return 2 if self.frames == UNRECORDED_FRAMES else 3
 

@@ -141,6 +141,7 @@ def build_index(
     launch: Launch | None = None,
     lock_timeout: float | None = None,
     segments=None,
+    frame_dtype: str | None = None,
 ) -> BuildReport:
     """:meth:`VideoIndex.build` into ``out_dir``, split over the processes of the launch.
 
@@ -155,14 +156,15 @@ def build_index(
     stage = {"backend": backend, "uri": uri, "stage_options": stage_options, "summary": summary,
              "summary_head": summary_head, "frame_sampling": frame_sampling,
              "frame_padding": frame_padding, "lock_timeout": lock_timeout,
-             "segments": segments}
+             "segments": segments, "frame_dtype": frame_dtype}
     if launch.size == 1 and not (out / PARTS).is_dir():
         index = VideoIndex.build(model, videos, out, batch_size=batch_size,
                                  num_workers=num_workers, shard_size=shard_size, meta=meta,
                                  progress=progress, titles=titles, **stage)
         return BuildReport(index, 1)
     try:
-        top, pending, frames, policy = _agree_on_pending(launch, model, videos, out, stage)
+        top, pending, frames, policy, kept = _agree_on_pending(launch, model, videos, out,
+                                                               stage)
         mine = _block(pending, launch.rank, launch.size)
         if num_workers is None:  # the processes share the machine's cores
             num_workers = min(4, max(1, (os.cpu_count() or 1) // launch.size))
@@ -170,7 +172,8 @@ def build_index(
                                            device=launch.device, backend=None,
                                            frame_sampling=frames.sampling,
                                            frame_padding=frames.padding,
-                                           segments=policy if policy is not None else False)
+                                           segments=policy if policy is not None else False,
+                                           frame_dtype=kept)
         encoded = part.add(mine, batch_size=batch_size, num_workers=num_workers,
                            shard_size=shard_size, progress=progress and launch.is_main,
                            titles=titles, only_new=False)
@@ -190,10 +193,10 @@ def build_index(
 
 
 def _agree_on_pending(launch: Launch, model: DiCoSA, videos, out: Path, stage: dict
-                      ) -> tuple[VideoIndex | None, list[str], FrameProtocol, dict | None]:
+                      ) -> tuple[VideoIndex | None, list[str], FrameProtocol, dict | None, str]:
     """The main process opens the index and lists what is left; every process gets the list,
-    the index's frame protocol and its segment policy (a resumed index's may not be the one
-    asked for).
+    the index's frame protocol, its segment policy and how it keeps frames (a resumed
+    index's may not be the ones asked for).
 
     One process decides, so that all split the same list: the others have not started
     writing when it reads the parts. A failure there (another model's index, a damaged part)
@@ -208,7 +211,8 @@ def _agree_on_pending(launch: Launch, model: DiCoSA, videos, out: Path, stage: d
                 done.update(paths)
             agreed = ([p for p in dict.fromkeys(list_videos(videos)) if p not in done],
                       top.frames.as_dict(),
-                      top.segments.as_dict() if top.segments is not None else None)
+                      top.segments.as_dict() if top.segments is not None else None,
+                      top.store.frame_dtype)
         except Exception as exc:
             failure = exc
     agreed = launch.broadcast(agreed)
@@ -216,10 +220,11 @@ def _agree_on_pending(launch: Launch, model: DiCoSA, videos, out: Path, stage: d
         raise failure
     if agreed is None:
         raise PeerFailed("the main process could not start the build; its message says why")
-    pending, frames, policy = agreed[0], FrameProtocol(**agreed[1]), agreed[2]
+    pending, frames, policy, kept = (agreed[0], FrameProtocol(**agreed[1]), agreed[2],
+                                     agreed[3])
     log.info("process %d of %d: %d video(s) left to encode, %d of them here", launch.rank,
              launch.size, len(pending), len(_block(pending, launch.rank, launch.size)))
-    return top, pending, frames, policy
+    return top, pending, frames, policy, kept
 
 
 def _block(items: list[str], rank: int, size: int) -> list[str]:

@@ -27,6 +27,7 @@ from ..data.protocol import FrameProtocol
 from ..model import DiCoSA, TextFeatures
 from ..search.moment import Moment, Timeline, best_moments, overlaps, video_timeline
 from ..search.query import Query, QueryError, parse_query
+from ..search.query_text import QueryText
 from ..search.rerank import pair_scores
 from ..search.store import FrameStore
 from ..search.types import Candidates, EncodedQueries, RerankHook
@@ -38,7 +39,11 @@ __all__ = ["DEFAULT_CANDIDATES", "Hit", "SearchMode", "SearchResult", "Searcher"
 log = logging.getLogger(__name__)
 
 DEFAULT_CANDIDATES = 1000
-_PAIRS_PER_CHUNK = 2048  # rerank pairs per forward: [chunk, N, D] float32 stays ~50 MB
+# The rerank's frames per forward, [chunk, N, D] float32: Eq. 1 reads the block twice (the
+# weights, then the pooling), so a block that stays in the CPU's caches between the two is
+# read from memory once (8 MiB: 341 ViT-B/32 candidates of 12 x 512).
+_RERANK_BLOCK_BYTES = 8 << 20
+_MIN_PAIRS_PER_CHUNK = 64
 MOMENTS_PER_HIT = 3  # a hit's best non-overlapping moments
 
 
@@ -160,6 +165,11 @@ class Searcher:
     encoders: Sequence[Callable[[EncodedQueries], None]]
     explainers: dict[str, Callable] = field(default_factory=dict)
     frames: FrameProtocol = field(default_factory=FrameProtocol)  # how the index decoded
+    text: QueryText | None = None  # the text tower and cache (None: the model's, uncached)
+
+    def __post_init__(self) -> None:
+        if self.text is None:
+            self.text = QueryText(self.model, self.tokenizer, self.device)
 
     # -- encode ---------------------------------------------------------------------------
     def encode(self, texts: Sequence[str], exclude: Sequence[str] = (),
@@ -168,14 +178,11 @@ class Searcher:
         positive text once, run the query encoders; and which queries were cut short."""
         self.check_mode(mode)
         queries = [parse_query(t, exclude) for t in texts]
-        positive = [q.text for q in queries]
-        tokens = self.tokenizer(positive)
-        with torch.inference_mode():
-            text = self.model.encode_text(tokens.to(self.device))
-        encoded = EncodedQueries(queries, text, {"mode": mode})
+        vectors, cut = self.text.encode([q.text for q in queries])
+        encoded = EncodedQueries(queries, TextFeatures(vectors), {"mode": mode})
         for encoder in self.encoders:
             encoder(encoded)
-        return encoded, truncated(self.tokenizer, positive, tokens)
+        return encoded, cut
 
     def check_mode(self, mode: str | None) -> None:
         if mode is not None and mode not in self.modes:
@@ -276,17 +283,26 @@ class Searcher:
 
     # -- DiCoSA ---------------------------------------------------------------------------
     def rerank(self, encoded: EncodedQueries, ids: np.ndarray) -> Tensor:
-        """DiCoSA S of each query with its candidates: ``[Q, C]`` float32, -inf at pads."""
+        """DiCoSA S of each query with its candidates: ``[Q, C]`` float32, -inf at pads.
+
+        The candidates' frames are read in blocks of ``_RERANK_BLOCK_BYTES`` (as float32),
+        straight into the dtype the model computes in; the text side of each query is
+        computed once per block (:func:`~dicosa.search.rerank.pair_scores` with ``pairs``)."""
         dtype = next(self.model.parameters()).dtype
         query, column = np.nonzero(ids >= 0)
         out = torch.full(ids.shape, float("-inf"))
-        text = encoded.text.text.to(self.device, dtype)
-        for start in range(0, len(query), _PAIRS_PER_CHUNK):
-            q, c = query[start:start + _PAIRS_PER_CHUNK], column[start:start + _PAIRS_PER_CHUNK]
-            video = self.store.gather(ids[q, c]).to(self.device, dtype)
-            pairs = TextFeatures(text[torch.from_numpy(q).to(self.device)])
-            out[q, c] = pair_scores(self.model, pairs, video).cpu()
+        text = TextFeatures(encoded.text.text.to(self.device, dtype))
+        step = self._pairs_per_chunk()
+        for start in range(0, len(query), step):
+            q, c = query[start:start + step], column[start:start + step]
+            video = self.store.gather(ids[q, c], dtype).to(self.device)
+            pairs = torch.from_numpy(q).to(self.device)
+            out[q, c] = pair_scores(self.model, text, video, pairs=pairs).cpu()
         return out
+
+    def _pairs_per_chunk(self) -> int:
+        per_pair = 4 * (self.store.num_frames or 1) * (self.store.dim or 1)
+        return max(_MIN_PAIRS_PER_CHUNK, _RERANK_BLOCK_BYTES // per_pair)
 
     @torch.inference_mode()
     def exhaustive(self, text: TextFeatures, ids: np.ndarray, chunk: int) -> Tensor:
@@ -294,7 +310,7 @@ class Searcher:
         dtype = next(self.model.parameters()).dtype
         out = [torch.zeros(len(text), 0)]
         for start in range(0, len(ids), chunk):
-            video = self.store.gather(ids[start:start + chunk]).to(self.device, dtype)
+            video = self.store.gather(ids[start:start + chunk], dtype).to(self.device)
             out.append(self.model.score(text, video).float().cpu())
         return torch.cat(out, dim=1)
 
@@ -356,23 +372,6 @@ def _best_per_video(scores: np.ndarray, videos: np.ndarray, usable: np.ndarray,
     order = columns[np.argsort(-scores[columns], kind="stable")]
     _, first = np.unique(videos[order], return_index=True)
     return order[np.sort(first)][:k].tolist()
-
-
-def truncated(tokenizer: Callable, texts: Sequence[str], tokens: Tensor) -> list[bool]:
-    """Whether each text had more tokens than ``tokens`` holds (the tokenizer cut it).
-
-    A full last position means the text reached the context; it was cut when the tokenizer,
-    given a longer context (open_clip's tokenizers take ``context_length``), yields more."""
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2:  # a tokenizer of another shape
-        return [False] * len(texts)
-    full = (tokens[:, -1] != 0).tolist()
-    if not any(full):
-        return [False] * len(texts)
-    try:
-        longer = tokenizer(list(texts), context_length=tokens.shape[1] * 8)
-    except TypeError:  # a tokenizer without context_length: a full row is all we know
-        return full
-    return ((longer != 0).sum(dim=1) > tokens.shape[1]).tolist()
 
 
 def _skip_non_finite(scores: Tensor, ids: np.ndarray) -> Tensor:

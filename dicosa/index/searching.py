@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..search.query_text import QueryText
 from ..search.types import RerankHook
 from .searcher import DEFAULT_CANDIDATES, Hit, Searcher, SearchResult, check_search
 
@@ -31,7 +32,7 @@ class Searching:
             encoders.insert(0, lambda encoded: encoded.extra.update(options))
         return Searcher(self._require_model(), self.tokenizer, self.device, self.store,
                         self._stages, self.modes, list(self.hooks if hooks is None else hooks),
-                        encoders, explainers, self.frames)
+                        encoders, explainers, self.frames, self.query_text)
 
     def _source_option(self, source) -> dict | None:
         """``source=`` checked: the sources a search looks at (:mod:`dicosa.text.fusion`);
@@ -50,6 +51,14 @@ class Searching:
                              "'dicosa index FOLDER --out INDEX' (subtitles, --speech, "
                              "--ocr) or dicosa.plugins.text.attach_text(index)")
         return {"source": sorted(sources)}
+
+    def configure_queries(self, tower: str = "float", cache: int = 0) -> QueryText:
+        """Encode queries with ``tower`` (``"float"``: the model's text tower; ``"int8"``: the
+        CPU tower with int8 linear layers, :mod:`dicosa.text_tower`) and keep the vectors of
+        the last ``cache`` query texts (0: none); see :mod:`dicosa.search.query_text`."""
+        self.query_text = QueryText(self._require_model(), self.tokenizer, self.device,
+                                    tower=tower, cache=cache)
+        return self.query_text
 
     def encode_queries(self, texts: Sequence[str], exclude: Sequence[str] = (),
                        mode: str | None = None):

@@ -44,6 +44,7 @@ from ..data.protocol import FrameProtocol
 from ..data.segments import SegmentPolicy
 from ..fingerprint import fingerprint_mismatch, model_fingerprint
 from ..model import DiCoSA, VideoFeatures
+from ..search.query_text import QueryText
 from ..search.store import FrameStore
 from ..search.types import RerankHook
 from .adding import Adding
@@ -85,6 +86,10 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
     True gives a new index the default :class:`~dicosa.data.segments.SegmentPolicy` (frames at
     1 frame/s, shots, windows of the model's N frames); a policy or a dict of its fields sets
     another; False keeps one row of N frames per video, as an index before segments did.
+
+    ``frame_dtype`` is how a new index keeps frames: ``"float16"`` (the default) or ``"int8"``
+    with one scale per frame, half the bytes, the rerank's scores within a stated bound of
+    the float ones (:mod:`dicosa.search.frame_codec`). An existing index keeps its own.
     """
 
     def __init__(self, model: DiCoSA | None, *, tokenizer: Callable | None = None,
@@ -94,7 +99,8 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
                  summary: str | None = None, summary_head=None,
                  frame_sampling: str | None = None, frame_padding: str | None = None,
                  lock_timeout: float | None = None,
-                 segments: SegmentPolicy | dict | bool | None = None):
+                 segments: SegmentPolicy | dict | bool | None = None,
+                 frame_dtype: str | None = None):
         self.model: DiCoSA | None = None
         self.segments = (segment_policy(segments, model.config.num_frames)
                          if model is not None else None)
@@ -105,7 +111,7 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
         self.skipped: list[tuple[str, str]] = []
         self.text_only: list[tuple[str, str]] = []  # undecodable, indexed from the title
         self.meta: dict = {}
-        self.store = FrameStore()
+        self.store = FrameStore(frame_dtype=frame_dtype or "float16")
         self.hooks: list[RerankHook] = []
         self.query_encoders: list[Callable] = []
         self.modes: dict[str, SearchMode] = dict(_DENSE)
@@ -121,6 +127,9 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
         self._lock: WriterLock | None = None
         self._in_transaction = 0
         self.model_key: str | None = None  # set by attach
+        # how queries are encoded (the text tower, the cache): set by attach, or by
+        # configure_queries
+        self.query_text: QueryText | None = None
         if model is not None:
             self.attach(model)
 
@@ -138,7 +147,8 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
         and its videos are not encoded again.
 
         ``options`` are :meth:`create_or_resume`'s (backend, uri, stage_options, summary,
-        summary_head, frame_sampling, frame_padding, lock_timeout, segments); the rest are
+        summary_head, frame_sampling, frame_padding, lock_timeout, segments, frame_dtype);
+        the rest are
         :meth:`add`'s. ``meta``: free-form JSON-able facts stored in the manifest.
         """
         index = cls.create_or_resume(model, out_dir, tokenizer=tokenizer, device=device,
@@ -160,7 +170,8 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
                          summary_head=None, frame_sampling: str | None = None,
                          frame_padding: str | None = None,
                          lock_timeout: float | None = None,
-                         segments: SegmentPolicy | dict | bool | None = None) -> VideoIndex:
+                         segments: SegmentPolicy | dict | bool | None = None,
+                         frame_dtype: str | None = None) -> VideoIndex:
         """The index in ``out_dir`` (same model, frame protocol and first stage, else one
         ValueError sentence), or a new empty one committed there at once (None: in memory).
         Options left None (``backend="default"``) keep what a resumed index recorded; a new
@@ -172,6 +183,7 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
                              lock_timeout=lock_timeout)
             index._check_frames(frame_sampling, frame_padding)
             index._check_segments(segments)
+            index._check_frame_dtype(frame_dtype)
             index._check_stage(backend, uri, stage_options, summary)
             log.info("resuming the index at %s (%d videos)", out, len(index))
             return index
@@ -180,7 +192,7 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
                     stage_options=stage_options, summary=summary,
                     summary_head=summary_head, frame_sampling=frame_sampling,
                     frame_padding=frame_padding, lock_timeout=lock_timeout,
-                    segments=segments)
+                    segments=segments, frame_dtype=frame_dtype)
         if out is not None:
             try:
                 out.mkdir(parents=True, exist_ok=True)
@@ -217,6 +229,13 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
         raise ValueError(f"the index at {where} cuts videos by {self.segments.as_dict()}, not "
                          f"{'no segments' if asked is None else asked.as_dict()}; leave the "
                          "option out to add to it, or build a new index")
+
+    def _check_frame_dtype(self, frame_dtype: str | None) -> None:
+        """Refuse to keep new frames otherwise than the index does (None keeps its way)."""
+        if frame_dtype is not None and frame_dtype != self.store.frame_dtype:
+            raise ValueError(f"the index at {self.directory} keeps frames as "
+                             f"{self.store.frame_dtype}, not {frame_dtype}; leave the option "
+                             "out to add to it, or build a new index")
 
     def _check_stage(self, backend: str | None, uri: str | None, options: dict | None,
                      summary: str | None) -> None:
@@ -358,6 +377,8 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
             from ..clip import get_tokenizer
 
             self.tokenizer = get_tokenizer(model.config.arch, model.config.max_words)
+        if self.query_text is None or self.query_text.model is not self.model:
+            self.query_text = QueryText(self.model, self.tokenizer, self.device)
 
     def _require_model(self) -> DiCoSA:
         if self.model is None:

@@ -238,12 +238,13 @@ def video_timelines(model: DiCoSA, store, protocol: FrameProtocol, text: Tensor,
     rows = np.concatenate([np.zeros(0, np.int64), *per_video])
     if not len(rows):
         return [None] * len(videos)
-    features = store.gather(rows)  # [R, N, D]
     dtype = next(model.parameters()).dtype
+    features = store.gather(rows, dtype)  # [R, N, D]
     text = text.to(next(model.parameters()).device, dtype)
     weights = frame_weights(model, text, features).numpy()  # [R, N]
-    scored = pair_scores(model, TextFeatures(text.expand(len(rows), -1)),
-                         features.to(text.device, dtype)).cpu().numpy()  # [R]
+    one = torch.zeros(len(rows), dtype=torch.int64, device=text.device)
+    scored = pair_scores(model, TextFeatures(text), features.to(text.device, dtype),
+                         pairs=one).cpu().numpy()  # [R]
     mask = features.frame_mask.numpy()
     times = frame_times(protocol, mask.shape[1], store.rows(rows), mask,
                         stored=store.times(rows))  # [R, N]

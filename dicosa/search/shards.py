@@ -21,7 +21,12 @@ without segments writes (every index before moments, and ``VideoIndex.add_featur
     pad             float16 [D]      what fills the slots of a row with fewer than N frames
 
 :meth:`gather` gives every layout's rows the same shape, ``[r, N, D]`` with a mask, so
-everything that scores rows (first stages, rerank, heads) is the same for both. The ``pad``
+everything that scores rows (first stages, rerank, heads) is the same for both.
+
+Either layout may keep its frames as int8 (the store's ``frame_dtype``,
+:mod:`dicosa.search.frame_codec`): ``frames`` is then int8 and ``frame_scale`` float32 holds
+one scale per frame (``[n, N]`` in ``clips``, ``[F]`` in ``runs``); :meth:`gather`
+dequantises the rows it reads, and nothing else. The ``pad``
 vector matters only to models whose pooling keeps padded frames in the softmax (the released
 variant's ``mask_mode="after"``): it is the model's vector of a padding frame, so a short
 segment is pooled as a short clip with padding would be.
@@ -43,6 +48,7 @@ from safetensors.torch import save as save_safetensors
 
 from ..files import write_bytes_atomic
 from ..functional import video_proxy
+from .frame_codec import dequantise, quantise
 
 __all__ = ["COLUMNS", "ClipShard", "RunShard", "StoreError", "VideoRun", "open_shard",
            "read_rows", "write_shard"]
@@ -54,7 +60,8 @@ __all__ = ["COLUMNS", "ClipShard", "RunShard", "StoreError", "VideoRun", "open_s
 COLUMNS = ("path", "duration", "fps", "num_frames", "valid_frames", "title", "text_only",
            "frames_lost", "size", "mtime")
 _NUMERIC = ("duration", "fps", "size", "mtime")
-_DTYPES = {"F16": np.float16, "F32": np.float32, "BOOL": np.bool_, "I64": np.int64}
+_DTYPES = {"F16": np.float16, "F32": np.float32, "BOOL": np.bool_, "I64": np.int64,
+           "I8": np.int8}
 _REBUILD = "rebuild the index with 'dicosa index'"
 
 
@@ -102,11 +109,24 @@ class _Files:
 class ClipShard(_Files):
     """``clips`` layout: one row per video of N frames (module docstring)."""
 
-    frames: np.ndarray = None  # float16 [n, N, D], a memory map once written
+    frames: np.ndarray = None  # float16 (or int8) [n, N, D], a memory map once written
     frame_mask: np.ndarray = None  # bool [n, N]
     proxy: np.ndarray = None  # float32 [n, D]
     has_proxy_file: bool = True  # False for version-1 shards (proxy computed when opened)
+    frame_scale: np.ndarray | None = None  # float32 [n, N] for int8 frames, else None
     layout = "clips"
+
+    @classmethod
+    def build(cls, first_id: int, frames: np.ndarray, mask: np.ndarray,
+              frame_dtype: str = "float16") -> ClipShard:
+        """The in-memory shard of float16 ``frames [n, N, D]`` kept as ``frame_dtype``, its
+        proxies computed from the values kept."""
+        shard = cls(first_id, frame_mask=mask)
+        shard.frames, shard.frame_scale = _encode(frames, frame_dtype)
+        kept = shard.gather(np.arange(len(frames)), frames.shape[1])[0]
+        shard.proxy = video_proxy(torch.from_numpy(kept).float(),
+                                  torch.from_numpy(mask)).numpy()
+        return shard
 
     @property
     def count(self) -> int:
@@ -121,8 +141,16 @@ class ClipShard(_Files):
         """(N, D) of its rows."""
         return tuple(self.frames.shape[1:])
 
+    @property
+    def frame_dtype(self) -> str:
+        return "float16" if self.frame_scale is None else "int8"
+
     def gather(self, rows: np.ndarray, num_frames: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.frames[rows], self.frame_mask[rows]
+        """Frames ``[r, N, D]`` (float16 as kept, or float32 dequantised) and mask of rows."""
+        frames = self.frames[rows]
+        if self.frame_scale is not None:
+            frames = dequantise(frames, self.frame_scale[rows])
+        return frames, self.frame_mask[rows]
 
     def valid_any(self, rows: np.ndarray) -> np.ndarray:
         return self.frame_mask[rows].any(1)
@@ -152,11 +180,13 @@ class ClipShard(_Files):
         return self.frames.nbytes
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {"frames": self.frames, "frame_mask": self.frame_mask, "proxy": self.proxy}
+        return _with_scale({"frames": self.frames, "frame_mask": self.frame_mask,
+                            "proxy": self.proxy}, self.frame_scale)
 
     def remap(self, tensors: dict[str, np.ndarray]) -> None:
         self.frames, self.frame_mask = tensors["frames"], tensors["frame_mask"]
         self.proxy, self.has_proxy_file = tensors["proxy"], True
+        self.frame_scale = tensors.get("frame_scale")
 
 
 @dataclass
@@ -171,17 +201,23 @@ class RunShard(_Files):
     segment_time: np.ndarray = None  # float32 [S, 2]
     proxy: np.ndarray = None  # float32 [S, D]
     pad: np.ndarray = None  # float16 [D]
+    frame_scale: np.ndarray | None = None  # float32 [F] for int8 frames, else None
     layout = "runs"
+    NAMES = ("frames", "frame_valid", "frame_time", "segment", "segment_video", "segment_time",
+             "proxy", "pad")  # its tensors, besides frame_scale
 
     @classmethod
     def build(cls, first_id: int, runs: list[VideoRun], pad: np.ndarray,
-              num_frames: int) -> RunShard:
-        """The in-memory shard of ``runs`` (proxies computed here, from the float16 values
-        stored)."""
+              num_frames: int, frame_dtype: str = "float16") -> RunShard:
+        """The in-memory shard of ``runs``, frames kept as ``frame_dtype`` (proxies computed
+        here, from the values kept)."""
         offsets = np.cumsum([0] + [len(r.frames) for r in runs])
+        frames, scale = _encode(np.concatenate([np.asarray(r.frames, np.float16)
+                                                for r in runs]), frame_dtype)
         shard = cls(
             first_id,
-            frames=np.concatenate([np.asarray(r.frames, np.float16) for r in runs]),
+            frames=frames,
+            frame_scale=scale,
             frame_valid=np.concatenate([np.asarray(r.valid, bool) for r in runs]),
             frame_time=np.concatenate([np.asarray(r.times, np.float32) for r in runs]),
             segment=np.concatenate([np.asarray(r.segments, np.int64) + np.array([o, 0])
@@ -215,11 +251,23 @@ class RunShard(_Files):
         positions = np.where(inside, first[:, None] + slot, 0)
         return positions, inside
 
+    @property
+    def frame_dtype(self) -> str:
+        return "float16" if self.frame_scale is None else "int8"
+
     def gather(self, rows: np.ndarray, num_frames: int) -> tuple[np.ndarray, np.ndarray]:
+        """Frames ``[r, N, D]`` (float16 as kept, or float32 dequantised; the pad vector in
+        the slots past a row's frames) and mask of rows."""
         positions, inside = self._slots(rows, num_frames)
-        frames = self.frames[positions.reshape(-1)].reshape(*positions.shape, -1)  # [r, N, D]
+        frames = self._frames(positions.reshape(-1)).reshape(*positions.shape, -1)
         frames[~inside] = self.pad
         return frames, inside & self.frame_valid[positions]
+
+    def _frames(self, positions: np.ndarray | slice) -> np.ndarray:
+        """Frames at ``positions`` as kept (float16) or dequantised (float32)."""
+        if self.frame_scale is None:
+            return self.frames[positions]
+        return dequantise(self.frames[positions], self.frame_scale[positions])
 
     def valid_any(self, rows: np.ndarray) -> np.ndarray:
         positions, inside = self._slots(rows, int(self.segment[rows, 1].max(initial=0)))
@@ -248,7 +296,8 @@ class RunShard(_Files):
         rows = self.rows_of(video)
         lo = int(self.segment[rows, 0].min())
         hi = int((self.segment[rows, 0] + self.segment[rows, 1]).max())
-        return {"frames": self.frames[lo:hi], "valid": self.frame_valid[lo:hi],
+        return {"frames": self._frames(slice(lo, hi)).astype(np.float16, copy=False),
+                "valid": self.frame_valid[lo:hi],
                 "times": self.frame_time[lo:hi], "rows": rows,
                 "segments": self.segment[rows] - np.array([lo, 0]),
                 "spans": self.segment_time[rows]}
@@ -258,17 +307,28 @@ class RunShard(_Files):
         return self.frames.nbytes
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {"frames": self.frames, "frame_valid": self.frame_valid,
-                "frame_time": self.frame_time, "segment": self.segment,
-                "segment_video": self.segment_video, "segment_time": self.segment_time,
-                "proxy": self.proxy, "pad": self.pad}
+        return _with_scale({name: getattr(self, name) for name in self.NAMES},
+                           self.frame_scale)
 
     def remap(self, tensors: dict[str, np.ndarray]) -> None:
-        for name in self.arrays():
+        for name in self.NAMES:
             setattr(self, name, tensors[name])
+        self.frame_scale = tensors.get("frame_scale")
 
 
 Shard = ClipShard | RunShard
+
+
+def _encode(frames: np.ndarray, frame_dtype: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """float16 frames ``[..., D]`` as a shard keeps them: ``(frames, None)`` or, for int8,
+    ``(codes, scales)``."""
+    if frame_dtype == "int8":
+        return quantise(frames)
+    return np.asarray(frames, np.float16), None
+
+
+def _with_scale(arrays: dict[str, np.ndarray], scale: np.ndarray | None) -> dict:
+    return arrays if scale is None else {**arrays, "frame_scale": scale}
 
 
 def write_shard(directory: Path, shard: Shard, name: str) -> None:
@@ -298,17 +358,19 @@ def open_shard(directory: Path, name: str, count: int, first_id: int) -> Shard:
     if frames is None or mask is None or frames.shape[0] != count:
         raise StoreError(f"{directory}: shard {name} does not hold the {count} videos the "
                          f"manifest lists; {_REBUILD}")
+    _check_scale(directory, name, tensors)
     proxy = tensors.get("proxy")
     if proxy is None:  # a version-1 shard
         proxy = video_proxy(torch.from_numpy(np.asarray(frames, dtype=np.float32)),
                             _tensor(mask)).numpy()
     return ClipShard(first_id, name, frames=frames, frame_mask=mask, proxy=proxy,
-                     has_proxy_file="proxy" in tensors, _directory=directory)
+                     has_proxy_file="proxy" in tensors, _directory=directory,
+                     frame_scale=tensors.get("frame_scale"))
 
 
 def _open_runs(directory: Path, name: str, count: int, first_id: int,
                tensors: dict[str, np.ndarray]) -> RunShard:
-    names = RunShard(0).arrays().keys()
+    names = RunShard.NAMES
     missing = [k for k in names if k not in tensors]
     segment = tensors["segment"]
     if missing or segment.shape != (count, 2) or (count and (
@@ -316,7 +378,17 @@ def _open_runs(directory: Path, name: str, count: int, first_id: int,
             or (segment[:, 0] + segment[:, 1]).max() > len(tensors["frames"]))):
         raise StoreError(f"{directory}: shard {name} does not hold the {count} segments the "
                          f"manifest lists; {_REBUILD}")
-    return RunShard(first_id, name, _directory=directory, **{k: tensors[k] for k in names})
+    _check_scale(directory, name, tensors)
+    return RunShard(first_id, name, _directory=directory, frame_scale=tensors.get(
+        "frame_scale"), **{k: tensors[k] for k in names})
+
+
+def _check_scale(directory: Path, name: str, tensors: dict[str, np.ndarray]) -> None:
+    """int8 frames need one scale per frame (``frame_scale``, the frames' shape but D)."""
+    frames, scale = tensors["frames"], tensors.get("frame_scale")
+    if frames.dtype == np.int8 and (scale is None or scale.shape != frames.shape[:-1]):
+        raise StoreError(f"{directory}: shard {name} holds int8 frames without their scales; "
+                         f"{_REBUILD}")
 
 
 def finite_rows(frames: torch.Tensor, mask: torch.Tensor) -> np.ndarray:

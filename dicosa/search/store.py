@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 
 from ..model import VideoFeatures
+from .frame_codec import check_frame_dtype
 from .shards import (
     COLUMNS,
     ClipShard,
@@ -60,9 +61,11 @@ ROW_COLUMNS = (*COLUMNS, "video", "start", "end")
 class FrameStore:
     """Append-only shards of per-frame features with tombstones; see the module docstring."""
 
-    def __init__(self, num_frames: int | None = None, dim: int | None = None):
+    def __init__(self, num_frames: int | None = None, dim: int | None = None,
+                 frame_dtype: str = "float16"):
         self.num_frames = num_frames
         self.dim = dim
+        self.frame_dtype = check_frame_dtype(frame_dtype)  # how new shards keep frames
         self.directory: Path | None = None
         self.shards: list[Shard] = []
         self.removed: set[int] = set()
@@ -110,25 +113,32 @@ class FrameStore:
         return shard, ids - self._starts[shard]
 
     def _by_shard(self, ids: np.ndarray):
-        """Yield (shard, positions in ``ids``, rows in the shard), one shard at a time."""
-        shard, row = self._locate(ids)
-        for s in np.unique(shard):
-            where = np.flatnonzero(shard == s)
-            yield self.shards[s], where, row[where]
+        """Yield (shard, positions in ``ids``, rows in the shard), one shard at a time, the
+        rows ascending (pages are read in file order). One sort of ``ids`` groups them all."""
+        ids = np.asarray(ids, dtype=np.int64)
+        order = np.argsort(ids, kind="stable")
+        shard, row = self._locate(ids[order])
+        bounds = np.flatnonzero(np.diff(shard)) + 1
+        for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(order)], strict=True):
+            if hi > lo:
+                yield self.shards[shard[lo]], order[lo:hi], row[lo:hi]
 
-    def gather(self, ids: np.ndarray) -> VideoFeatures:
-        """Features of rows ``ids`` [n] (any order, repeats allowed): float16 ``[n, N, D]``.
+    def gather(self, ids: np.ndarray, dtype: torch.dtype = torch.float16) -> VideoFeatures:
+        """Features of rows ``ids`` [n] (any order, repeats allowed): ``[n, N, D]`` of
+        ``dtype`` and the mask ``[n, N]``.
 
-        Only the requested rows are read from the memory-mapped shards.
+        Only the requested rows are read from the memory-mapped shards, and only they are
+        dequantised (int8 shards). Each shard's rows are written straight into the answer in
+        float16 or float32 (for float32, what the rerank computes in, no float16 copy is
+        made); another ``dtype`` is converted from float16.
         """
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        frames = np.empty((len(ids), self.num_frames, self.dim), dtype=np.float16)
+        kind = np.float32 if dtype == torch.float32 else np.float16
+        frames = np.empty((len(ids), self.num_frames, self.dim), dtype=kind)
         mask = np.empty((len(ids), self.num_frames), dtype=bool)
         for shard, where, rows in self._by_shard(ids):
-            order = np.argsort(rows, kind="stable")  # ascending rows read pages in file order
-            got_frames, got_mask = shard.gather(rows[order], self.num_frames)
-            frames[where[order]], mask[where[order]] = got_frames, got_mask
-        return VideoFeatures(torch.from_numpy(frames), torch.from_numpy(mask))
+            frames[where], mask[where] = shard.gather(rows, self.num_frames)
+        return VideoFeatures(torch.from_numpy(frames).to(dtype), torch.from_numpy(mask))
 
     def has_frames(self, ids: np.ndarray) -> np.ndarray:
         """Whether each row ``ids`` [n] has a valid frame: bool [n] (False: a row indexed from
@@ -247,9 +257,9 @@ class FrameStore:
 
     # -- changes --------------------------------------------------------------------------
     def append(self, video: VideoFeatures, rows: list[dict]) -> np.ndarray:
-        """Add one ``clips`` shard: one row per video, float16 ``[n, N, D]`` features and their
-        metadata rows; returns the new ids [n]. Written at once when the store has a
-        directory."""
+        """Add one ``clips`` shard: one row per video, float16 ``[n, N, D]`` features (kept as
+        :attr:`frame_dtype`) and their metadata rows; returns the new ids [n]. Written at once
+        when the store has a directory."""
         frames = video.frames.detach().to("cpu", torch.float16)
         mask = video.frame_mask.detach().to("cpu", torch.bool)
         if len(rows) != frames.shape[0]:
@@ -260,11 +270,9 @@ class FrameStore:
             raise ValueError(f"{len(bad)} of {len(rows)} videos have non-finite features "
                              f"(first: {rows[bad[0]].get('path', bad[0])}); they are never "
                              "stored, since they would rank first or last for every query")
-        from ..functional import video_proxy
-
-        proxy = video_proxy(frames.float(), mask)  # [n, D] from the float16 values stored
-        shard = ClipShard(self._first_new(), frames=frames.numpy(), frame_mask=mask.numpy(),
-                          proxy=proxy.numpy(), _rows=_table(rows))
+        shard = ClipShard.build(self._first_new(), frames.numpy(), mask.numpy(),
+                                self.frame_dtype)
+        shard._rows = _table(rows)
         return self._add(shard)
 
     def append_runs(self, runs: list[VideoRun], pad: np.ndarray, num_frames: int
@@ -278,7 +286,8 @@ class FrameStore:
             self.num_frames = num_frames
         for run in runs:
             self._check_run(run)
-        shard = RunShard.build(self._first_new(), runs, pad, self.num_frames)
+        shard = RunShard.build(self._first_new(), runs, pad, self.num_frames,
+                               self.frame_dtype)
         shard._rows = _table([r.row for r in runs])
         return self._add(shard)
 
@@ -333,7 +342,8 @@ class FrameStore:
 
     def manifest(self) -> dict:
         """The store's fields of the index manifest."""
-        return {"num_frames": self.num_frames, "dim": self.dim, "next_id": self.next_id,
+        return {"num_frames": self.num_frames, "dim": self.dim,
+                "frame_dtype": self.frame_dtype, "next_id": self.next_id,
                 "removed": sorted(self.removed),
                 "shards": [_entry(s) for s in self.shards]}
 
@@ -342,7 +352,8 @@ class FrameStore:
         """Map the shards a manifest lists (version 1 to 4); nothing is read but headers
         (and, for version-1 shards, the frames once to compute their proxies)."""
         directory = Path(directory)
-        store = cls(manifest.get("num_frames"), manifest.get("dim"))
+        store = cls(manifest.get("num_frames"), manifest.get("dim"),
+                    manifest.get("frame_dtype", "float16"))
         store.directory = directory
         first = 0
         for entry in manifest["shards"]:
@@ -420,6 +431,8 @@ def _entry(shard: Shard) -> dict:
         entry.update(layout="runs", videos=shard.videos)
     else:
         entry["proxy"] = shard.has_proxy_file
+    if shard.frame_dtype != "float16":
+        entry["frames"] = shard.frame_dtype
     if shard.sha256:
         entry["sha256"] = shard.sha256
     return entry

@@ -33,6 +33,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote
 
+import torch
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
@@ -93,7 +95,8 @@ class Settings:
     allowed_hosts: tuple[str, ...] | None = None  # Host headers answered (None: any)
     reload_interval_s: float = 2.0  # 0: never look for changes
     max_batch: int = 8  # searches ranked together (1: no batching)
-    batch_wait_s: float = 0.002
+    batch_wait_s: float = 0.002  # longest a batch waits for searches already on their way
+    workers: int = 1  # processes serving the same index (dicosa serve --workers)
     thumbnail_cache_bytes: int = 64 << 20
     token_ttl_s: int = 600
     session_ttl_s: int = 12 * 3600
@@ -257,6 +260,7 @@ def create_app(service: Service | Engine, settings: Settings | None = None) -> F
     app.state.service, app.state.guard, app.state.thumbnails = service, guard, thumbnails
     app.state.batcher, app.state.settings = batcher, settings
     _install_guards(app, settings, guard)
+    _install_arrivals(app, batcher)
     _install_errors(app)
     _install_pages(app, guard, settings)
     _install_api(app, service, settings, guard, thumbnails, batcher)
@@ -299,6 +303,31 @@ def _install_guards(app: FastAPI, settings: Settings, guard: Guard) -> None:
         response.headers.setdefault("Content-Security-Policy",
                                     DOCS_CSP if path.startswith("/docs") else _CSP)
         return response
+
+
+def _install_arrivals(app: FastAPI, batcher: Batcher) -> None:
+    """Tell the batcher of each search from the moment its request arrives, so that a batch
+    waits only for searches on their way (dicosa/serve/batching.py)."""
+    app.add_middleware(_Arrivals, batcher=batcher)
+
+
+class _Arrivals:
+    """ASGI middleware: a :class:`~dicosa.serve.batching.Ticket` per search request, in the
+    request's state from its arrival, settled when it is answered at the latest."""
+
+    def __init__(self, app, batcher: Batcher):
+        self.app, self.batcher = app, batcher
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/api/search":
+            await self.app(scope, receive, send)
+            return
+        ticket = self.batcher.expect()
+        scope.setdefault("state", {})["ticket"] = ticket
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            ticket.settle()
 
 
 def _install_errors(app: FastAPI) -> None:
@@ -399,11 +428,12 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         thumbnails.prefetch(wanted)
         return answer.body
 
-    def run_search(request: SearchRequest) -> Response:
+    def run_search(request: SearchRequest, http: Request) -> Response:
         started = time.perf_counter()
         engine = service.engine
         engine.check(request)
-        answer = links(engine.answer(request, batcher.rank(engine, request)))
+        ranked = batcher.rank(engine, request, getattr(http.state, "ticket", None))
+        answer = links(engine.answer(request, ranked))
         answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
         return _JSON(answer)  # as it is: FastAPI's encoder pass over it costs milliseconds
 
@@ -427,13 +457,16 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
     def info() -> dict:
         """What is being searched: videos, model, heads, search modes, backend, limits."""
         return {**service.engine.info(), "limits": vars(limits), "version": __version__,
-                "api_key": guard.enabled}
+                "api_key": guard.enabled,
+                "server": {"pid": os.getpid(), "workers": settings.workers,
+                           "threads": torch.get_num_threads(),
+                           "max_batch": settings.max_batch}}
 
     searched = {200: {"model": SearchAnswer}, **errors(400, 500, 503)}
 
     @app.get("/api/search", tags=["search"], response_model=None, responses=searched)
-    def search(q: str, exclude: Annotated[list[str] | None, Query()] = None, k: int = 10,
-               offset: int = 0, candidates: int = 1000, mode: str | None = None,
+    def search(http: Request, q: str, exclude: Annotated[list[str] | None, Query()] = None,
+               k: int = 10, offset: int = 0, candidates: int = 1000, mode: str | None = None,
                explain: bool = False, source: str | None = None) -> Response:
         """Rank the videos for ``q`` ("A without B" leaves B out, as ``exclude`` does): the
         page ``[offset, offset + k)`` with each hit's frame weights, their times and the best
@@ -441,13 +474,14 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         ``source`` (visual, subtitles, speech, screen, text, all) what the query is matched
         against, each hit saying the ``line`` that matched."""
         return run_search(_checked(limits, q, exclude or [], k, offset, candidates, mode,
-                                   explain, source))
+                                   explain, source), http)
 
     @app.post("/api/search", tags=["search"], response_model=None, responses=searched)
-    def search_body(body: SearchBody) -> Response:
+    def search_body(body: SearchBody, http: Request) -> Response:
         """:func:`search` with the parameters in a JSON body."""
         return run_search(_checked(limits, body.q, body.exclude, body.k, body.offset,
-                                   body.candidates, body.mode, body.explain, body.source))
+                                   body.candidates, body.mode, body.explain, body.source),
+                          http)
 
     @app.get("/api/videos/{video_id}", tags=["videos"], response_model=None,
              responses={200: {"model": VideoDetails}, **errors(404, 500, 503)})

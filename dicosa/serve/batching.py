@@ -1,12 +1,18 @@
 """Concurrent searches run together: one text-encoder pass and one rerank for a batch.
 
 Requests arrive on the server's worker threads. With batching on, each hands its search to one
-batching thread and waits: that thread takes the first waiting search, gathers for up to
-``max_wait_s`` the searches that can share it (same index snapshot, search mode, exclusions
-and candidate count; up to ``max_batch`` of them), and ranks them with one
-:meth:`Engine.rank` call, deep enough for the deepest page. Searches that cannot share wait
-for the next round. A batch that fails is run again one search at a time, so a query that
-fails fails alone.
+batching thread and waits: that thread takes the first waiting search and every waiting one
+that can share it (same index snapshot, search mode, exclusions and candidate count; up to
+``max_batch`` of them), and ranks them with one :meth:`Engine.rank` call, deep enough for the
+deepest page. Searches that cannot share wait for the next round. A batch that fails is run
+again one search at a time, so a query that fails fails alone.
+
+Waiting for company is bounded and only for company that is coming: the service counts the
+searches it has received that have not reached the queue yet (:meth:`Batcher.expect`, from
+the moment the HTTP request arrives), and a batch short of ``max_batch`` waits for them, at
+most ``max_wait_s``, and not at all when none is on its way. A lone client's search is
+ranked at once; under load a batch forms from the searches that queued while the previous
+one ran, plus those already inside the server.
 
 Each search's own page (its moments and explanations) is then cut on its own worker thread.
 ``max_batch=1`` turns batching off: every worker thread searches on its own.
@@ -24,7 +30,7 @@ from dataclasses import dataclass, field
 
 from .engine import Engine, Ranked, SearchRequest
 
-__all__ = ["Batcher"]
+__all__ = ["Batcher", "Ticket"]
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +48,50 @@ class _Waiting:
                 max(request.candidates, request.depth))
 
 
+class Ticket:
+    """A search the service has received and not yet queued (:meth:`Batcher.expect`)."""
+
+    def __init__(self, batcher: Batcher):
+        self._batcher, self._open = batcher, True
+
+    def settle(self) -> None:
+        """It reached the queue, or will not (failed, answered otherwise): no longer coming.
+        Settling twice is settling once."""
+        with self._batcher._lock:
+            if self._open:
+                self._open = False
+                self._batcher._coming -= 1
+
+
 class Batcher:
     """Ranks searches alone or in batches (see the module docstring)."""
+
+    _POLL_S = 0.0005  # how often a batch waiting for company looks whether any is still coming
 
     def __init__(self, max_batch: int = 8, max_wait_s: float = 0.002):
         self.max_batch, self.max_wait_s = max(1, max_batch), max_wait_s
         self._queue: queue.Queue[_Waiting | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._coming = 0  # searches received, not yet queued (open tickets)
 
-    def rank(self, engine: Engine, request: SearchRequest) -> Ranked:
-        """``request``'s ranked hits (the caller has checked it with ``engine.check``)."""
+    def expect(self) -> Ticket:
+        """Count a search on its way (call when its request arrives; settle the ticket when it
+        is queued or fails)."""
+        with self._lock:
+            self._coming += 1
+        return Ticket(self)
+
+    @property
+    def coming(self) -> int:
+        return self._coming
+
+    def rank(self, engine: Engine, request: SearchRequest,
+             ticket: Ticket | None = None) -> Ranked:
+        """``request``'s ranked hits (the caller has checked it with ``engine.check``);
+        ``ticket``: its :meth:`expect` ticket, settled as it joins the queue."""
+        if ticket is not None:
+            ticket.settle()
         if self.max_batch == 1:
             return _alone(engine, [request])[0]
         waiting = _Waiting(engine, request)
@@ -82,16 +121,7 @@ class Batcher:
                 if len(batch) < self.max_batch and other.key() == first.key():
                     batch.append(other)
                     held.remove(other)
-            deadline = time.perf_counter() + self.max_wait_s
-            while len(batch) < self.max_batch:
-                try:
-                    other = self._queue.get(timeout=max(0.0, deadline - time.perf_counter()))
-                except queue.Empty:
-                    break
-                if other is None:
-                    self._queue.put(None)  # stop after this batch
-                    break
-                (batch if other.key() == first.key() else held).append(other)
+            self._gather(first, batch, held)
             try:
                 self._run(batch)
             except Exception as exc:  # a fault here must not leave requests waiting forever
@@ -99,6 +129,25 @@ class Batcher:
                 for waiting in batch:
                     if not waiting.future.done():
                         waiting.future.set_exception(exc)
+
+    def _gather(self, first: _Waiting, batch: list[_Waiting], held: deque) -> None:
+        """Add to ``batch`` what is queued, then what is coming (module docstring)."""
+        deadline = time.perf_counter() + self.max_wait_s
+        while len(batch) < self.max_batch:
+            try:
+                other = self._queue.get_nowait()
+            except queue.Empty:
+                left = deadline - time.perf_counter()
+                if self._coming <= 0 or left <= 0:
+                    return
+                try:
+                    other = self._queue.get(timeout=min(left, self._POLL_S))
+                except queue.Empty:
+                    continue
+            if other is None:
+                self._queue.put(None)  # stop after this batch
+                return
+            (batch if other.key() == first.key() else held).append(other)
 
     def _run(self, batch: list[_Waiting]) -> None:
         started = time.perf_counter()

@@ -2,7 +2,9 @@
 
     dicosa serve INDEX [--host 127.0.0.1] [--port 8000] [--api-key [KEY]]
                                  [--media-root DIR ...] [--device cpu|cuda]
-                                 [--max-batch 8] [--reload-interval 2]
+                                 [--max-batch 8] [--batch-wait-ms 2] [--reload-interval 2]
+                                 [--text-tower float|packed|int8] [--query-cache 1024]
+                                 [--workers 1] [--threads N]
 
 The index, its model and its heads are opened before the server listens: a problem with them
 is one sentence and exit status 2, never a server that answers errors. Without ``--host`` the
@@ -52,6 +54,22 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="where to search (default: CUDA if present)")
     p.add_argument("--max-batch", type=int, default=8,
                    help="concurrent searches ranked together (1: no batching)")
+    p.add_argument("--batch-wait-ms", type=float, default=2.0, metavar="MS",
+                   help="longest a batch waits for searches already received (never for "
+                        "searches not yet sent)")
+    p.add_argument("--text-tower", choices=("float", "packed", "int8"), default="float",
+                   help="how queries are encoded on a CPU: float (the model's text tower), "
+                        "packed (the same vectors, only what they read, a batch packed), "
+                        "int8 (packed with int8 linear layers: faster, a different ranking; "
+                        "docs/serve.md)")
+    p.add_argument("--query-cache", type=int, default=1024, metavar="TEXTS",
+                   help="keep the encodings of this many recent query texts (0: none)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="server processes sharing the index's memory-mapped store (each "
+                        "holds its own model and first stage)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per process (default: torch's; with --workers N, "
+                        "the CPU cores / N)")
     p.add_argument("--reload-interval", type=float, default=2.0, metavar="SECONDS",
                    help="how often to look for videos another process added (0: never)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
@@ -74,16 +92,47 @@ def run_serve(args: argparse.Namespace) -> int:
     key = _api_key(args.api_key)
     for warning in binding_warnings(args.host, key):
         log.warning(warning)
-    engine = Engine.open(args.index, device=args.device, media_roots=tuple(args.media_root))
-    settings = Settings(api_key=key, allowed_hosts=allowed_hosts(args.host, args.allowed_host),
-                        max_batch=args.max_batch, reload_interval_s=args.reload_interval)
-    app = create_app(engine, settings)
+    _check_counts(args)
+    threads = args.threads or (max(1, (os.cpu_count() or 1) // args.workers)
+                               if args.workers > 1 else None)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    engine = Engine.open(args.index, device=args.device, media_roots=tuple(args.media_root),
+                         text_tower=args.text_tower, query_cache=args.query_cache)
+    hosts = allowed_hosts(args.host, args.allowed_host)
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(f"serving {len(engine.index)} videos of {args.index} at http://{shown}:{args.port}/ "
-          f"(Ctrl-C stops){' with an API key' if key else ''}", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=5)
+          f"(Ctrl-C stops){' with an API key' if key else ''}"
+          + (f" in {args.workers} processes" if args.workers > 1 else ""), flush=True)
+    if args.workers > 1:  # each worker opens the index itself: this one only checked it
+        from .workers import WorkerSettings, serve_workers
+
+        del engine
+        serve_workers(WorkerSettings(
+            index=str(args.index), device=args.device, media_roots=list(args.media_root),
+            text_tower=args.text_tower, query_cache=args.query_cache, threads=threads,
+            api_key=key, allowed_hosts=None if hosts is None else list(hosts),
+            max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000,
+            reload_interval_s=args.reload_interval, workers=args.workers),
+            args.host, args.port)
+        return 0
+    settings = Settings(api_key=key, allowed_hosts=hosts, max_batch=args.max_batch,
+                        batch_wait_s=args.batch_wait_ms / 1000,
+                        reload_interval_s=args.reload_interval)
+    uvicorn.run(create_app(engine, settings), host=args.host, port=args.port,
+                log_level="warning", timeout_graceful_shutdown=5)
     return 0
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    for name in ("workers", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be at least 1, got {value}")
+    if args.query_cache < 0:
+        raise ValueError(f"--query-cache must be 0 or more, got {args.query_cache}")
 
 
 def _api_key(option: str | None) -> str | None:

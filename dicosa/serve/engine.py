@@ -32,6 +32,7 @@ from ..index import Hit, SearchResult, VideoIndex, open_index
 from ..model import DiCoSA, TextFeatures
 from ..search.moment import video_timelines
 from ..search.query import Query, parse_query
+from ..search.query_text import QueryText
 from ..search.types import EncodedQueries
 from .errors import ServeError, UnknownVideo
 
@@ -117,9 +118,12 @@ class Engine:
     """
 
     def __init__(self, index: VideoIndex, *,
-                 media_roots: tuple[str | os.PathLike, ...] = ()):
+                 media_roots: tuple[str | os.PathLike, ...] = (),
+                 query_text: QueryText | None = None):
         if index.model is None:
             raise ValueError("the service needs an index with its model attached")
+        if query_text is not None:  # a reopened snapshot keeps the tower and its cache
+            index.query_text = query_text
         self.index = index
         self.model: DiCoSA = index.model
         self.plugins = dict(index.plugins)
@@ -135,17 +139,23 @@ class Engine:
     # -- opening ------------------------------------------------------------------------
     @classmethod
     def open(cls, directory: str | os.PathLike, *, model: DiCoSA | None = None,
-             device: str | None = None, media_roots: tuple[str | os.PathLike, ...] = ()
-             ) -> Engine:
+             device: str | None = None, media_roots: tuple[str | os.PathLike, ...] = (),
+             text_tower: str = "float", query_cache: int = 0,
+             query_text: QueryText | None = None) -> Engine:
         """Open the index in ``directory`` with the model its manifest recorded (or
-        ``model``: reopening after a change reuses the weights) and its recorded plugins."""
-        return cls(open_index(directory, model, device=device, towers="text"),
-                   media_roots=media_roots)
+        ``model``: reopening after a change reuses the weights) and its recorded plugins.
+        Queries are encoded by ``text_tower`` with a cache of ``query_cache`` texts
+        (:mod:`dicosa.search.query_text`), or by ``query_text`` (a reopened snapshot's)."""
+        index = open_index(directory, model, device=device, towers="text")
+        if query_text is None:
+            query_text = index.configure_queries(text_tower, query_cache)
+        return cls(index, media_roots=media_roots, query_text=query_text)
 
     def reopen(self) -> Engine:
-        """The same index opened again (another process may have added videos)."""
+        """The same index opened again (another process may have added videos), with the
+        same model, text tower and query cache."""
         return Engine.open(self.directory, model=self.model, device=str(self.index.device),
-                           media_roots=self.media_roots)
+                           media_roots=self.media_roots, query_text=self.index.query_text)
 
     def changed(self) -> bool:
         """Whether another writer committed since this snapshot was opened."""
@@ -171,6 +181,8 @@ class Engine:
             "backend": index.stage_spec.get("backend"),
             "summary": index.stage_spec.get("summary"),
             "frame_protocol": index.frames.as_dict(),
+            "frame_dtype": index.store.frame_dtype,
+            "text": index.query_text.stats(),
             "frame_times": "from the frame protocol and each video's frame count and rate",
             "opened_at": self.opened_at.isoformat(timespec="seconds"),
         }
@@ -311,8 +323,8 @@ class Engine:
     def _scores(self, text: Tensor, ids: np.ndarray) -> np.ndarray:
         parts = [np.zeros(0, np.float32)]
         for start in range(0, len(ids), _SCORE_CHUNK):
-            video = self.index.store.gather(ids[start:start + _SCORE_CHUNK])
-            video = video.to(self.index.device, self._dtype)
+            video = self.index.store.gather(ids[start:start + _SCORE_CHUNK], self._dtype)
+            video = video.to(self.index.device)
             parts.append(self.model.score(TextFeatures(text), video)[0].float().cpu().numpy())
         return np.concatenate(parts)
 

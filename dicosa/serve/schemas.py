@@ -65,6 +65,28 @@ class Limits(_Answer):
     candidates: int
 
 
+class QueryCacheInfo(_Answer):
+    capacity: int = Field(description="query texts whose encodings are kept (0: none)")
+    size: int
+    hits: int = Field(description="texts answered from the cache since this process opened "
+                                  "the index")
+    misses: int = Field(description="texts encoded since this process opened the index")
+
+
+class TextInfo(_Answer):
+    tower: Literal["float", "packed", "int8"] = Field(
+        description="how queries are encoded: the model's text tower, the packed CPU tower "
+                    "(same vectors), or its int8 variant (faster, not the same ranking)")
+    cache: QueryCacheInfo
+
+
+class ServerInfo(_Answer):
+    pid: int = Field(description="the process that answered (one of the workers)")
+    workers: int = Field(description="processes serving this index (dicosa serve --workers)")
+    threads: int = Field(description="torch threads of each process")
+    max_batch: int = Field(description="searches ranked together at most (1: no batching)")
+
+
 class Info(_Answer):
     videos: int
     model: ModelInfo
@@ -74,11 +96,14 @@ class Info(_Answer):
     backend: str | None
     summary: str | None
     frame_protocol: dict[str, str]
+    frame_dtype: Literal["float16", "int8"] = Field(description="how the store keeps frames")
+    text: TextInfo
     frame_times: str
     opened_at: str
     limits: Limits
     version: str
     api_key: bool = Field(description="whether requests need the API key")
+    server: ServerInfo
 
 
 class VideoDetails(_Answer):
