@@ -94,10 +94,10 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     _, report = visualize_factors(model, video, caption, vocabulary=vocabulary,
                                   save_path=figure_path, protocol=FrameProtocol.of(cfg.data))
     pair = report.pairs[0]
-    print(f'"{caption}" vs {Path(video).name}: S = {pair.similarity:.3f}')
+    print(f'"{caption}" vs {Path(video).name}: S = {pair.similarity:.3f} = sum over factors '
+          "of g·s:")
     for k in range(len(pair.cosines)):
-        print(f"  factor {k}: g·s = {pair.contributions[k]:+.3f}  "
-              f"({', '.join(pair.factor_names[k])})")
+        print(f"  {k}: {pair.contributions[k]:+.3f} ({', '.join(pair.factor_names[k])})")
 
     _stage("5/7 index and search")
     summary, notice = default_summary(checkpoint, model)  # what `index` does: the carried one

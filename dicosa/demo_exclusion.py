@@ -27,7 +27,20 @@ def clip_objects(data: Path) -> dict[str, set[str]]:
         for name, video in json.loads(long.read_text())["videos"].items():
             out[name] = {f"{o['colour']} {o['shape']}" for scene in video["scenes"]
                          for o in scene["objects"]}
+            for scene in video["scenes"]:  # "long0@3": the scene starting at 3 s
+                out[f"{name}@{scene['start']:g}"] = {f"{o['colour']} {o['shape']}"
+                                                     for o in scene["objects"]}
     return out
+
+
+def _shown(objects: dict[str, set[str]], hit) -> tuple[str, set[str]]:
+    """What a hit shows: a clip's objects, or those of the scene of a long video's best
+    moment (the row that ranked)."""
+    name = Path(hit.path).stem
+    scene = f"{name}@{hit.start:g}" if hit.start is not None else ""
+    if scene in objects:
+        return f"{name} {hit.start:g}-{hit.end:g} s", objects[scene]
+    return name, objects[name]
 
 
 def exclusion_pair(objects: dict[str, set[str]], clips: list[str]) -> tuple[str, str] | None:
@@ -49,7 +62,9 @@ def run_exclusion_demo(index, checkpoint: Path, data: Path, out: Path, *,
     from .heads.train import train_head
 
     objects = clip_objects(data)
-    names = [Path(p).stem for p in index.paths]
+    stems = {Path(p).stem for p in index.paths}
+    # What can show A without B: each clip, and each scene of a long video.
+    names = sorted(n for n in objects if n.split("@")[0] in stems and f"{n}@0" not in objects)
     pair = exclusion_pair(objects, names)
     if pair is None:
         print("no test clip shows two objects: nothing to exclude")
@@ -62,16 +77,18 @@ def run_exclusion_demo(index, checkpoint: Path, data: Path, out: Path, *,
     result = index.query(query, k=k, candidates=len(index.store))
     hits = result.hits
     explained = explain_hits(plugin, result)
-    shows_b = [b in objects[Path(h.path).stem] for h in hits]
+    shown = [_shown(objects, h) for h in hits]
+    shows_b = [b in seen for _, seen in shown]
     relevant = sum(a in objects[n] and b not in objects[n] for n in names)
-    print(f'"{query}": {relevant} of {len(names)} clips show {a} without {b}')
-    for rank, (hit, has_b) in enumerate(zip(hits, shows_b, strict=True), 1):
-        name = Path(hit.path).stem
-        print(f"  {rank}. {hit.score:.4f}  {name}  objects: {', '.join(sorted(objects[name]))}"
+    print(f'"{query}": {relevant} of {len(names)} clips and scenes show {a} without {b}')
+    print(f"  concept dimensions: {'; '.join(_legend(explained))}")
+    for rank, (hit, (name, seen), has_b) in enumerate(zip(hits, shown, shows_b, strict=True),
+                                                      1):
+        print(f"  {rank}. {hit.score:.4f}  {name}  objects: {', '.join(sorted(seen))}"
               f"{'  <- shows ' + b if has_b else ''}")
-        print(f"       {format_explanation(explained[rank - 1])}")
+        print(f"       {format_explanation(_numbered(explained[rank - 1]))}")
     plain = index.search(_article(a), k=k, candidates=len(index.store))
-    plain_b = sum(b in objects[Path(h.path).stem] for h in plain)
+    plain_b = sum(b in _shown(objects, h)[1] for h in plain)
     print(f"{sum(shows_b)} of {len(hits)} results show {b} ({plain_b} of {len(plain)} for "
           f'the plain query "{_article(a)}")'
           + (" (the quick model is a smoke test, not a result)" if quick else ""))
@@ -83,6 +100,21 @@ def run_exclusion_demo(index, checkpoint: Path, data: Path, out: Path, *,
                                     for h, s, e in zip(hits, shows_b, explained, strict=True)]},
                                indent=1))
     return path
+
+
+def _legend(explained: list[dict]) -> list[str]:
+    """Every concept dimension the explanations name, with its words, once."""
+    named = [d for e in explained for d in (*e["matched_words"], *e["excluded_empty_words"])]
+    return list(dict.fromkeys(named))
+
+
+def _numbered(explained: dict) -> dict:
+    """An explanation whose dimensions are named by number alone (their words: the legend)."""
+    def numbers(items: list[str]) -> list[str]:
+        return [item.split(" ", 1)[0] for item in items]
+
+    return {**explained, "matched_words": numbers(explained["matched_words"]),
+            "excluded_empty_words": numbers(explained["excluded_empty_words"])}
 
 
 def _article(noun: str) -> str:

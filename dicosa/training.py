@@ -428,7 +428,8 @@ def evaluate_and_select(run: Run, state: RunState) -> None:
                        "split": split.name, "selected_on": run.selected_on,
                        "score_t2v_r1_r5_r10": score, "best": improved, **metrics})
         t2v = metrics["t2v"]
-        run.accelerator.print(f"step {state.step}: {run.selected_on} ({split.name}) t2v R@1 "
+        # The split's name is in the run's first line ("model selection on: ...").
+        run.accelerator.print(f"step {state.step}: {run.selected_on} t2v R@1 "
                               f"{t2v['R@1']:.1f} R@5 {t2v['R@5']:.1f} R@10 {t2v['R@10']:.1f}"
                               f"{' (best)' if improved else ''}")
     run.accelerator.wait_for_everyone()
@@ -612,8 +613,8 @@ def fit_run_summary(run: Run) -> None:
     run.accelerator.print(
         f"fitted the first-stage summary of best.pt on {trained['train_split']} in "
         f"{seconds:.0f} s (features {trained['encode_seconds']:.0f} s, fit "
-        f"{trained['fit_seconds']:.0f} s): {summary_beside(run.best_path)}; skip it with "
-        "train.fit_summary=false (train.py --no-summary)")
+        f"{trained['fit_seconds']:.0f} s): {summary_beside(run.best_path)} (skip it: "
+        "--no-summary)")
 
 
 def read_log(path: str | Path, event: str | None = "step") -> list[dict]:

@@ -241,7 +241,7 @@ def test_the_command_line(model, videos, tmp_path, capsys, monkeypatch):
                  "--backend", "exact"]) == 0
     said = capsys.readouterr().out
     assert "subtitles (pysubs2): 2 of 3 videos with subtitles, 2 lines" in said
-    assert "text index: subtitles 2 lines in 2 of 3 videos" in said
+    assert "text index: subtitles 2 lines in 2 of 3 rows" in said
     assert main(["search", str(out), "where is the treasure", "--json", "-k", "2"]) == 0
     answer = json.loads(capsys.readouterr().out)
     first = answer["results"][0]

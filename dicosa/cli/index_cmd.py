@@ -14,7 +14,9 @@ def add_parser(commands) -> None:
     p.add_argument("videos", help="folder of videos (searched recursively) or one video file")
     p.add_argument("--titles", help="titles sidecar: CSV with columns path,title or JSON "
                    "{path: title}; an undecodable video with a title is indexed text-only")
-    p.add_argument("--out", required=True, help="index folder (resumed if it holds one)")
+    p.add_argument("--out", required=True, help="index folder (resumed if it holds one: "
+                                                "then, without --checkpoint or --config, with "
+                                                "the model it recorded)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--num-workers", type=int, default=None, help="decoding processes")
     p.add_argument("--shard-size", type=int, default=256, help="videos per shard file")
@@ -85,7 +87,6 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..index.parallel import PeerFailed, build_index
-    from ..loading import load_model
     from ..plugins.exclusion import ExclusionPlugin
     from ..plugins.lexical import LexicalPlugin, check_sparse_backend, load_lexical_head
 
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         # seismic missing or a bad option fails before any video is encoded
         check_sparse_backend(args.sparse_backend or "exact", sparse_options)
     text = _text_plugin(args)  # an unknown --speech engine fails before any encoding
-    model, source, frames = load_model(args.checkpoint, args.config, args.set)
+    model, source, frames = _model(args)
     summary = _summary(args, model)
     # A head of another model fails before anything is encoded.
     if args.head is not None:
@@ -171,7 +172,7 @@ def _read_text(index, plugin) -> None:
         if source in plugin.reader.unavailable:
             print(f"{source}: not read: {plugin.reader.unavailable[source]}")
     totals = plugin.index.stats() if plugin.index is not None else {}
-    held = ", ".join(f"{s} {t['lines']} lines in {t['rows_with_lines']} of {t['rows']} videos"
+    held = ", ".join(f"{s} {t['lines']} lines in {t['rows_with_lines']} of {t['rows']} rows"
                      for s, t in sorted(totals.items()))
     print(f"text index: {held or 'no lines'}")
 
@@ -188,6 +189,27 @@ def _report(index, report, out: str) -> None:
           + (f"; skipped {len(index.skipped)} unreadable file(s):" if index.skipped else ""))
     for path, reason in index.skipped:
         print(f"  {path}: {reason}")
+
+
+def _model(args: argparse.Namespace):
+    """``(model, source, frames)``: the ``--checkpoint``/``--config`` one, or, with neither,
+    the model an index already in ``--out`` recorded (adding to it needs nothing else), or
+    the zero-shot preset for a new index."""
+    from pathlib import Path
+
+    from ..loading import load_model
+
+    out = Path(args.out)
+    if args.checkpoint is None and args.config is None and (out / "manifest.json").is_file():
+        from ..index import VideoIndex
+
+        existing = VideoIndex.load(out, None)
+        source = existing.meta.get("model")
+        if source:
+            model = load_model(source.get("checkpoint"), source.get("config"),
+                               [*source.get("overrides", ()), *args.set])[0]
+            return model, source, existing.frames
+    return load_model(args.checkpoint, args.config, args.set)
 
 
 def _segments(args: argparse.Namespace) -> dict | bool | None:

@@ -66,6 +66,10 @@ class TextReader:
     recognizer: Recognizer | None = None
     reports: dict[str, SourceReport] = field(default_factory=dict)
     unavailable: dict[str, str] = field(default_factory=dict)  # source -> why it cannot run
+    # (source, path) read so far, and those with a line: a long video's segments may be
+    # read in several batches, and count as one video in the reports
+    _seen: set[tuple[str, str]] = field(default_factory=set, repr=False)
+    _found: set[tuple[str, str]] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         if self.recognizer is None and self.settings.speech:
@@ -108,6 +112,13 @@ class TextReader:
             log.warning("%s is not read: %s", source, exc)
             return None
         report = found[1]
+        key = (source, path)
+        if key in self._seen:  # another batch of this video's segments
+            report.videos = 0
+        report.found = int(bool(report.found) and key not in self._found)
+        self._seen.add(key)
+        if report.found:
+            self._found.add(key)
         self.reports.setdefault(source, SourceReport(source, report.engine)).merge(report)
         for note in report.notes:
             log.warning("%s: %s", source, note)
