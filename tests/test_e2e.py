@@ -28,13 +28,10 @@ def test_training_learns_the_synthetic_benchmark(tmp_path):
     run = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     common = [f"data.root={root}", f"train.output_dir={run}"]
-    # 3 of the config's 8 epochs (~560 steps): enough to learn well past the bar below, and
-    # the suite's longest test by minutes otherwise.
-    epochs = ["train.epochs=3"]
     # --no-summary: the first-stage summary train.py fits by default is checked by
     # test_default_rank.py; every query here reranks all 100 clips, so it would go unused.
     subprocess.run([sys.executable, str(REPO / "train.py"), "--dataset", "synthetic",
-                    "--no-summary", *common, *epochs], check=True, env=env, cwd=tmp_path)
+                    "--no-summary", *common], check=True, env=env, cwd=tmp_path)
     trained = time.perf_counter()
     out = tmp_path / "eval.json"
     subprocess.run([sys.executable, str(REPO / "evaluate.py"), "--dataset", "synthetic",
