@@ -86,6 +86,11 @@ def test_ids_tombstones_proxies_and_rows(tmp_path):
         assert list(rows.columns) == list(ROW_COLUMNS)
         # a clip row is its whole video: its own video id, [0, duration]
         assert rows["video"].tolist() == [7, 1] and rows["end"].tolist() == [1.5, 1.5]
+        # columns(): the same values as rows(), any order and repeats, across shards
+        ids = np.array([8, 0, 5, 8, 3])
+        picked = s.columns(ids, ("path", "fps", "num_frames"))
+        for name, values in picked.items():
+            assert values.tolist() == s.rows(ids)[name].tolist()
         assert [ids.tolist() for ids, _ in s.iter_proxies()][:2] == [[0, 1, 3, 4], [5, 7, 8]]
     assert reopened.metadata().drop(index=9).equals(store.metadata())
     assert list(reopened.video_metadata().columns) == list(COLUMNS)

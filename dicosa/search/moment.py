@@ -92,15 +92,16 @@ def row_frame_times(sampling: str, slots: int, num_frames: object, fps: object,
     return times
 
 
-def frame_times(frames: FrameProtocol, slots: int, rows: pd.DataFrame,
+def frame_times(frames: FrameProtocol, slots: int, rows: pd.DataFrame | dict,
                 frame_mask: Tensor | np.ndarray, stored: np.ndarray | None = None
                 ) -> np.ndarray:
-    """The time of each frame slot of the store's rows ``rows`` (metadata, in order) whose
+    """The time of each frame slot of the store's rows ``rows`` (metadata in order: a table,
+    or :meth:`FrameStore.columns` of ``num_frames``, ``fps`` and ``frames_lost``) whose
     stored frames have ``frame_mask [n, N]``: float64 ``[n, N]``. ``stored`` [n, N]: the
     times the store keeps (:meth:`FrameStore.times`), used where a row has any; the others
     are :func:`row_frame_times`."""
     mask = np.asarray(frame_mask, dtype=bool)
-    out = np.full((len(rows), slots), np.nan)
+    out = np.full((len(mask), slots), np.nan)
     columns = zip(rows["num_frames"].tolist(), rows["fps"].tolist(),
                   rows["frames_lost"].tolist(), strict=True)
     for i, (total, rate, lost) in enumerate(columns):
@@ -246,7 +247,8 @@ def video_timelines(model: DiCoSA, store, protocol: FrameProtocol, text: Tensor,
     scored = pair_scores(model, TextFeatures(text), features.to(text.device, dtype),
                          pairs=one).cpu().numpy()  # [R]
     mask = features.frame_mask.numpy()
-    times = frame_times(protocol, mask.shape[1], store.rows(rows), mask,
+    metadata = store.columns(rows, ("num_frames", "fps", "frames_lost"))
+    times = frame_times(protocol, mask.shape[1], metadata, mask,
                         stored=store.times(rows))  # [R, N]
     spans = store.spans(rows)
     out, first = [], 0
