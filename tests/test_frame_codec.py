@@ -11,6 +11,7 @@ from dicosa.index import VideoIndex
 from dicosa.index.check import check_index
 from dicosa.model import DiCoSA, TextFeatures, VideoFeatures
 from dicosa.search import shards as shard_module
+from dicosa.search import store as store_module
 from dicosa.search.frame_codec import dequantise, quantise, score_tolerance
 from dicosa.search.rerank import pair_scores
 from dicosa.search.shards import VideoRun
@@ -75,8 +76,9 @@ def test_both_layouts_keep_int8_and_gather_dequantises_the_rows_asked(layout, tm
     assert shard.frame_scale.shape == shard.frames.shape[:-1]
     read = []
     real = shard_module.dequantise
-    monkeypatch.setattr(shard_module, "dequantise",
-                        lambda codes, scale: read.append(codes.size) or real(codes, scale))
+    for module in (shard_module, store_module):  # a clips store dequantises in the store
+        monkeypatch.setattr(module, "dequantise",
+                            lambda codes, scale: read.append(codes.size) or real(codes, scale))
     ids = np.array([5, 1, 5, 0])
     got = opened.gather(ids, torch.float32)
     assert sum(read) == len(ids) * 4 * 16  # only the rows asked for (repeats read twice)

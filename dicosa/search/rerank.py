@@ -42,7 +42,6 @@ variant) multiply-adds per pair.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .. import functional as DF
@@ -57,29 +56,64 @@ def pair_scores(model: DiCoSA, text: TextFeatures, video: VideoFeatures,
 
     ``video`` holds the pairs' frames ``[P, N, D]``. Without ``pairs``, ``text`` is ``[P, D]``
     and pair i is text i with video i; with ``pairs`` (int64 ``[P]``), ``text`` is ``[Q, D]``
-    and pair i is text ``pairs[i]`` with video i, the text side computed once per text.
+    and pair i is text ``pairs[i]`` with video i, the text side computed once per text and
+    each run of pairs that share a text scored with it broadcast (a rerank's candidates come
+    query by query): nothing of the text is copied per pair.
     ``eps`` is the one :func:`dicosa.functional.concept_similarity` uses.
     """
-    frames = video.frames
-    queries = text.text
-    per_pair = queries if pairs is None else queries[pairs]  # [P, D]
+    head = model.head
+    text_side = _TextSide(head, text.text)
+    if pairs is None:
+        return _scores(model, text_side, video, eps)
+    out = torch.empty(len(pairs), dtype=torch.float32, device=video.frames.device)
+    order = torch.argsort(pairs, stable=True)
+    ordered = pairs[order]
+    sorted_already = bool((order == torch.arange(len(order), device=order.device)).all())
+    queries, counts = torch.unique_consecutive(ordered, return_counts=True)
+    start = 0
+    for query, count in zip(queries.tolist(), counts.tolist(), strict=True):
+        run = slice(start, start + count) if sorted_already else order[start:start + count]
+        frames, mask = video.frames[run], video.frame_mask[run]
+        out[run] = _scores(model, text_side.one(query), VideoFeatures(frames, mask), eps)
+        start += count
+    return out
+
+
+class _TextSide:
+    """Everything of the texts alone: the vectors ``[Q, D]``, their factors ``[Q, K, d]``,
+    the factors' squared norms ``[Q, K]`` and the MLP's text half ``[Q, K, H]`` (or None)."""
+
+    def __init__(self, head, text: Tensor, parts: tuple | None = None):
+        if parts is None:
+            factors = head.text_factors(text)
+            parts = (text, factors, factors.pow(2).sum(-1).float(), head.text_hidden(factors))
+        self.text, self.factors, self.norms, self.hidden = parts
+
+    def one(self, query: int) -> _TextSide:
+        """Text ``query`` alone, each part with a leading axis of 1 (broadcast over pairs)."""
+        part = slice(query, query + 1)
+        return _TextSide(None, None, tuple(None if x is None else x[part] for x in
+                                           (self.text, self.factors, self.norms,
+                                            self.hidden)))
+
+
+def _scores(model: DiCoSA, text: _TextSide, video: VideoFeatures, eps: float) -> Tensor:
+    """S of pair i = (text i, video i), a text side of one row broadcast over the videos."""
+    frames = video.frames  # [P, N, D]
+    per_pair = text.text.expand(len(frames), -1)  # [P, D] (a view when one text)
     weights = DF.matched_pooling_weights(per_pair, frames, video.frame_mask,
                                          model.config.pool_temperature, model.mask_mode)
-    pooled = torch.einsum("pn,pnd->pd", weights.to(frames.dtype), frames)  # [P, D]
+    pooled = torch.bmm(weights.to(frames.dtype)[:, None], frames)[:, 0]  # [P, D]
     head = model.head
     video_factors = head.frame_factors(pooled)  # [P, K, d]
-    text_factors = head.text_factors(queries)  # [Q, K, d] (Q = P without pairs)
-    text_norms = text_factors.pow(2).sum(-1).float()  # [Q, K]
-    text_hidden = head.text_hidden(text_factors)  # [Q, K, H] or None
-    if pairs is not None:
-        text_factors, text_norms = text_factors[pairs], text_norms[pairs]
-        text_hidden = None if text_hidden is None else text_hidden[pairs]
-    dots = (text_factors * video_factors).sum(-1).float()  # [P, K]
-    norms = text_norms * video_factors.pow(2).sum(-1).float()
+    dots = (text.factors * video_factors).sum(-1).float()  # [P, K]
+    norms = text.norms * video_factors.pow(2).sum(-1).float()
     cosines = dots / norms.clamp_min(eps**2).sqrt()  # [P, K]
-    if text_hidden is None:  # no confidence MLP: g_k = 1/K
+    if text.hidden is None:  # no confidence MLP: g_k = 1/K
         confidences = torch.full_like(cosines, 1.0 / head.num_concepts)
     else:
-        hidden = F.relu(head.frame_hidden(video_factors).add_(text_hidden))  # [P, K, H]
-        confidences = head.conf_out(hidden).squeeze(-1).float()  # [P, K]
+        hidden = head.frame_hidden(video_factors).add_(text.hidden).relu_()  # [P, K, H]
+        out = head.conf_out  # the MLP's second layer, H -> 1: a matrix-vector product
+        confidences = torch.mv(hidden.flatten(0, 1), out.weight[0]).add_(out.bias)
+        confidences = confidences.view(cosines.shape).float()  # [P, K]
     return (confidences * cosines).sum(-1)

@@ -104,6 +104,16 @@ class _Files:
                                  f"videos but its features {self.videos}; rebuild the index")
         return self._rows
 
+    def column(self, name: str) -> np.ndarray | None:
+        """Metadata column ``name`` as an array (None: this shard's csv has no such column),
+        made once: a shard's rows never change after it is written, and a search reads a
+        few values of a few columns per hit."""
+        columns = self.__dict__.setdefault("_columns", {})
+        if name not in columns:
+            column = self.rows.get(name)
+            columns[name] = None if column is None else column.to_numpy()
+        return columns[name]
+
 
 @dataclass
 class ClipShard(_Files):
@@ -152,6 +162,10 @@ class ClipShard(_Files):
             frames = dequantise(frames, self.frame_scale[rows])
         return frames, self.frame_mask[rows]
 
+    def codes(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """An int8 shard's rows as kept: codes ``[r, N, D]``, scales ``[r, N]``, mask."""
+        return self.frames[rows], self.frame_scale[rows], self.frame_mask[rows]
+
     def valid_any(self, rows: np.ndarray) -> np.ndarray:
         return self.frame_mask[rows].any(1)
 
@@ -172,7 +186,7 @@ class ClipShard(_Files):
 
     def spans(self, rows: np.ndarray) -> np.ndarray:
         """[start, end] of each row: the whole video, [0, duration] (NaN when unknown)."""
-        duration = self.rows["duration"].to_numpy(np.float64)[rows]
+        duration = self.column("duration")[rows].astype(np.float64)
         return np.stack([np.where(np.isnan(duration), np.nan, 0.0), duration], axis=1)
 
     @property
@@ -424,7 +438,9 @@ def _map_safetensors(path: Path) -> dict[str, np.ndarray]:
         with open(path, "rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(length))
-        data = np.memmap(path, dtype=np.uint8, mode="r")
+        # A plain ndarray over the map: numpy.memmap views cost microseconds per indexing
+        # (subclass bookkeeping), and a rerank indexes every shard it touches.
+        data = np.asarray(np.memmap(path, dtype=np.uint8, mode="r"))
     except FileNotFoundError:
         raise StoreError(f"{path} is missing; {_REBUILD}") from None
     except (struct.error, ValueError, UnicodeDecodeError) as exc:

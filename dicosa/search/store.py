@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from ..model import VideoFeatures
-from .frame_codec import check_frame_dtype
+from .frame_codec import check_frame_dtype, dequantise
 from .shards import (
     COLUMNS,
     ClipShard,
@@ -133,10 +133,21 @@ class FrameStore:
         made); another ``dtype`` is converted from float16.
         """
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        parts = list(self._by_shard(ids))
+        mask = np.empty((len(ids), self.num_frames), dtype=bool)
+        if parts and all(isinstance(s, ClipShard) and s.frame_scale is not None
+                         for s, _, _ in parts):
+            # int8 rows of every shard side by side, dequantised in one pass (per shard,
+            # the many small conversions cost more than the bytes)
+            codes = np.empty((len(ids), self.num_frames, self.dim), dtype=np.int8)
+            scale = np.empty((len(ids), self.num_frames), dtype=np.float32)
+            for shard, where, rows in parts:
+                codes[where], scale[where], mask[where] = shard.codes(rows)
+            frames = torch.from_numpy(dequantise(codes, scale))
+            return VideoFeatures(frames.to(dtype), torch.from_numpy(mask))
         kind = np.float32 if dtype == torch.float32 else np.float16
         frames = np.empty((len(ids), self.num_frames, self.dim), dtype=kind)
-        mask = np.empty((len(ids), self.num_frames), dtype=bool)
-        for shard, where, rows in self._by_shard(ids):
+        for shard, where, rows in parts:
             frames[where], mask[where] = shard.gather(rows, self.num_frames)
         return VideoFeatures(torch.from_numpy(frames).to(dtype), torch.from_numpy(mask))
 
@@ -223,8 +234,8 @@ class FrameStore:
         for shard, where, rows in self._by_shard(ids):
             videos = shard.video_of(rows)
             for name in names:  # a column an older shard lacks reads as unknown
-                column = shard.rows.get(name)
-                out[name][where] = np.nan if column is None else column.to_numpy()[videos]
+                column = shard.column(name)
+                out[name][where] = np.nan if column is None else column[videos]
         return out
 
     def run(self, video: int) -> dict[str, np.ndarray] | None:
@@ -261,7 +272,8 @@ class FrameStore:
         return table.iloc[order].set_axis(ids, axis=0)
 
     def paths(self, ids: np.ndarray) -> list[str]:
-        return self.rows(ids)["path"].tolist()
+        """The file path of each row's video (a column read, no table built)."""
+        return self.columns(ids, ("path",))["path"].tolist()
 
     def metadata(self) -> pd.DataFrame:
         """Metadata of every live row (index = the ids)."""

@@ -42,6 +42,7 @@ __all__ = ["EXPLAINED_AS", "MEDIA_TYPES", "Answer", "Engine", "Ranked", "SearchR
 # The API's name for each plugin's explanation of a hit (the page reads these).
 EXPLAINED_AS = {"lexical": "words", "concepts": "exclusion", "fusion": "fusion"}
 _SCORE_CHUNK = 1024  # videos per DiCoSA.score call of "more like this"
+_FACTS = ("path", "title", "duration", "fps")  # the metadata a hit shows (_row_facts)
 TIMELINE_POINTS = 240  # frames a hit's timeline sends at most (a long video's are thinned)
 # What <video> is told a file is; Chromium plays webm (VP8/VP9/AV1) and H.264 mp4.
 MEDIA_TYPES = {".mp4": "video/mp4", ".m4v": "video/mp4", ".webm": "video/webm",
@@ -218,7 +219,8 @@ class Engine:
         started = time.perf_counter()
         page = ranked.hits[request.offset:request.depth]
         ids = np.array([h.id for h in page], dtype=np.int64)
-        rows = self.index.store.rows(ids)  # the one metadata read of the page
+        facts = self.index.store.columns(ids, _FACTS)  # the one metadata read of the page
+        rows = [{name: facts[name][i] for name in _FACTS} for i in range(len(ids))]
         found = self.timelines(ranked.text, ids)
         times = {**ranked.times, "moments_s": time.perf_counter() - started}
         explained = [{} for _ in page]
@@ -229,7 +231,7 @@ class Engine:
             times["explain_s"] = time.perf_counter() - started
         hits = [_hit(request.offset + i + 1, hit, row, moment, why)
                 for i, (hit, row, moment, why) in enumerate(
-                    zip(page, rows.to_dict("records"), found, explained, strict=True))]
+                    zip(page, rows, found, explained, strict=True))]
         text = self.plugins.get("text")
         if text is not None and ranked.result is not None:
             for i, hit in enumerate(hits):  # the line that matched: what was said or written
