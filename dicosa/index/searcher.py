@@ -39,12 +39,13 @@ __all__ = ["DEFAULT_CANDIDATES", "Hit", "SearchMode", "SearchResult", "Searcher"
 log = logging.getLogger(__name__)
 
 DEFAULT_CANDIDATES = 1000
-# The rerank's frames per forward, [chunk, N, D] float32 (32 MiB: 1,365 ViT-B/32 candidates
-# of 12 x 512, one query's 1,000 in one block). Each block is one read of the store, whose
-# cost at 1M videos is mostly per shard touched (a hundred shards per block), so smaller
-# blocks (8 MiB, which the CPU's caches keep between Eq. 1's two reads) took longer there:
-# 14.5 against 12.4 ms a query, 2026-11-26.
-_RERANK_BLOCK_BYTES = 32 << 20
+# The rerank's frames per forward, [chunk, N, D] float32 (16 MiB: 682 ViT-B/32 candidates
+# of 12 x 512). Each block is one read of the store, whose cost at 1M videos is partly per
+# shard touched (a hundred shards per block), against blocks that the CPU's caches keep
+# between Eq. 1's two reads of them: in process on the 2-core machine (2026-11-26), 1M
+# videos, int8 frames, 8 / 16 / 32 MiB took 14.7 / 11.5 / 11.6 ms for one query's 1,000
+# candidates and 13.2 / 12.0 / 13.7 ms a query in batches of six.
+_RERANK_BLOCK_BYTES = 16 << 20
 _MIN_PAIRS_PER_CHUNK = 64
 MOMENTS_PER_HIT = 3  # a hit's best non-overlapping moments
 

@@ -52,6 +52,7 @@ from starlette.exceptions import HTTPException
 
 from .. import __version__
 from .batching import Batcher
+from .compute import ComputeThread
 from .engine import Answer, Engine, SearchRequest
 from .errors import BAD_REQUESTS, NotReady, ServeError, UnknownVideo
 from .media import ThumbnailError, Thumbnails, file_response
@@ -106,8 +107,10 @@ class Settings:
 class Service:
     """The engine requests use now, and the reopening of the index after a change."""
 
-    def __init__(self, engine: Engine, reload_interval_s: float = 2.0):
+    def __init__(self, engine: Engine, reload_interval_s: float = 2.0,
+                 compute: ComputeThread | None = None):
         self._engine = engine
+        self.compute = compute  # where the index is reopened (None: the watching thread)
         self.reload_interval_s = reload_interval_s
         self.reloads = 0
         self.last_reload: str | None = None
@@ -131,7 +134,7 @@ class Service:
                 return False
             started = time.perf_counter()
             try:
-                new = old.reopen()
+                new = old.reopen() if self.compute is None else self.compute.run(old.reopen)
             except Exception as exc:  # keep serving the old snapshot; try again later
                 self.reload_error = f"{type(exc).__name__}: {exc}"
                 log.warning("could not reopen the index (still serving the previous one): %s",
@@ -235,16 +238,23 @@ def _checked(limits: Limits, q: str, exclude: list[str], k: int, offset: int, ca
                          source or None)
 
 
-def create_app(service: Service | Engine, settings: Settings | None = None) -> FastAPI:
+def create_app(service: Service | Engine, settings: Settings | None = None,
+               compute: ComputeThread | None = None) -> FastAPI:
     """The service's FastAPI application around ``service`` (an Engine is wrapped in a
-    :class:`Service`, which looks for changes every ``settings.reload_interval_s``)."""
+    :class:`Service`, which looks for changes every ``settings.reload_interval_s``).
+
+    Every search, page and reopening runs on ``compute`` (:mod:`dicosa.serve.compute`; None:
+    a new one). The engine is fastest when it was opened there too, as ``dicosa serve``
+    does: then no other thread of the process has run torch."""
     settings = settings or Settings()
     if isinstance(service, Engine):
         service = Service(service, settings.reload_interval_s)
+    compute = compute or service.compute or ComputeThread()
+    service.compute = compute
     guard = Guard(settings.api_key, token_ttl_s=settings.token_ttl_s,
                   session_ttl_s=settings.session_ttl_s)
     thumbnails = Thumbnails(settings.thumbnail_cache_bytes)
-    batcher = Batcher(settings.max_batch, settings.batch_wait_s)
+    batcher = Batcher(settings.max_batch, settings.batch_wait_s, compute)
 
     async def lifespan(_: FastAPI):
         service.start()
@@ -405,7 +415,7 @@ def _install_pages(app: FastAPI, guard: Guard, settings: Settings) -> None:
 
 def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guard,
                  thumbnails: Thumbnails, batcher: Batcher) -> None:
-    limits = settings.limits
+    limits, compute = settings.limits, service.compute  # compute: create_app's
 
     def links(answer: Answer) -> dict:
         """The answer's body with the media links of each hit (tokens in them when a key is
@@ -433,7 +443,7 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         engine = service.engine
         engine.check(request)
         ranked = batcher.rank(engine, request, getattr(http.state, "ticket", None))
-        answer = links(engine.answer(request, ranked))
+        answer = links(compute.run(engine.answer, request, ranked))
         answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
         return _JSON(answer)  # as it is: FastAPI's encoder pass over it costs milliseconds
 
@@ -459,7 +469,7 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         return {**service.engine.info(), "limits": vars(limits), "version": __version__,
                 "api_key": guard.enabled,
                 "server": {"pid": os.getpid(), "workers": settings.workers,
-                           "threads": torch.get_num_threads(),
+                           "threads": compute.run(torch.get_num_threads),
                            "max_batch": settings.max_batch}}
 
     searched = {200: {"model": SearchAnswer}, **errors(400, 500, 503)}
@@ -498,8 +508,8 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         request = _checked(limits, "similar", [], k, offset, candidates, None, False)
         started = time.perf_counter()
         engine = service.engine
-        answer = links(engine.similar(video_id, row=row, k=request.k, offset=request.offset,
-                                      candidates=request.candidates))
+        answer = links(compute.run(engine.similar, video_id, row=row, k=request.k,
+                                   offset=request.offset, candidates=request.candidates))
         answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
         return _JSON(answer)
 

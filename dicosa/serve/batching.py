@@ -14,8 +14,10 @@ most ``max_wait_s``, and not at all when none is on its way. A lone client's sea
 ranked at once; under load a batch forms from the searches that queued while the previous
 one ran, plus those already inside the server.
 
-Each search's own page (its moments and explanations) is then cut on its own worker thread.
-``max_batch=1`` turns batching off: every worker thread searches on its own.
+Each search's own page (its moments and explanations) is then cut for its own request.
+``max_batch=1`` turns batching off: every search is ranked on its own. Rankings run on the
+service's :class:`~dicosa.serve.compute.ComputeThread` when it is given one (the service
+always does: :mod:`dicosa.serve.compute` says why), else on the batching thread.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from .compute import ComputeThread
 from .engine import Engine, Ranked, SearchRequest
 
 __all__ = ["Batcher", "Ticket"]
@@ -68,8 +71,10 @@ class Batcher:
 
     _POLL_S = 0.0005  # how often a batch waiting for company looks whether any is still coming
 
-    def __init__(self, max_batch: int = 8, max_wait_s: float = 0.002):
+    def __init__(self, max_batch: int = 8, max_wait_s: float = 0.002,
+                 compute: ComputeThread | None = None):
         self.max_batch, self.max_wait_s = max(1, max_batch), max_wait_s
+        self._compute = compute  # where rankings run (None: on the calling thread)
         self._queue: queue.Queue[_Waiting | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -93,11 +98,14 @@ class Batcher:
         if ticket is not None:
             ticket.settle()
         if self.max_batch == 1:
-            return _alone(engine, [request])[0]
+            return self._on_compute(_alone, engine, [request])[0]
         waiting = _Waiting(engine, request)
         self._start()
         self._queue.put(waiting)
         return waiting.future.result()
+
+    def _on_compute(self, fn, *args):
+        return fn(*args) if self._compute is None else self._compute.run(fn, *args)
 
     def close(self) -> None:
         if self._thread is not None:
@@ -152,7 +160,7 @@ class Batcher:
     def _run(self, batch: list[_Waiting]) -> None:
         started = time.perf_counter()
         try:
-            ranked = _together(batch)
+            ranked = self._on_compute(_together, batch)
         except Exception:
             if len(batch) > 1:
                 log.debug("a batch of %d searches failed; running them one by one", len(batch))
@@ -160,7 +168,8 @@ class Batcher:
         if ranked is None:
             for waiting in batch:
                 try:
-                    _deliver(waiting, _alone(waiting.engine, [waiting.request])[0], started)
+                    _deliver(waiting, self._on_compute(_alone, waiting.engine,
+                                                       [waiting.request])[0], started)
                 except Exception as exc:  # the search's own error, for its request to raise
                     waiting.future.set_exception(exc)
             return

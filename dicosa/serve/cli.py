@@ -85,6 +85,7 @@ def run_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from .app import Settings, create_app
+        from .compute import ComputeThread
         from .engine import Engine
     except ImportError as exc:
         raise MissingExtra(f"'dicosa serve' needs FastAPI and uvicorn ({exc.name} is "
@@ -99,8 +100,10 @@ def run_serve(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(threads)
-    engine = Engine.open(args.index, device=args.device, media_roots=tuple(args.media_root),
-                         text_tower=args.text_tower, query_cache=args.query_cache)
+    compute = ComputeThread(threads)  # this process's torch work (compute.py)
+    engine = compute.run(Engine.open, args.index, device=args.device,
+                         media_roots=tuple(args.media_root), text_tower=args.text_tower,
+                         query_cache=args.query_cache)
     hosts = allowed_hosts(args.host, args.allowed_host)
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(f"serving {len(engine.index)} videos of {args.index} at http://{shown}:{args.port}/ "
@@ -121,7 +124,7 @@ def run_serve(args: argparse.Namespace) -> int:
     settings = Settings(api_key=key, allowed_hosts=hosts, max_batch=args.max_batch,
                         batch_wait_s=args.batch_wait_ms / 1000,
                         reload_interval_s=args.reload_interval)
-    uvicorn.run(create_app(engine, settings), host=args.host, port=args.port,
+    uvicorn.run(create_app(engine, settings, compute), host=args.host, port=args.port,
                 log_level="warning", timeout_graceful_shutdown=5)
     return 0
 

@@ -52,18 +52,20 @@ class WorkerSettings:
 
 def app():
     """The ASGI application of one worker (uvicorn's factory), from :data:`ENV`."""
-    import torch
-
     from ..errors import USER_ERRORS
     from .app import Settings, create_app
+    from .compute import ComputeThread
     from .engine import Engine
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     given = WorkerSettings(**json.loads(os.environ[ENV]))
     if given.threads:
+        import torch
+
         torch.set_num_threads(given.threads)
+    compute = ComputeThread(given.threads)  # this worker's torch work (compute.py)
     try:
-        engine = Engine.open(given.index, device=given.device,
+        engine = compute.run(Engine.open, given.index, device=given.device,
                              media_roots=tuple(given.media_roots),
                              text_tower=given.text_tower, query_cache=given.query_cache)
     except USER_ERRORS as exc:  # the parent opened it a moment ago: say why, stop them all
@@ -74,7 +76,7 @@ def app():
                                        max_batch=given.max_batch,
                                        batch_wait_s=given.batch_wait_s,
                                        reload_interval_s=given.reload_interval_s,
-                                       workers=given.workers))
+                                       workers=given.workers), compute)
 
 
 def serve_workers(settings: WorkerSettings, host: str, port: int) -> None:

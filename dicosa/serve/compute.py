@@ -1,0 +1,70 @@
+"""The one thread that runs a service process's torch work.
+
+PyTorch's CPU kernels run their parallel parts on OpenMP (libgomp here). Every OS thread
+that starts a parallel region gets its own team of worker threads, kept for the thread's life,
+and while more threads are under libgomp's management than there are cores, every team's
+workers stop spinning between regions and sleep at once (libgomp's throttled spin): each
+region then pays for waking them. A service whose model was loaded on the main thread, whose
+batches run on a batching thread and whose pages are cut on the HTTP worker threads has
+several teams, so all of them run that way. On the 2-core machine (2026-11-26), the lone
+query's text tower took 15 ms on the thread that had first run torch and 21-23 ms on
+a second thread, and a 200,000-element product 12 µs against 55 µs.
+
+So a service process whose torch runs several threads opens its index, ranks, builds pages
+and reopens the index on one :class:`ComputeThread`, and no other thread of it runs torch:
+one team, whose workers spin between the many small regions of a search as they would in a
+script. With one torch thread (``dicosa serve --workers 2`` on two cores) there are no
+teams to keep apart, and the calls run where they are made: a worker then cuts one search's
+page while its batching thread ranks the next, which one thread would run one after the
+other (100k videos, 8 clients, 2 workers: 39.7 searches/s inline, 29.2 on one thread).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+__all__ = ["ComputeThread"]
+
+T = TypeVar("T")
+
+
+class ComputeThread:
+    """Runs callables on one thread, in the order they come, and waits for each.
+
+    ``threads``: torch's intra-op threads on it (``torch.set_num_threads`` there; None:
+    torch's count now). With one, calls run on the caller's thread (module docstring). A
+    call made on the compute thread itself runs at once (no deadlock)."""
+
+    def __init__(self, threads: int | None = None, name: str = "dicosa-compute"):
+        import torch
+
+        self.threads = threads or torch.get_num_threads()
+        self._ident: int | None = None
+        self._executor = (None if self.threads == 1 else
+                          ThreadPoolExecutor(1, thread_name_prefix=name,
+                                             initializer=self._start))
+
+    @property
+    def inline(self) -> bool:
+        """Whether calls run on the caller's thread (one torch thread)."""
+        return self._executor is None
+
+    def _start(self) -> None:
+        import torch
+
+        self._ident = threading.get_ident()
+        torch.set_num_threads(self.threads)
+
+    def run(self, fn: Callable[..., T], /, *args, **kwargs) -> T:
+        """``fn(*args, **kwargs)`` on the compute thread; its result, or its exception."""
+        if self._executor is None or threading.get_ident() == self._ident:
+            return fn(*args, **kwargs)
+        return self._executor.submit(fn, *args, **kwargs).result()
+
+    def close(self) -> None:
+        """No more calls; the thread ends once the calls it holds have run."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)

@@ -1,0 +1,85 @@
+"""The service's compute thread: every search, page and reopening on one thread (why:
+dicosa/serve/compute.py), the calls' results and errors as if made in place."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+from fastapi.testclient import TestClient
+
+from dicosa.serve.app import Service, Settings, create_app
+from dicosa.serve.compute import ComputeThread
+from dicosa.serve.engine import Engine
+
+from .test_serve_api import built  # noqa: F401  (the module's index fixture)
+
+
+def test_calls_run_on_one_other_thread_in_order_with_their_errors():
+    compute = ComputeThread(threads=torch.get_num_threads() + 1)
+    here = threading.get_ident()
+    with ThreadPoolExecutor(8) as callers:  # many request threads at once
+        seen = list(callers.map(lambda i: compute.run(lambda: (threading.get_ident(), i)),
+                                range(64)))
+    assert {ident for ident, _ in seen} != {here} and len({ident for ident, _ in seen}) == 1
+    assert [i for _, i in seen] == list(range(64))
+    # a call made on the thread itself runs at once instead of waiting for itself
+    assert compute.run(lambda: compute.run(lambda: 7) + 1) == 8
+    with pytest.raises(ZeroDivisionError):
+        compute.run(lambda: 1 / 0)
+    assert compute.run(lambda: "still serving") == "still serving"
+    compute.close()
+
+
+def test_torch_runs_the_threads_asked_there_and_one_thread_runs_inline():
+    before = torch.get_num_threads()
+    try:
+        compute = ComputeThread(threads=before + 1)
+        assert not compute.inline and compute.run(torch.get_num_threads) == before + 1
+        compute.close()
+    finally:
+        torch.set_num_threads(before)  # torch's count is the process's
+    alone = ComputeThread(threads=1)  # no teams to keep apart: the caller's thread
+    assert alone.inline and alone.run(threading.get_ident) == threading.get_ident()
+
+
+def test_the_service_searches_cuts_pages_and_reopens_on_its_compute_thread(built,  # noqa: F811
+                                                                          monkeypatch):
+    before = torch.get_num_threads()
+    compute = ComputeThread(threads=max(2, before))  # a thread of its own
+    try:
+        _served_on(compute, built, monkeypatch)
+    finally:
+        compute.close()
+        torch.set_num_threads(before)
+
+
+def _served_on(compute: ComputeThread, built, monkeypatch) -> None:  # noqa: F811
+    engine = compute.run(Engine.open, built)
+    where: dict[str, set[str]] = {}
+
+    def watched(name, method):
+        def call(*args, **kwargs):
+            where.setdefault(name, set()).add(threading.current_thread().name)
+            return method(*args, **kwargs)
+        return call
+
+    for name in ("rank", "answer", "similar", "reopen"):
+        monkeypatch.setattr(engine, name, watched(name, getattr(engine, name)))
+    service = Service(engine, reload_interval_s=0)
+    for batch in (8, 1):
+        app = create_app(service, Settings(reload_interval_s=0, max_batch=batch), compute)
+        with TestClient(app) as client:
+            assert client.get("/api/search", params={"q": "a red circle"}).status_code == 200
+            first = client.get("/api/search", params={"q": "a bar"}).json()["hits"][0]["id"]
+            assert client.get(f"/api/videos/{first}/similar").status_code == 200
+    monkeypatch.setattr(engine, "changed", lambda: True)
+    assert service.check_reload()  # the watcher asks; the compute thread opens
+    assert set(where) == {"rank", "answer", "similar", "reopen"}
+    assert all(names == {"dicosa-compute_0"} for names in where.values()), where
