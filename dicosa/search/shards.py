@@ -169,6 +169,13 @@ class ClipShard(_Files):
     def valid_any(self, rows: np.ndarray) -> np.ndarray:
         return self.frame_mask[rows].any(1)
 
+    def all_rows_have_frames(self) -> bool:
+        """Whether no row of this shard is text-only (read once: a shard's mask never
+        changes after it is written)."""
+        if "_all_framed" not in self.__dict__:
+            self.__dict__["_all_framed"] = bool(self.frame_mask.any(1).all())
+        return self.__dict__["_all_framed"]
+
     def video_of(self, rows: np.ndarray) -> np.ndarray:
         """Each row's video, as its line in the csv."""
         return np.asarray(rows, dtype=np.int64)
@@ -286,6 +293,10 @@ class RunShard(_Files):
     def valid_any(self, rows: np.ndarray) -> np.ndarray:
         positions, inside = self._slots(rows, int(self.segment[rows, 1].max(initial=0)))
         return (inside & self.frame_valid[positions]).any(1)
+
+    def all_rows_have_frames(self) -> bool:
+        """Not known without reading every segment: False (each lookup reads its rows)."""
+        return False
 
     def video_of(self, rows: np.ndarray) -> np.ndarray:
         return self.segment_video[rows]

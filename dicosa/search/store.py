@@ -155,6 +155,8 @@ class FrameStore:
         """Whether each row ``ids`` [n] has a valid frame: bool [n] (False: a row indexed from
         its title alone)."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if all(shard.all_rows_have_frames() for shard in self.shards):
+            return np.ones(len(ids), dtype=bool)  # the usual store: no lookup per query
         out = np.empty(len(ids), dtype=bool)
         for shard, where, rows in self._by_shard(ids):
             out[where] = shard.valid_any(rows)
