@@ -170,6 +170,10 @@ def _worker(rank: int, port: int) -> None:
             warnings.simplefilter("always")
             all_gather_with_grad(text_proj(local[0])).sum().backward()
         assert not [w for w in caught if "deprecat" in str(w.message).lower()], caught
+        # Both ranks done before either tears gloo down: a rank that left while the other's
+        # last collective was in flight once aborted it ("terminate called without an active
+        # exception", SIGABRT: seen once, in the one-thread rerun of a CI run, 2026-11-26).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
