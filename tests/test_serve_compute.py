@@ -22,7 +22,14 @@ from .test_serve_api import built  # noqa: F401  (the module's index fixture)
 
 
 def test_calls_run_on_one_other_thread_in_order_with_their_errors():
-    compute = ComputeThread(threads=torch.get_num_threads() + 1)
+    before = torch.get_num_threads()
+    try:
+        _runs_on_one_thread(ComputeThread(threads=before + 1))
+    finally:
+        torch.set_num_threads(before)  # torch's count is the process's
+
+
+def _runs_on_one_thread(compute: ComputeThread) -> None:
     here = threading.get_ident()
     with ThreadPoolExecutor(8) as callers:  # many request threads at once
         seen = list(callers.map(lambda i: compute.run(lambda: (threading.get_ident(), i)),

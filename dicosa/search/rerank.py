@@ -41,6 +41,8 @@ variant) multiply-adds per pair.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -61,8 +63,7 @@ def pair_scores(model: DiCoSA, text: TextFeatures, video: VideoFeatures,
     query by query): nothing of the text is copied per pair.
     ``eps`` is the one :func:`dicosa.functional.concept_similarity` uses.
     """
-    head = model.head
-    text_side = _TextSide(head, text.text)
+    text_side = _TextSide.of(model.head, text.text)
     if pairs is None:
         return _scores(model, text_side, video, eps)
     out = torch.empty(len(pairs), dtype=torch.float32, device=video.frames.device)
@@ -79,22 +80,25 @@ def pair_scores(model: DiCoSA, text: TextFeatures, video: VideoFeatures,
     return out
 
 
+@dataclass
 class _TextSide:
-    """Everything of the texts alone: the vectors ``[Q, D]``, their factors ``[Q, K, d]``,
-    the factors' squared norms ``[Q, K]`` and the MLP's text half ``[Q, K, H]`` (or None)."""
+    """Everything of the texts alone (computed once per text)."""
 
-    def __init__(self, head, text: Tensor, parts: tuple | None = None):
-        if parts is None:
-            factors = head.text_factors(text)
-            parts = (text, factors, factors.pow(2).sum(-1).float(), head.text_hidden(factors))
-        self.text, self.factors, self.norms, self.hidden = parts
+    text: Tensor  # [Q, D]
+    factors: Tensor  # [Q, K, d]
+    norms: Tensor  # [Q, K] the factors' squared norms
+    hidden: Tensor | None  # [Q, K, H] the MLP's text half (None: no confidence MLP)
+
+    @classmethod
+    def of(cls, head, text: Tensor) -> _TextSide:
+        factors = head.text_factors(text)
+        return cls(text, factors, factors.pow(2).sum(-1).float(), head.text_hidden(factors))
 
     def one(self, query: int) -> _TextSide:
         """Text ``query`` alone, each part with a leading axis of 1 (broadcast over pairs)."""
         part = slice(query, query + 1)
-        return _TextSide(None, None, tuple(None if x is None else x[part] for x in
-                                           (self.text, self.factors, self.norms,
-                                            self.hidden)))
+        return _TextSide(self.text[part], self.factors[part], self.norms[part],
+                         None if self.hidden is None else self.hidden[part])
 
 
 def _scores(model: DiCoSA, text: _TextSide, video: VideoFeatures, eps: float) -> Tensor:

@@ -92,6 +92,7 @@ class _Files:
     sha256: dict | None = None
     _rows: pd.DataFrame | None = field(default=None, repr=False)
     _directory: Path | None = field(default=None, repr=False)
+    _columns: dict = field(default_factory=dict, repr=False, compare=False)  # column()'s
 
     @property
     def rows(self) -> pd.DataFrame:
@@ -108,11 +109,10 @@ class _Files:
         """Metadata column ``name`` as an array (None: this shard's csv has no such column),
         made once: a shard's rows never change after it is written, and a search reads a
         few values of a few columns per hit."""
-        columns = self.__dict__.setdefault("_columns", {})
-        if name not in columns:
+        if name not in self._columns:
             column = self.rows.get(name)
-            columns[name] = None if column is None else column.to_numpy()
-        return columns[name]
+            self._columns[name] = None if column is None else column.to_numpy()
+        return self._columns[name]
 
 
 @dataclass
@@ -124,6 +124,7 @@ class ClipShard(_Files):
     proxy: np.ndarray = None  # float32 [n, D]
     has_proxy_file: bool = True  # False for version-1 shards (proxy computed when opened)
     frame_scale: np.ndarray | None = None  # float32 [n, N] for int8 frames, else None
+    _all_framed: bool | None = field(default=None, repr=False, compare=False)  # None: unread
     layout = "clips"
 
     @classmethod
@@ -172,9 +173,9 @@ class ClipShard(_Files):
     def all_rows_have_frames(self) -> bool:
         """Whether no row of this shard is text-only (read once: a shard's mask never
         changes after it is written)."""
-        if "_all_framed" not in self.__dict__:
-            self.__dict__["_all_framed"] = bool(self.frame_mask.any(1).all())
-        return self.__dict__["_all_framed"]
+        if self._all_framed is None:
+            self._all_framed = bool(self.frame_mask.any(1).all())
+        return self._all_framed
 
     def video_of(self, rows: np.ndarray) -> np.ndarray:
         """Each row's video, as its line in the csv."""

@@ -96,11 +96,7 @@ def run_serve(args: argparse.Namespace) -> int:
     _check_counts(args)
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.workers)
                                if args.workers > 1 else None)
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-    compute = ComputeThread(threads)  # this process's torch work (compute.py)
+    compute = ComputeThread.for_process(threads)  # this process's torch work (compute.py)
     engine = compute.run(Engine.open, args.index, device=args.device,
                          media_roots=tuple(args.media_root), text_tower=args.text_tower,
                          query_cache=args.query_cache)

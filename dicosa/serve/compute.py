@@ -47,6 +47,16 @@ class ComputeThread:
                           ThreadPoolExecutor(1, thread_name_prefix=name,
                                              initializer=self._start))
 
+    @classmethod
+    def for_process(cls, threads: int | None) -> ComputeThread:
+        """The compute thread of a service process: ``threads`` (None: torch's default) set as
+        the process's torch threads first, so that calls run inline use them too."""
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        return cls(threads)
+
     @property
     def inline(self) -> bool:
         """Whether calls run on the caller's thread (one torch thread)."""

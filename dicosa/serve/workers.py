@@ -59,11 +59,7 @@ def app():
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     given = WorkerSettings(**json.loads(os.environ[ENV]))
-    if given.threads:
-        import torch
-
-        torch.set_num_threads(given.threads)
-    compute = ComputeThread(given.threads)  # this worker's torch work (compute.py)
+    compute = ComputeThread.for_process(given.threads)  # this worker's torch work
     try:
         engine = compute.run(Engine.open, given.index, device=given.device,
                              media_roots=tuple(given.media_roots),
