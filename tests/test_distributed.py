@@ -1,7 +1,6 @@
 """all_gather_with_grad against a single-process reference, with 2 gloo CPU processes."""
 
 import os
-import socket
 import warnings
 
 import pytest
@@ -16,16 +15,12 @@ from dicosa.distributed import (
     all_gather_with_grad,
     gather_features,
 )
+from tests._ranks import exit_rank, free_port
 
 WORLD = 2
 B_LOCAL, D_IN, D_OUT, N_FRAMES = 3, 5, 4, 2
 TOL = 1e-5
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _info_nce(text: torch.Tensor, video: torch.Tensor, temperature: float = 0.1) -> torch.Tensor:
@@ -170,17 +165,15 @@ def _worker(rank: int, port: int) -> None:
             warnings.simplefilter("always")
             all_gather_with_grad(text_proj(local[0])).sum().backward()
         assert not [w for w in caught if "deprecat" in str(w.message).lower()], caught
-        # Both ranks done before either tears gloo down: a rank that left while the other's
-        # last collective was in flight once aborted it ("terminate called without an active
-        # exception", SIGABRT: seen once, in the one-thread rerun of a CI run, 2026-11-26).
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    exit_rank()
 
 
 @pytest.mark.paths
 def test_all_gather_with_grad_matches_single_process():
-    mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(),), nprocs=WORLD, join=True)
 
 
 def test_noop_without_process_group():

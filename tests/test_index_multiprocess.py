@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from dicosa.index import VideoIndex
 from dicosa.index.parallel import PARTS, Launch, _block, build_index
 from dicosa.loading import load_model
 
+from ._ranks import free_port
 from ._videos import write_video
 from .conftest import spy_encoder
 
@@ -56,11 +56,6 @@ def reference(folder, model, tmp_path_factory) -> VideoIndex:
     return VideoIndex.build(model, folder, out, batch_size=1, num_workers=0, progress=False)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _launch(folder: Path, out: Path, *extra: str, processes: int = 2,
             script: str | None = None, delay: float = 0.0) -> subprocess.Popen:
@@ -69,7 +64,7 @@ def _launch(folder: Path, out: Path, *extra: str, processes: int = 2,
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
                DICOSA_TEST_ENCODE_DELAY=str(delay))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-               str(processes), "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+               str(processes), "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                *target, "index", str(folder), "--out", str(out), *OPTIONS, *extra]
     return subprocess.Popen(command, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)

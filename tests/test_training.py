@@ -6,7 +6,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from dicosa.training import (
     scale_tower_gradients,
     train,
 )
+from tests._ranks import exit_rank, free_port
 from tests.conftest import random_batch, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,11 +118,6 @@ def test_batches_do_not_depend_on_the_number_of_workers():
 # ---------------------------------------------------------------- two processes
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _two_process_worker(rank: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -154,11 +149,12 @@ def _two_process_worker(rank: int, port: int, out_dir: str) -> None:
                Path(out_dir) / f"rank{rank}.pt")
     accelerator.wait_for_everyone()
     torch.distributed.destroy_process_group()
+    exit_rank()
 
 
 @pytest.mark.paths
 def test_two_processes_match_one_process_on_the_global_batch(tmp_path):
-    mp.spawn(_two_process_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_two_process_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
     # Data: the two halves are one process's global batch, in order.
