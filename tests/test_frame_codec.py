@@ -10,10 +10,11 @@ import torch
 from dicosa.index import VideoIndex
 from dicosa.index.check import check_index
 from dicosa.model import DiCoSA, TextFeatures, VideoFeatures
+from dicosa.search import rerank as rerank_module
 from dicosa.search import shards as shard_module
 from dicosa.search import store as store_module
 from dicosa.search.frame_codec import dequantise, quantise, score_tolerance
-from dicosa.search.rerank import pair_scores
+from dicosa.search.rerank import QuantisedVideo, pair_scores
 from dicosa.search.shards import VideoRun
 from dicosa.search.store import FrameStore, StoreError
 
@@ -128,6 +129,41 @@ def test_the_rerank_on_int8_frames_stays_within_the_derived_bound(options):
     assert torch.all(moved <= bound + 1e-5), (moved - bound).max()
     # the bound says something: well under the spread of the scores it bounds
     assert bound.max() < 0.1 * (expected.max() - expected.min()), (bound.max(), expected)
+
+
+@pytest.mark.parametrize("options", [{}, {"variant": "paper"}, {"use_adaptive_pooling": False}])
+def test_the_rerank_of_int8_codes_as_kept_equals_the_rerank_of_dequantised_frames(
+        options, monkeypatch):
+    """Codes handed to pair_scores as kept and dequantised block by block give the scores of
+    the frames dequantised first (float rounding apart), blocks of every size (a ragged last
+    one included), pairs in any order; gather_codes reads the same rows in either order."""
+    torch.manual_seed(0)
+    model = DiCoSA.from_config(tiny_config(**options)).eval()
+    text = _text(model, QUERIES)
+    store = FrameStore(frame_dtype="int8")
+    store.append(_features(model, 23, seed=4, near=text, per_query=4), _rows(0, 23))
+    store.append(_features(model, 17, seed=5, near=text, per_query=4), _rows(23, 17))
+    ids = np.random.default_rng(1).permutation(40)[:33]
+    pairs = torch.from_numpy(np.random.default_rng(2).integers(0, len(QUERIES), len(ids)))
+    with torch.no_grad():
+        expected = pair_scores(model, TextFeatures(text), store.gather(ids, torch.float32),
+                               pairs=pairs)
+        for block in (1, 5, 64):
+            monkeypatch.setattr(rerank_module, "_DEQUANTISED_PAIRS", block)
+            kept = QuantisedVideo(*map(torch.from_numpy, store.gather_codes(ids)))
+            got = pair_scores(model, TextFeatures(text), kept, pairs=pairs)
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    ascending = np.sort(ids)  # the fast read: each shard's rows copied into one slice
+    for got, kept in zip(store.gather_codes(ascending), store.gather_codes(ids), strict=True):
+        order = np.argsort(ids)
+        np.testing.assert_array_equal(got, kept[order])
+    codes, scale, mask = store.gather_codes(ascending)
+    reference = store.gather(ascending, torch.float32)
+    np.testing.assert_array_equal(codes * scale[..., None], reference.frames.numpy())
+    np.testing.assert_array_equal(mask, reference.frame_mask.numpy())
+    half = FrameStore(frame_dtype="float16")
+    half.append(_features(model, 3, seed=6, near=text, per_query=1), _rows(0, 3))
+    assert half.gather_codes(np.arange(3)) is None
 
 
 @pytest.fixture(scope="module")

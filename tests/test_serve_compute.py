@@ -3,6 +3,7 @@ dicosa/serve/compute.py), the calls' results and errors as if made in place."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,7 +16,7 @@ pytest.importorskip("httpx")
 from fastapi.testclient import TestClient
 
 from dicosa.serve.app import Service, Settings, create_app
-from dicosa.serve.compute import ComputeThread
+from dicosa.serve.compute import SWITCH_INTERVAL_S, ComputeThread
 from dicosa.serve.engine import Engine
 
 from .test_serve_api import built  # noqa: F401  (the module's index fixture)
@@ -54,6 +55,20 @@ def test_torch_runs_the_threads_asked_there_and_one_thread_runs_inline():
         torch.set_num_threads(before)  # torch's count is the process's
     alone = ComputeThread(threads=1)  # no teams to keep apart: the caller's thread
     assert alone.inline and alone.run(threading.get_ident) == threading.get_ident()
+
+
+def test_a_service_process_sets_its_torch_threads_and_a_short_gil_switch_interval():
+    threads, interval = torch.get_num_threads(), sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)  # CPython's default
+        compute = ComputeThread.for_process(threads + 1)
+        assert torch.get_num_threads() == threads + 1 == compute.threads
+        assert SWITCH_INTERVAL_S < 0.005
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
+        compute.close()
+    finally:
+        torch.set_num_threads(threads)  # both are the process's
+        sys.setswitchinterval(interval)
 
 
 def test_the_service_searches_cuts_pages_and_reopens_on_its_compute_thread(built,  # noqa: F811

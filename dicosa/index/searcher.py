@@ -28,7 +28,7 @@ from ..model import DiCoSA, TextFeatures
 from ..search.moment import Moment, Timeline, best_moments, overlaps, video_timeline
 from ..search.query import Query, QueryError, parse_query
 from ..search.query_text import QueryText
-from ..search.rerank import pair_scores
+from ..search.rerank import QuantisedVideo, pair_scores
 from ..search.store import FrameStore
 from ..search.types import Candidates, EncodedQueries, RerankHook
 from .stages import Registered, StageSet
@@ -288,13 +288,31 @@ class Searcher:
     def rerank(self, encoded: EncodedQueries, ids: np.ndarray) -> Tensor:
         """DiCoSA S of each query with its candidates: ``[Q, C]`` float32, -inf at pads.
 
-        The candidates' frames are read in blocks of ``_RERANK_BLOCK_BYTES`` (as float32),
-        straight into the dtype the model computes in; the text side of each query is
-        computed once per block (:func:`~dicosa.search.rerank.pair_scores` with ``pairs``)."""
+        An int8 store's candidates are read query by query in ascending row order (the
+        store's fastest read) and handed over as kept (:class:`~dicosa.search.rerank.
+        QuantisedVideo`); a float16 store's in blocks of ``_RERANK_BLOCK_BYTES`` (as
+        float32), straight into the dtype the model computes in. The text side of each query
+        is computed once per block (:func:`~dicosa.search.rerank.pair_scores` with
+        ``pairs``)."""
         dtype = next(self.model.parameters()).dtype
-        query, column = np.nonzero(ids >= 0)
         out = torch.full(ids.shape, float("-inf"))
         text = TextFeatures(encoded.text.text.to(self.device, dtype))
+        for q in range(len(ids)):
+            columns = np.flatnonzero(ids[q] >= 0)
+            if not len(columns):
+                continue
+            columns = columns[np.argsort(ids[q, columns], kind="stable")]
+            found = self.store.gather_codes(ids[q, columns])
+            if found is None:  # float16 frames in some shard: the blocks below
+                return self._rerank_float(text, ids, out, dtype)
+            video = QuantisedVideo(*(torch.from_numpy(a).to(self.device) for a in found))
+            pairs = torch.full((len(columns),), q, device=self.device)
+            out[q, columns] = pair_scores(self.model, text, video, pairs=pairs).cpu()
+        return out
+
+    def _rerank_float(self, text: TextFeatures, ids: np.ndarray, out: Tensor,
+                      dtype: torch.dtype) -> Tensor:
+        query, column = np.nonzero(ids >= 0)
         step = self._pairs_per_chunk()
         for start in range(0, len(query), step):
             q, c = query[start:start + step], column[start:start + step]

@@ -34,9 +34,12 @@ width H:
   What is query-independent and exact is computed once per query instead (the text side,
   above), and the first stage's per-video vectors (the dense proxy: Eq. 1 at τ → ∞) are.
 
-So the rerank reads each candidate's N frames once (:meth:`FrameStore.gather`, dequantised
-when the index keeps int8 frames) and costs about N·D + N·D + D·H (+ D² in the paper
-variant) multiply-adds per pair.
+So the rerank reads each candidate's N frames once and costs about N·D + N·D + D·H (+ D² in
+the paper variant) multiply-adds per pair. Frames of an int8 index arrive as kept
+(:class:`QuantisedVideo`, a quarter of float32's bytes) and are dequantised a block of
+pairs at a time into one reused float32 buffer just before Eq. 1 pools them: the same float32
+frames as dequantising them all first, without writing (and first faulting in) 24 KiB of
+fresh memory per candidate, which cost more than the rest of the rerank.
 """
 
 from __future__ import annotations
@@ -49,14 +52,35 @@ from torch import Tensor
 from .. import functional as DF
 from ..model import DiCoSA, TextFeatures, VideoFeatures
 
-__all__ = ["pair_scores"]
+__all__ = ["QuantisedVideo", "pair_scores"]
+
+# Pairs dequantised at a time (3 MiB of float32 at N=12, D=512): small enough to stay in the
+# CPU's cache between dequantising and pooling, large enough that a block's dozen torch calls
+# cost little beside its arithmetic.
+_DEQUANTISED_PAIRS = 128
 
 
-def pair_scores(model: DiCoSA, text: TextFeatures, video: VideoFeatures,
+@dataclass
+class QuantisedVideo:
+    """Pairs' frames as an int8 index keeps them: frame = ``scale`` × ``codes``."""
+
+    codes: Tensor  # [P, N, D] int8
+    scale: Tensor  # [P, N] float32
+    frame_mask: Tensor  # [P, N] bool
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def rows(self, run: slice | Tensor) -> QuantisedVideo:
+        return QuantisedVideo(self.codes[run], self.scale[run], self.frame_mask[run])
+
+
+def pair_scores(model: DiCoSA, text: TextFeatures, video: VideoFeatures | QuantisedVideo,
                 eps: float = 1e-6, pairs: Tensor | None = None) -> Tensor:
     """S (Eq. 9) of matched pairs -> ``[P]`` float32.
 
-    ``video`` holds the pairs' frames ``[P, N, D]``. Without ``pairs``, ``text`` is ``[P, D]``
+    ``video`` holds the pairs' frames ``[P, N, D]`` (as float, or int8 as kept). Without
+    ``pairs``, ``text`` is ``[P, D]``
     and pair i is text i with video i; with ``pairs`` (int64 ``[P]``), ``text`` is ``[Q, D]``
     and pair i is text ``pairs[i]`` with video i, the text side computed once per text and
     each run of pairs that share a text scored with it broadcast (a rerank's candidates come
@@ -66,7 +90,7 @@ def pair_scores(model: DiCoSA, text: TextFeatures, video: VideoFeatures,
     text_side = _TextSide.of(model.head, text.text)
     if pairs is None:
         return _scores(model, text_side, video, eps)
-    out = torch.empty(len(pairs), dtype=torch.float32, device=video.frames.device)
+    out = torch.empty(len(pairs), dtype=torch.float32, device=video.frame_mask.device)
     order = torch.argsort(pairs, stable=True)
     ordered = pairs[order]
     sorted_already = bool((order == torch.arange(len(order), device=order.device)).all())
@@ -74,8 +98,7 @@ def pair_scores(model: DiCoSA, text: TextFeatures, video: VideoFeatures,
     start = 0
     for query, count in zip(queries.tolist(), counts.tolist(), strict=True):
         run = slice(start, start + count) if sorted_already else order[start:start + count]
-        frames, mask = video.frames[run], video.frame_mask[run]
-        out[run] = _scores(model, text_side.one(query), VideoFeatures(frames, mask), eps)
+        out[run] = _scores(model, text_side.one(query), _rows(video, run), eps)
         start += count
     return out
 
@@ -101,13 +124,45 @@ class _TextSide:
                          None if self.hidden is None else self.hidden[part])
 
 
-def _scores(model: DiCoSA, text: _TextSide, video: VideoFeatures, eps: float) -> Tensor:
-    """S of pair i = (text i, video i), a text side of one row broadcast over the videos."""
-    frames = video.frames  # [P, N, D]
-    per_pair = text.text.expand(len(frames), -1)  # [P, D] (a view when one text)
-    weights = DF.matched_pooling_weights(per_pair, frames, video.frame_mask,
+def _rows(video: VideoFeatures | QuantisedVideo, run: slice | Tensor
+          ) -> VideoFeatures | QuantisedVideo:
+    if isinstance(video, QuantisedVideo):
+        return video.rows(run)
+    return VideoFeatures(video.frames[run], video.frame_mask[run])
+
+
+def _pooled(model: DiCoSA, text: Tensor, frames: Tensor, mask: Tensor) -> Tensor:
+    """Eq. 1 for each pair: its frames ``[P, N, D]`` pooled under its text (``[P, D]``, or
+    ``[1, D]`` broadcast) -> ``[P, D]``."""
+    per_pair = text.expand(len(frames), -1)  # [P, D] (a view when one text)
+    weights = DF.matched_pooling_weights(per_pair, frames, mask,
                                          model.config.pool_temperature, model.mask_mode)
-    pooled = torch.bmm(weights.to(frames.dtype)[:, None], frames)[:, 0]  # [P, D]
+    return torch.bmm(weights.to(frames.dtype)[:, None], frames)[:, 0]
+
+
+def _pooled_quantised(model: DiCoSA, text: Tensor, video: QuantisedVideo,
+                      dtype: torch.dtype) -> Tensor:
+    """:func:`_pooled` of int8 frames, dequantised a block at a time (module docstring)."""
+    count, frames, dim = video.codes.shape
+    device = video.codes.device
+    out = torch.empty(count, dim, dtype=dtype, device=device)
+    block = torch.empty(min(count, _DEQUANTISED_PAIRS), frames, dim, device=device)
+    for start in range(0, count, _DEQUANTISED_PAIRS):
+        part = slice(start, start + _DEQUANTISED_PAIRS)
+        real = block[:len(video.codes[part])]
+        real.copy_(video.codes[part]).mul_(video.scale[part, :, None])  # [p, N, D] float32
+        rows = text if len(text) == 1 else text[part]
+        out[part] = _pooled(model, rows, real.to(dtype), video.frame_mask[part])
+    return out
+
+
+def _scores(model: DiCoSA, text: _TextSide, video: VideoFeatures | QuantisedVideo,
+            eps: float) -> Tensor:
+    """S of pair i = (text i, video i), a text side of one row broadcast over the videos."""
+    if isinstance(video, QuantisedVideo):
+        pooled = _pooled_quantised(model, text.text, video, text.text.dtype)  # [P, D]
+    else:
+        pooled = _pooled(model, text.text, video.frames, video.frame_mask)  # [P, D]
     head = model.head
     video_factors = head.frame_factors(pooled)  # [P, K, d]
     dots = (text.factors * video_factors).sum(-1).float()  # [P, K]

@@ -134,22 +134,42 @@ class FrameStore:
         """
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         parts = list(self._by_shard(ids))
-        mask = np.empty((len(ids), self.num_frames), dtype=bool)
-        if parts and all(isinstance(s, ClipShard) and s.frame_scale is not None
-                         for s, _, _ in parts):
+        if _all_int8(parts):
             # int8 rows of every shard side by side, dequantised in one pass (per shard,
             # the many small conversions cost more than the bytes)
-            codes = np.empty((len(ids), self.num_frames, self.dim), dtype=np.int8)
-            scale = np.empty((len(ids), self.num_frames), dtype=np.float32)
-            for shard, where, rows in parts:
-                codes[where], scale[where], mask[where] = shard.codes(rows)
+            codes, scale, mask = self._codes(ids, parts)
             frames = torch.from_numpy(dequantise(codes, scale))
             return VideoFeatures(frames.to(dtype), torch.from_numpy(mask))
+        mask = np.empty((len(ids), self.num_frames), dtype=bool)
         kind = np.float32 if dtype == torch.float32 else np.float16
         frames = np.empty((len(ids), self.num_frames, self.dim), dtype=kind)
         for shard, where, rows in parts:
             frames[where], mask[where] = shard.gather(rows, self.num_frames)
         return VideoFeatures(torch.from_numpy(frames).to(dtype), torch.from_numpy(mask))
+
+    def gather_codes(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Rows ``ids`` [n] as int8 shards keep them, not dequantised: codes ``[n, N, D]``
+        int8, scales ``[n, N]`` float32 (frame = scale × codes) and the mask ``[n, N]``;
+        None when any of the rows lies in a float16 shard. Ascending ids are read fastest:
+        each shard's rows are copied straight into their place in the answer."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        parts = list(self._by_shard(ids))
+        return self._codes(ids, parts) if _all_int8(parts) else None
+
+    def _codes(self, ids: np.ndarray, parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        codes = np.empty((len(ids), self.num_frames, self.dim), dtype=np.int8)
+        scale = np.empty((len(ids), self.num_frames), dtype=np.float32)
+        mask = np.empty((len(ids), self.num_frames), dtype=bool)
+        ascending = bool(np.all(ids[1:] > ids[:-1]))
+        for shard, where, rows in parts:
+            if ascending:  # this shard's rows fill one slice of the answer, in order
+                part = slice(where[0], where[-1] + 1)
+                np.take(shard.frames, rows, axis=0, out=codes[part])
+                np.take(shard.frame_scale, rows, axis=0, out=scale[part])
+                np.take(shard.frame_mask, rows, axis=0, out=mask[part])
+            else:
+                codes[where], scale[where], mask[where] = shard.codes(rows)
+        return codes, scale, mask
 
     def has_frames(self, ids: np.ndarray) -> np.ndarray:
         """Whether each row ``ids`` [n] has a valid frame: bool [n] (False: a row indexed from
@@ -472,3 +492,9 @@ def _table(rows: list[dict]) -> pd.DataFrame:
     """Metadata rows as the table a reopened store reads (through the csv form, so that the
     columns have the same types)."""
     return read_rows(io.StringIO(pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(index=False)))
+
+
+def _all_int8(parts: list) -> bool:
+    """Whether every shard of ``FrameStore._by_shard``'s parts keeps int8 frames."""
+    return bool(parts) and all(isinstance(shard, ClipShard) and shard.frame_scale is not None
+                               for shard, _, _ in parts)

@@ -17,18 +17,33 @@ script. With one torch thread (``dicosa serve --workers 2`` on two cores) there 
 teams to keep apart, and the calls run where they are made: a worker then cuts one search's
 page while its batching thread ranks the next, which one thread would run one after the
 other (100k videos, 8 clients, 2 workers: 39.7 searches/s inline, 29.2 on one thread).
+
+The compute thread releases the GIL in each of the hundreds of torch calls of a batch and
+must take it back from whichever request thread holds it then (parsing a request, building
+an answer's JSON); CPython makes a thread that asks wait up to its switch interval, 5 ms by
+default. In one script, a batch's rerank took 56-66 ms alone and 7-10 s beside one thread
+looping in Python at 5 ms, 0.3 s at 0.5 ms. A service process sets 1 ms
+(:data:`SWITCH_INTERVAL_S`): at 1M videos, 1 worker, 8 clients, 31.7-37.1 searches/s against
+25.9-32.3 at 5 ms in three paired runs, p99 286-345 against 382-453 ms; a lone client's
+median unchanged (45.7-56.1 against 46.4-49.5 ms) (2026-11-26, benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-__all__ = ["ComputeThread"]
+__all__ = ["SWITCH_INTERVAL_S", "ComputeThread"]
 
 T = TypeVar("T")
+
+# How long a thread holding the GIL may keep it from one that asks (CPython's default 5 ms).
+# The compute thread lets go of the GIL in every torch call and must win it back from the
+# request threads each time (module docstring).
+SWITCH_INTERVAL_S = 0.001
 
 
 class ComputeThread:
@@ -50,11 +65,13 @@ class ComputeThread:
     @classmethod
     def for_process(cls, threads: int | None) -> ComputeThread:
         """The compute thread of a service process: ``threads`` (None: torch's default) set as
-        the process's torch threads first, so that calls run inline use them too."""
+        the process's torch threads first, so that calls run inline use them too, and the
+        process's GIL switch interval set to :data:`SWITCH_INTERVAL_S`."""
         if threads:
             import torch
 
             torch.set_num_threads(threads)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         return cls(threads)
 
     @property
