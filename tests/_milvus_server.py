@@ -20,8 +20,6 @@ The benchmark runs the server with its shipped settings.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 import platform
 import signal
@@ -31,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 from unittest import mock
+
+from tests._launch import exec_with
 
 SUPPORTED = sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
 WHY_NOT = "the milvus package's server binary runs on Linux x86-64 only"
@@ -101,7 +101,11 @@ class StandaloneServer:
         server dies with this process (a killed test run leaves no server behind)."""
         import milvus
 
-        popen = functools.partial(subprocess.Popen, preexec_fn=_die_with_parent)
+        spawn = subprocess.Popen  # the patch below replaces the module's own attribute
+
+        def popen(command, **kwargs):
+            return spawn(exec_with(command, kill_with_parent=True), **kwargs)
+
         with mock.patch.object(milvus.subprocess, "Popen", popen):
             self.server.start()
         self.server.wait_started(timeout=int(self.start_timeout * 1000))
@@ -122,12 +126,6 @@ class StandaloneServer:
         takes Milvus 20 s and more)."""
         if self.server.server_proc is not None:
             self.kill()
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the process that started it ends."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _inject(template: str, section: str, lines: str) -> str:

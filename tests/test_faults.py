@@ -20,6 +20,7 @@ from dicosa.config import config_from_dict
 from dicosa.data.synthetic import make_synthetic
 from dicosa.model import DiCoSA
 
+from ._launch import exec_with
 from .conftest import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,9 +87,12 @@ def test_damaged_checkpoints_are_one_sentence_in_python(kind, checkpoint, tmp_pa
     assert exc.value.__context__ is None or exc.value.__suppress_context__
 
 
-def _run(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300,
-                          cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), **kwargs)
+def _run(*args: str, max_file_bytes: int | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, *args]
+    if max_file_bytes is not None:
+        command = exec_with(command, max_file_bytes=max_file_bytes)
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
 
 
 @pytest.mark.parametrize(("kind", "command"), [("text", "evaluate"), ("truncated", "index")])
@@ -142,11 +146,8 @@ def test_training_into_a_full_disk_stops_with_one_sentence(root, tmp_path):
     config = tmp_path / "cfg.yaml"
     config.write_text(cfg.to_yaml())
 
-    def limit() -> None:  # 1 MiB: the log and config fit, the 40 MB checkpoint does not
-        import resource
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
-
-    proc = _run("train.py", "--config", str(config), preexec_fn=limit)
+    # 1 MiB: the log and config fit, the 40 MB checkpoint does not
+    proc = _run("train.py", "--config", str(config), max_file_bytes=1 << 20)
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith("train.py: error: no space left to write"), proc.stderr[-2000:]
