@@ -72,8 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--candidates", type=int, default=1000)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--max-batch", type=int, nargs="+", default=[8, 1])
-    p.add_argument("--text-tower", nargs="+", default=["float"],
-                   choices=("float", "packed", "int8"), help="dicosa serve --text-tower")
+    p.add_argument("--text-tower", nargs="+", default=["auto"],
+                   choices=("auto", "float", "packed", "int8"), help="dicosa serve --text-tower")
     p.add_argument("--workers", type=int, nargs="+", default=[1], help="dicosa serve --workers")
     p.add_argument("--threads", type=int, default=None, help="dicosa serve --threads")
     p.add_argument("--batch-wait-ms", type=float, default=None,

@@ -20,6 +20,15 @@ computes exactly what the EOT states read, and nothing else:
 The same products in the same float32, so the vectors equal the model's up to float rounding
 (tests/test_query_text.py), as a batch of another size does.
 
+The blocks' float linear layers run on oneDNN, PyTorch's CPU deep-learning kernels, with each
+weight reordered once into oneDNN's own blocked layout (``torch.ops.mkldnn`` ``_reorder_linear_
+weight`` and ``_linear_pointwise``, the ops PyTorch's compiler uses for frozen CPU linears):
+float32 products with float32 sums, as before, in another order. PyTorch's ``nn.Linear`` calls
+MKL, whose kernels for a few rows against a plain row-major weight are slower on the 2-core
+AMD EPYC measured: ViT-B/32, 2 threads, a lone query 18.7–20.8 → 9.9–11.1 ms, a batch of 8
+45–56 → 34–38 ms (2026-11-26, medians of 50). Where a PyTorch has no oneDNN (or it is turned
+off, ``torch.backends.mkldnn.enabled``) the layers stay ``nn.Linear``, computed as below.
+
 ``int8=True`` applies ``torch.ao.quantization.quantize_dynamic`` (PyTorch's documented
 dynamic quantisation: int8 weights with one scale per output channel, activations quantised
 per call with one scale per tensor, fbgemm/x86 kernels) to the blocks' four linear layers;
@@ -49,11 +58,35 @@ class TextTowerError(ValueError):
     """The text tower cannot be built this way here (one sentence)."""
 
 
-# Rows up to which a float Linear is computed as W xᵀ (the weight streamed once, as a
-# matrix-vector product would) rather than x Wᵀ: a lone query's tower is bound by reading
-# its 151 MB of float32 weights, and at a few rows the BLAS reads them faster this way
-# (ViT-B/32, 6 rows: 15.6 against 18.5 ms a query; at 37 rows x Wᵀ is ahead, 2026-11-26).
+# Without oneDNN: rows up to which a float Linear is computed as W xᵀ rather than x Wᵀ: at
+# a few rows MKL is faster this way (ViT-B/32, 6 rows: 15.6 against 18.5 ms a query; at 37
+# rows x Wᵀ is ahead, 2026-11-26).
 _FEW_ROWS = 16
+
+
+class _OneDNNLinear(nn.Module):
+    """A float ``nn.Linear`` on oneDNN, its weight reordered once (module docstring)."""
+
+    def __init__(self, layer: nn.Linear):
+        super().__init__()
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach())
+        self.bias = None if layer.bias is None else layer.bias.detach().clone()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [],
+                                                  "")
+
+
+def _on_onednn(blocks: nn.ModuleList) -> nn.ModuleList:
+    """``blocks`` with their float linear layers on oneDNN where this PyTorch has it (else as
+    they are)."""
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return blocks
+    for block in blocks:
+        for name in ("qkv", "out", "fc", "proj"):
+            setattr(block, name, _OneDNNLinear(getattr(block, name)))
+    return blocks
 
 
 def _linear(layer: nn.Module, x: Tensor) -> Tensor:
@@ -127,8 +160,7 @@ class TextTower(nn.Module):
         self.int8 = int8
         self.requires_grad_(False)
         self.eval()
-        if int8:
-            self.blocks = _quantised(self.blocks)
+        self.blocks = _quantised(self.blocks) if int8 else _on_onednn(self.blocks)
         self._starts: dict[int, list[tuple[Tensor, Tensor]]] = {}  # start token -> its k, v
         self._lock = threading.Lock()
 

@@ -11,7 +11,7 @@ import torch
 from dicosa.clip import encode_text_tokens, get_tokenizer
 from dicosa.model import DiCoSA, TextFeatures, VideoFeatures
 from dicosa.search.query_text import QueryText
-from dicosa.text_tower import TextTower
+from dicosa.text_tower import TextTower, TextTowerError
 
 from .conftest import tiny_config
 from .test_index_search import QUERIES, _features, _index
@@ -40,13 +40,31 @@ def _tokens(model, texts):
     return get_tokenizer(model.config.arch, model.config.max_words)(texts)
 
 
+ONEDNN = torch.backends.mkldnn.is_available()
+
+
+def _tower(model, onednn: bool) -> TextTower:
+    """The packed tower with its linear layers on oneDNN, or on PyTorch's own Linear."""
+    was = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = onednn
+    try:
+        tower = TextTower(model.clip)
+    finally:
+        torch.backends.mkldnn.enabled = was
+    kinds = {type(block.fc).__name__ for block in tower.blocks}
+    assert kinds == ({"_OneDNNLinear"} if onednn else {"Linear"}), kinds
+    return tower
+
+
 @pytest.mark.paths
-def test_the_packed_tower_computes_the_models_text_vectors(model):
+@pytest.mark.parametrize("onednn", [pytest.param(True, marks=pytest.mark.skipif(
+    not ONEDNN, reason="this PyTorch has no oneDNN")), False], ids=["onednn", "linear"])
+def test_the_packed_tower_computes_the_models_text_vectors(model, onednn):
     texts = ["a red circle moves left", "a dog", "", "two yellow triangles spin around "
              "slowly in the dark night sky today and again tomorrow", *captions(12, 1)]
     tokens = _tokens(model, texts)
     assert (tokens[:, -1] != 0).any()  # one text fills the context (cut short)
-    tower = TextTower(model.clip)
+    tower = _tower(model, onednn)
     with torch.inference_mode():
         want = encode_text_tokens(model.clip, tokens)
         packed = tower(tokens)
@@ -84,7 +102,7 @@ def test_the_packed_tower_keeps_the_top_10(model):
     of the queries (the gallery's tenth and eleventh are close: a relative error of 1e-3 in
     the text vector already changes about 1% of them)."""
     gallery, texts = _gallery(model), captions(200, 3)
-    tower = TextTower(model.clip)
+    tower = _tower(model, ONEDNN)
     for size in (1, 5):  # queries alone, and in batches of mixed lengths
 
         def in_batches(tokens, size=size):
@@ -107,8 +125,22 @@ def test_the_int8_tower_approximates_the_text_vector(model):
 def test_a_cuda_or_unknown_tower_is_one_sentence(model):
     with pytest.raises(ValueError, match="runs on the CPU only"):
         QueryText(model, _tokens, torch.device("cuda"), tower="int8")
-    with pytest.raises(ValueError, match="one of float, packed, int8"):
+    with pytest.raises(ValueError, match="one of auto, float, packed, int8"):
         QueryText(model, _tokens, torch.device("cpu"), tower="bf16")
+
+
+def test_auto_is_the_packed_tower_on_a_cpu_and_the_models_own_elsewhere(model, monkeypatch):
+    cpu = QueryText(model, _tokens, torch.device("cpu"), tower="auto")
+    assert cpu.tower == "packed" and isinstance(cpu._tower, TextTower)
+    gpu = QueryText(model, _tokens, torch.device("cuda"), tower="auto")  # nothing runs on it
+    assert gpu.tower == "float" and gpu._tower is None
+
+    def refuse(clip, int8=False):
+        raise TextTowerError("not open_clip's standard text blocks")
+
+    monkeypatch.setattr("dicosa.search.query_text.TextTower", refuse)
+    other = QueryText(model, _tokens, torch.device("cpu"), tower="auto")
+    assert other.tower == "float" and other._tower is None
 
 
 def test_the_cache_keeps_the_most_recent_texts_and_counts(model):

@@ -53,9 +53,10 @@ class Searching:
         return {"source": sorted(sources)}
 
     def configure_queries(self, tower: str = "float", cache: int = 0) -> QueryText:
-        """Encode queries with ``tower`` (``"float"``: the model's text tower; ``"int8"``: the
-        CPU tower with int8 linear layers, :mod:`dicosa.text_tower`) and keep the vectors of
-        the last ``cache`` query texts (0: none); see :mod:`dicosa.search.query_text`."""
+        """Encode queries with ``tower`` (``"float"``: the model's text tower; ``"packed"``:
+        the CPU tower, same vectors; ``"int8"``: it with int8 linear layers; ``"auto"``:
+        packed on a CPU, :mod:`dicosa.text_tower`) and keep the vectors of the last ``cache``
+        query texts (0: none); see :mod:`dicosa.search.query_text`."""
         self.query_text = QueryText(self._require_model(), self.tokenizer, self.device,
                                     tower=tower, cache=cache)
         return self.query_text

@@ -3,7 +3,7 @@
     dicosa serve INDEX [--host 127.0.0.1] [--port 8000] [--api-key [KEY]]
                                  [--media-root DIR ...] [--device cpu|cuda]
                                  [--max-batch 8] [--batch-wait-ms 2] [--reload-interval 2]
-                                 [--text-tower float|packed|int8] [--query-cache 1024]
+                                 [--text-tower auto|float|packed|int8] [--query-cache 1024]
                                  [--workers 1] [--threads N]
 
 The index, its model and its heads are opened before the server listens: a problem with them
@@ -57,11 +57,11 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-wait-ms", type=float, default=2.0, metavar="MS",
                    help="longest a batch waits for searches already received (never for "
                         "searches not yet sent)")
-    p.add_argument("--text-tower", choices=("float", "packed", "int8"), default="float",
-                   help="how queries are encoded on a CPU: float (the model's text tower), "
-                        "packed (the same vectors, only what they read, a batch packed), "
-                        "int8 (packed with int8 linear layers: faster, a different ranking; "
-                        "docs/serve.md)")
+    p.add_argument("--text-tower", choices=("auto", "float", "packed", "int8"), default="auto",
+                   help="how queries are encoded: float (the model's text tower), packed "
+                        "(CPU: the same vectors in about half the time), int8 (packed with "
+                        "int8 linear layers: faster, a different ranking; docs/serve.md), "
+                        "auto (default: packed on a CPU, float on a GPU)")
     p.add_argument("--query-cache", type=int, default=1024, metavar="TEXTS",
                    help="keep the encodings of this many recent query texts (0: none)")
     p.add_argument("--workers", type=int, default=1,
