@@ -21,13 +21,14 @@ The same products in the same float32, so the vectors equal the model's up to fl
 (tests/test_query_text.py), as a batch of another size does.
 
 The blocks' float linear layers run on oneDNN, PyTorch's CPU deep-learning kernels, with each
-weight reordered once into oneDNN's own blocked layout (``torch.ops.mkldnn`` ``_reorder_linear_
-weight`` and ``_linear_pointwise``, the ops PyTorch's compiler uses for frozen CPU linears):
-float32 products with float32 sums, as before, in another order. PyTorch's ``nn.Linear`` calls
-MKL, whose kernels for a few rows against a plain row-major weight are slower on the 2-core
-AMD EPYC measured: ViT-B/32, 2 threads, a lone query 18.7–20.8 → 9.9–11.1 ms, a batch of 8
-45–56 → 34–38 ms (2026-11-26, medians of 50). Where a PyTorch has no oneDNN (or it is turned
-off, ``torch.backends.mkldnn.enabled``) the layers stay ``nn.Linear``, computed as below.
+weight reordered once into oneDNN's own blocked layout (the ops ``_reorder_linear_weight`` and
+``_linear_pointwise`` of ``torch.ops.mkldnn``, which PyTorch's compiler uses for frozen CPU
+linears): float32 products with float32 sums, in another order than MKL's. PyTorch's
+``nn.Linear`` calls MKL, whose kernels for a few rows against a plain row-major weight are
+slower on the 2-core AMD EPYC measured: ViT-B/32, 2 threads, a lone query 17.9–20.8 → 9.9–11.1
+ms, a batch of 8 45–57 → 34–38 ms (2026-11-26, medians of 50). The ops are underscored, so
+the tower checks them on a probe when it is built; where they are missing, differ, or oneDNN
+is off (``torch.backends.mkldnn.enabled``) the layers stay ``nn.Linear``, computed as below.
 
 ``int8=True`` applies ``torch.ao.quantization.quantize_dynamic`` (PyTorch's documented
 dynamic quantisation: int8 weights with one scale per output channel, activations quantised
@@ -78,10 +79,17 @@ class _OneDNNLinear(nn.Module):
 
 
 def _on_onednn(blocks: nn.ModuleList) -> nn.ModuleList:
-    """``blocks`` with their float linear layers on oneDNN where this PyTorch has it (else as
-    they are)."""
-    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+    """``blocks`` with their float linear layers on oneDNN where this PyTorch has it and its
+    ops give ``nn.Linear``'s products on a probe (else as they are)."""
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return blocks
+    layer = blocks[0].fc
+    probe = torch.randn(3, layer.in_features, generator=torch.Generator().manual_seed(0))
+    try:
+        same = torch.allclose(_OneDNNLinear(layer)(probe), layer(probe), rtol=1e-4, atol=1e-4)
+    except (AttributeError, RuntimeError, TypeError):  # ops missing or changed
+        same = False
+    if not same:
         return blocks
     for block in blocks:
         for name in ("qkv", "out", "fc", "proj"):

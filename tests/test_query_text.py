@@ -74,6 +74,28 @@ def test_the_packed_tower_computes_the_models_text_vectors(model, onednn):
     torch.testing.assert_close(alone, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.skipif(not ONEDNN, reason="this PyTorch has no oneDNN")
+@pytest.mark.parametrize("fault", ["raises", "differs"])
+def test_the_tower_keeps_pytorchs_linear_where_the_onednn_ops_fail_a_probe(model, monkeypatch,
+                                                                           fault):
+    """The oneDNN ops are underscored PyTorch internals: one that is gone, or that gives other
+    products, leaves the layers as nn.Linear (the same vectors, at MKL's speed)."""
+    import dicosa.text_tower as text_tower
+
+    def forward(self, x):
+        if fault == "raises":
+            raise RuntimeError("mkldnn::_linear_pointwise: no such op")
+        return torch.zeros(len(x), self.bias.shape[0])
+
+    monkeypatch.setattr(text_tower._OneDNNLinear, "forward", forward)
+    tower = TextTower(model.clip)
+    assert {type(block.fc).__name__ for block in tower.blocks} == {"Linear"}
+    tokens = _tokens(model, captions(4, 5))
+    with torch.inference_mode():
+        torch.testing.assert_close(tower(tokens), encode_text_tokens(model.clip, tokens),
+                                   atol=1e-5, rtol=1e-5)
+
+
 def _gallery(model, count=1000, clusters=100) -> VideoFeatures:
     """Videos around the text vectors of ``clusters`` captions (benchmarks/search.py's
     generator): a centre, a per-video offset and per-frame noise."""
