@@ -95,13 +95,17 @@ class Batcher:
              ticket: Ticket | None = None) -> Ranked:
         """``request``'s ranked hits (the caller has checked it with ``engine.check``);
         ``ticket``: its :meth:`expect` ticket, settled as it joins the queue."""
-        if ticket is not None:
-            ticket.settle()
         if self.max_batch == 1:
+            if ticket is not None:
+                ticket.settle()
             return self._on_compute(_alone, engine, [request])[0]
         waiting = _Waiting(engine, request)
-        self._start()
-        self._queue.put(waiting)
+        try:
+            self._start()
+            self._queue.put(waiting)
+        finally:  # settled only once queued: a gathering batch that saw it coming finds it
+            if ticket is not None:
+                ticket.settle()
         return waiting.future.result()
 
     def _on_compute(self, fn, *args):
@@ -142,11 +146,14 @@ class Batcher:
         """Add to ``batch`` what is queued, then what is coming (module docstring)."""
         deadline = time.perf_counter() + self.max_wait_s
         while len(batch) < self.max_batch:
+            # Read before looking: a search settles its ticket after it is queued, so when
+            # none is coming now, every one that was is already in the queue.
+            none_coming = self._coming <= 0
             try:
                 other = self._queue.get_nowait()
             except queue.Empty:
                 left = deadline - time.perf_counter()
-                if self._coming <= 0 or left <= 0:
+                if none_coming or left <= 0:
                     return
                 try:
                     other = self._queue.get(timeout=min(left, self._POLL_S))
