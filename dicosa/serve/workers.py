@@ -79,6 +79,8 @@ def serve_workers(settings: WorkerSettings, host: str, port: int) -> None:
     """Serve with ``settings.workers`` processes until interrupted (module docstring)."""
     import uvicorn
 
+    from . import nodelay
+
     os.environ[ENV] = json.dumps(asdict(settings))
-    uvicorn.run(f"{__name__}:app", factory=True, host=host, port=port,
+    uvicorn.run(f"{__name__}:app", factory=True, host=host, port=port, http=nodelay.PATH,
                 workers=settings.workers, log_level="warning", timeout_graceful_shutdown=5)
