@@ -453,6 +453,27 @@ def test_the_text_tower_and_query_cache_are_set_and_shown(built):
     assert info["server"]["max_batch"] == Settings().max_batch
 
 
+def test_the_service_maps_its_store_in_when_it_opens_and_reopens(built, monkeypatch):
+    """Engine.open(populate=True), as dicosa serve opens an index: the frame store is mapped
+    in (FrameStore.populate, tested on a real store in test_store.py) within half the memory
+    available, on opening and on every reopening; not when not asked."""
+    from dicosa.search.store import FrameStore
+
+    budgets = []
+    real = FrameStore.populate
+    monkeypatch.setattr(FrameStore, "populate",
+                        lambda store, max_bytes: budgets.append(max_bytes) or real(store,
+                                                                                  max_bytes))
+    with open("/proc/meminfo") as f:
+        available = next(int(line.split()[1]) * 1024 for line in f
+                         if line.startswith("MemAvailable:"))
+    engine = Engine.open(built, populate=True)
+    reopened = engine.reopen()
+    assert engine.populated and reopened.populated and len(budgets) == 2
+    assert all(0.3 * available < b < 0.7 * available for b in budgets)
+    assert not Engine.open(built).populated and len(budgets) == 2
+
+
 @pytest.mark.slow
 def test_several_worker_processes_serve_and_each_reloads(built, tmp_path):
     """dicosa serve --workers 2: two processes answer on one port, each searches the index,

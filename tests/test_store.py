@@ -1,6 +1,7 @@
 """The frame store: memory-mapped shards, ids and tombstones, old indexes, damaged files."""
 
 import json
+import mmap
 
 import numpy as np
 import pandas as pd
@@ -36,11 +37,11 @@ def _resident() -> tuple[int, int]:
 
 
 def _mapped(array: np.ndarray) -> bool:
-    """Whether ``array`` views a numpy memory map (somewhere down its chain of bases)."""
+    """Whether ``array`` views a memory map (somewhere down its chain of bases)."""
     while array is not None:
-        if isinstance(array, np.memmap):
+        if isinstance(array, mmap.mmap):
             return True
-        array = getattr(array, "base", None)
+        array = array.obj if isinstance(array, memoryview) else getattr(array, "base", None)
     return False
 
 
@@ -74,6 +75,24 @@ def test_shards_are_memory_mapped_not_loaded(tmp_path):
     # ...while reading every row does map it all: the measurement can fail.
     total = sum(float(np.asarray(s.frames[::4], dtype=np.float32).sum()) for s in opened.shards)
     assert np.isfinite(total) and _resident()[1] - file > 48 * 2**20
+
+
+def test_a_populated_store_is_mapped_in_whole(tmp_path):
+    """populate() maps every shard into the process at once (rows are then read without a
+    page fault each), and maps nothing when the frames exceed the bytes it may take."""
+    store = FrameStore()
+    store.directory = tmp_path
+    for s in range(4):  # 4 shards x 4 MiB of float16 frames
+        store.append(_video(256, seed=s), _rows(256 * s, 256))
+    manifest = store.manifest()
+    del store
+    opened = FrameStore.open(tmp_path, manifest)
+    file = _resident()[1]
+    assert opened.populate(max_bytes=opened.nbytes - 1) == 0
+    assert _resident()[1] - file < 2**20
+    files = sum(p.stat().st_size for p in tmp_path.glob("*.safetensors"))
+    assert opened.populate(max_bytes=opened.nbytes) == files
+    assert _resident()[1] - file > 0.95 * files
 
 
 def test_ids_tombstones_proxies_and_rows(tmp_path):

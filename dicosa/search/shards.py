@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import mmap
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +52,7 @@ from ..functional import video_proxy
 from .frame_codec import dequantise, quantise
 
 __all__ = ["COLUMNS", "ClipShard", "RunShard", "StoreError", "VideoRun", "open_shard",
-           "read_rows", "write_shard"]
+           "populate", "read_rows", "write_shard"]
 
 # path, duration (s), fps, num_frames (in the file), valid_frames (stored frames that are
 # real, the rest padding); title, text_only, frames_lost are reserved for heads that read them
@@ -450,9 +451,10 @@ def _map_safetensors(path: Path) -> dict[str, np.ndarray]:
         with open(path, "rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(length))
-        # A plain ndarray over the map: numpy.memmap views cost microseconds per indexing
-        # (subclass bookkeeping), and a rerank indexes every shard it touches.
-        data = np.asarray(np.memmap(path, dtype=np.uint8, mode="r"))
+            # A plain ndarray over the map: numpy.memmap views cost microseconds per
+            # indexing (subclass bookkeeping), and a rerank indexes every shard it touches.
+            data = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ),
+                                 dtype=np.uint8)
     except FileNotFoundError:
         raise StoreError(f"{path} is missing; {_REBUILD}") from None
     except (struct.error, ValueError, UnicodeDecodeError) as exc:
@@ -468,6 +470,33 @@ def _map_safetensors(path: Path) -> dict[str, np.ndarray]:
             raise StoreError(f"{path} is truncated; {_REBUILD}")
         out[name] = data[start + begin:start + end].view(dtype).reshape(info["shape"])
     return out
+
+
+# Linux's madvise(MADV_POPULATE_READ) (5.14 and later); Python 3.11's mmap does not name it.
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+
+
+def populate(array: np.ndarray) -> int:
+    """Map the whole file under ``array`` (a view of :func:`_map_safetensors`) into this
+    process now, reading what the page cache lacks: the bytes mapped, 0 where ``array`` is
+    not a file map or the system cannot (not Linux, a kernel before 5.14).
+
+    A memory map costs a page fault the first time the process touches each 4 KiB page, even
+    when the page is in the page cache: a rerank at 1M videos reads 1,000 random rows of 6 KiB
+    and took 5.5-6.6 ms with ~600-900 faults, 2.1-2.2 ms once the maps were populated
+    (2-core machine, 2026-11-27; benchmarks/RESULTS.md)."""
+    mapped = array.base
+    while isinstance(mapped, np.ndarray):
+        mapped = mapped.base
+    if isinstance(mapped, memoryview):  # np.frombuffer's view of the map
+        mapped = mapped.obj
+    if not isinstance(mapped, mmap.mmap) or not hasattr(mapped, "madvise"):
+        return 0
+    try:
+        mapped.madvise(_MADV_POPULATE_READ)
+    except OSError:  # EINVAL: a kernel without it
+        return 0
+    return len(mapped)
 
 
 def read_rows(path: Path | io.StringIO) -> pd.DataFrame:

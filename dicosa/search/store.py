@@ -46,6 +46,7 @@ from .shards import (
     file_sha256,
     finite_rows,
     open_shard,
+    populate,
     read_rows,
     write_shard,
 )
@@ -472,6 +473,15 @@ class FrameStore:
     def nbytes(self) -> int:
         """Bytes of stored frames (what a whole-store checksum check reads)."""
         return sum(s.nbytes for s in self.shards)
+
+    def populate(self, max_bytes: int) -> int:
+        """Map every written shard into this process now (:func:`shards.populate`), so that
+        reading rows costs no page faults; nothing when the frames exceed ``max_bytes`` (the
+        page cache could not keep them, and reading them all would only push out other
+        pages). The bytes mapped."""
+        if self.nbytes > max_bytes:
+            return 0
+        return sum(populate(shard.frames) for shard in self.shards)
 
 
 def _entry(shard: Shard) -> dict:

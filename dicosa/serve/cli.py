@@ -99,7 +99,7 @@ def run_serve(args: argparse.Namespace) -> int:
     compute = ComputeThread.for_process(threads)  # this process's torch work (compute.py)
     engine = compute.run(Engine.open, args.index, device=args.device,
                          media_roots=tuple(args.media_root), text_tower=args.text_tower,
-                         query_cache=args.query_cache)
+                         query_cache=args.query_cache, populate=args.workers == 1)
     hosts = allowed_hosts(args.host, args.allowed_host)
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(f"serving {len(engine.index)} videos of {args.index} at http://{shown}:{args.port}/ "

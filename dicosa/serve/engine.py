@@ -133,6 +133,7 @@ class Engine:
         self.default_mode = ("hybrid" if "lexical" in self.plugins and "hybrid" in index.modes
                              else "dense")
         self.opened_at = datetime.datetime.now(datetime.timezone.utc)
+        self.populated = False  # whether the store was mapped in when opened (open())
         self._dtype = next(self.model.parameters()).dtype
         if len(index):  # lazily made parts (the dense summary, codes) made now, not racing
             index.search("warm up", k=1)
@@ -142,21 +143,28 @@ class Engine:
     def open(cls, directory: str | os.PathLike, *, model: DiCoSA | None = None,
              device: str | None = None, media_roots: tuple[str | os.PathLike, ...] = (),
              text_tower: str = "float", query_cache: int = 0,
-             query_text: QueryText | None = None) -> Engine:
+             query_text: QueryText | None = None, populate: bool = False) -> Engine:
         """Open the index in ``directory`` with the model its manifest recorded (or
         ``model``: reopening after a change reuses the weights) and its recorded plugins.
         Queries are encoded by ``text_tower`` with a cache of ``query_cache`` texts
-        (:mod:`dicosa.search.query_text`), or by ``query_text`` (a reopened snapshot's)."""
+        (:mod:`dicosa.search.query_text`), or by ``query_text`` (a reopened snapshot's).
+        ``populate``: map the frame store into the process first, where it fits in half the
+        memory available (:meth:`FrameStore.populate`; ``dicosa serve`` does)."""
         index = open_index(directory, model, device=device, towers="text")
         if query_text is None:
             query_text = index.configure_queries(text_tower, query_cache)
-        return cls(index, media_roots=media_roots, query_text=query_text)
+        if populate:
+            index.store.populate(_available_bytes() // 2)
+        engine = cls(index, media_roots=media_roots, query_text=query_text)
+        engine.populated = populate
+        return engine
 
     def reopen(self) -> Engine:
         """The same index opened again (another process may have added videos), with the
-        same model, text tower and query cache."""
+        same model, text tower, query cache and mapping of the store."""
         return Engine.open(self.directory, model=self.model, device=str(self.index.device),
-                           media_roots=self.media_roots, query_text=self.index.query_text)
+                           media_roots=self.media_roots, query_text=self.index.query_text,
+                           populate=self.populated)
 
     def changed(self) -> bool:
         """Whether another writer committed since this snapshot was opened."""
@@ -435,3 +443,14 @@ def _hit(rank: int, hit: Hit, row: dict, moment: dict | None, explained: dict) -
     if explained:
         out["explain"] = explained
     return out
+
+
+def _available_bytes() -> int:
+    """The memory Linux says new work can have without swapping (MemAvailable; 0 elsewhere,
+    which maps nothing)."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return 0

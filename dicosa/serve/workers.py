@@ -63,7 +63,8 @@ def app():
     try:
         engine = compute.run(Engine.open, given.index, device=given.device,
                              media_roots=tuple(given.media_roots),
-                             text_tower=given.text_tower, query_cache=given.query_cache)
+                             text_tower=given.text_tower, query_cache=given.query_cache,
+                             populate=True)
     except USER_ERRORS as exc:  # the parent opened it a moment ago: say why, stop them all
         print(f"error: worker {os.getpid()}: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(STARTUP_FAILURE) from None
