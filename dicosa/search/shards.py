@@ -483,7 +483,7 @@ def populate(array: np.ndarray) -> int:
 
     A memory map costs a page fault the first time the process touches each 4 KiB page, even
     when the page is in the page cache: a rerank at 1M videos reads 1,000 random rows of 6 KiB
-    and took 5.5-6.6 ms with ~600-900 faults, 2.1-2.2 ms once the maps were populated
+    and took 5.0-6.8 ms with ~600-900 faults, 2.1-2.2 ms once the maps were populated
     (2-core machine, 2026-11-27; benchmarks/RESULTS.md)."""
     mapped = array.base
     while isinstance(mapped, np.ndarray):
