@@ -2,6 +2,7 @@
 
 import json
 import mmap
+import os
 
 import numpy as np
 import pandas as pd
@@ -12,6 +13,7 @@ from safetensors.torch import save as save_safetensors
 from dicosa.functional import video_proxy
 from dicosa.index import VideoIndex
 from dicosa.model import DiCoSA, VideoFeatures
+from dicosa.search.shards import uncached
 from dicosa.search.store import COLUMNS, ROW_COLUMNS, FrameStore, StoreError
 
 from .conftest import tiny_config
@@ -77,22 +79,41 @@ def test_shards_are_memory_mapped_not_loaded(tmp_path):
     assert np.isfinite(total) and _resident()[1] - file > 48 * 2**20
 
 
+def _evict(directory) -> None:
+    """Drop the shards' pages from the page cache (written and synced: clean pages)."""
+    for path in directory.glob("*.safetensors"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def test_a_populated_store_is_mapped_in_whole(tmp_path):
     """populate() maps every shard into the process at once (rows are then read without a
-    page fault each), and maps nothing when the frames exceed the bytes it may take."""
+    page fault each); it maps nothing when what the page cache lacks exceeds the bytes it may
+    take, and what another process already read in costs nothing."""
     store = FrameStore()
     store.directory = tmp_path
     for s in range(4):  # 4 shards x 4 MiB of float16 frames
         store.append(_video(256, seed=s), _rows(256 * s, 256))
     manifest = store.manifest()
     del store
+    _evict(tmp_path)
     opened = FrameStore.open(tmp_path, manifest)
-    file = _resident()[1]
-    assert opened.populate(max_bytes=opened.nbytes - 1) == 0
-    assert _resident()[1] - file < 2**20
     files = sum(p.stat().st_size for p in tmp_path.glob("*.safetensors"))
-    assert opened.populate(max_bytes=opened.nbytes) == files
+    missing = sum(uncached(shard.frames) for shard in opened.shards)
+    assert 0.9 * files < missing <= files
+    file = _resident()[1]
+    assert opened.populate(max_bytes=missing - 1) == 0
+    assert _resident()[1] - file < 2**20
+    assert opened.populate(max_bytes=missing) == files
     assert _resident()[1] - file > 0.95 * files
+    assert sum(uncached(shard.frames) for shard in opened.shards) == 0
+    # another process opening it now finds it all in the page cache: mapped in for nothing
+    again = FrameStore.open(tmp_path, manifest)
+    assert again.populate(max_bytes=0) == files
 
 
 def test_ids_tombstones_proxies_and_rows(tmp_path):

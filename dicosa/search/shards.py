@@ -34,6 +34,7 @@ segment is pooled as a short clip with padding would be.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import io
 import json
@@ -476,6 +477,37 @@ def _map_safetensors(path: Path) -> dict[str, np.ndarray]:
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 
 
+def _file_map(array: np.ndarray) -> mmap.mmap | None:
+    """The memory map under ``array`` (a view of :func:`_map_safetensors`), or None."""
+    mapped = array.base
+    while isinstance(mapped, np.ndarray):
+        mapped = mapped.base
+    if isinstance(mapped, memoryview):  # np.frombuffer's view of the map
+        mapped = mapped.obj
+    return mapped if isinstance(mapped, mmap.mmap) else None
+
+
+def uncached(array: np.ndarray) -> int:
+    """The bytes of the file under ``array`` that are not in the page cache now (mincore(2));
+    ``array``'s own size where it is not a file map or the system cannot say."""
+    mapped = _file_map(array)
+    if mapped is None:
+        return array.nbytes
+    if not len(mapped):
+        return 0
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        page = mmap.PAGESIZE
+        pages = np.zeros(-(-len(mapped) // page), dtype=np.uint8)
+        address = np.frombuffer(mapped, dtype=np.uint8).ctypes.data
+        if libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(len(mapped)),
+                        ctypes.c_void_p(pages.ctypes.data)) != 0:
+            return len(mapped)
+    except (OSError, AttributeError):  # no libc or no mincore here
+        return len(mapped)
+    return max(0, len(mapped) - int(np.count_nonzero(pages & 1)) * page)
+
+
 def populate(array: np.ndarray) -> int:
     """Map the whole file under ``array`` (a view of :func:`_map_safetensors`) into this
     process now, reading what the page cache lacks: the bytes mapped, 0 where ``array`` is
@@ -485,12 +517,8 @@ def populate(array: np.ndarray) -> int:
     when the page is in the page cache: a rerank at 1M videos reads 1,000 random rows of 6 KiB
     and took 5.0-6.8 ms with ~600-900 faults, 2.1-2.2 ms once the maps were populated
     (2-core machine, 2026-11-27; benchmarks/RESULTS.md)."""
-    mapped = array.base
-    while isinstance(mapped, np.ndarray):
-        mapped = mapped.base
-    if isinstance(mapped, memoryview):  # np.frombuffer's view of the map
-        mapped = mapped.obj
-    if not isinstance(mapped, mmap.mmap) or not hasattr(mapped, "madvise"):
+    mapped = _file_map(array)
+    if mapped is None or not hasattr(mapped, "madvise"):
         return 0
     try:
         mapped.madvise(_MADV_POPULATE_READ)

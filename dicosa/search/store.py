@@ -48,6 +48,7 @@ from .shards import (
     open_shard,
     populate,
     read_rows,
+    uncached,
     write_shard,
 )
 
@@ -476,10 +477,11 @@ class FrameStore:
 
     def populate(self, max_bytes: int) -> int:
         """Map every written shard into this process now (:func:`shards.populate`), so that
-        reading rows costs no page faults; nothing when the frames exceed ``max_bytes`` (the
-        page cache could not keep them, and reading them all would only push out other
-        pages). The bytes mapped."""
-        if self.nbytes > max_bytes:
+        reading rows costs no page faults; nothing when the frames not yet in the page cache
+        exceed ``max_bytes`` (the page cache could not keep them, and reading them all would
+        only push out other pages; frames another process has mapped in cost nothing more).
+        The bytes mapped."""
+        if sum(uncached(shard.frames) for shard in self.shards) > max_bytes:
             return 0
         return sum(populate(shard.frames) for shard in self.shards)
 
