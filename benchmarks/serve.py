@@ -25,7 +25,8 @@ server and the clients used in its measured window (``benchmarks/profiling.py``)
 
 The service's options, each compared in one run where it takes several values (every
 combination is a fresh server): ``--max-batch``, ``--text-tower`` (float, packed, int8),
-``--workers`` (server processes), ``--threads`` (torch threads per process),
+``--workers`` (server processes), ``--rankers`` (ranking processes behind one server),
+``--threads`` (torch threads per process),
 ``--batch-wait-ms``, ``--query-cache`` (off by default here: the clients cycle through a
 few hundred captions, so a cache would answer most of them from memory, which is not what a
 new query costs). ``--frame-dtype int8`` builds (and names) the index with int8 frames.
@@ -55,7 +56,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from common import environment, report
-from profiling import Window
+from profiling import Window, children
 from search import captions, fresh, stage_options, synthetic_shard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--text-tower", nargs="+", default=["auto"],
                    choices=("auto", "float", "packed", "int8"), help="dicosa serve --text-tower")
     p.add_argument("--workers", type=int, nargs="+", default=[1], help="dicosa serve --workers")
+    p.add_argument("--rankers", type=int, nargs="+", default=[0], help="dicosa serve --rankers")
     p.add_argument("--threads", type=int, default=None, help="dicosa serve --threads")
     p.add_argument("--batch-wait-ms", type=float, default=None,
                    help="dicosa serve --batch-wait-ms (default: the server's)")
@@ -162,7 +164,8 @@ def start_server(directory: Path, port: int, setup: dict, args) -> subprocess.Po
     command = [sys.executable, "-m", "dicosa.serve", str(directory.resolve()), "--port",
                str(port), "--max-batch", str(setup["max_batch"]), "--reload-interval", "0",
                "--device", "cpu", "--text-tower", setup["text_tower"], "--workers",
-               str(setup["workers"]), "--query-cache", str(args.query_cache)]
+               str(setup["workers"]), "--rankers", str(setup["rankers"]), "--query-cache",
+               str(args.query_cache)]
     if args.threads:
         command += ["--threads", str(args.threads)]
     if args.batch_wait_ms is not None:
@@ -197,8 +200,8 @@ def resident(pid: int) -> dict[str, float]:
 
 
 def server_memory(pid: int, workers: set[int]) -> dict:
-    """The server's memory (:func:`resident`); with worker processes, each worker's, and
-    their anonymous memory summed (their mapped store pages are the same page cache)."""
+    """The server's memory (:func:`resident`); with worker (or ranker) processes, each one's,
+    and their anonymous memory summed (their mapped store pages are the same page cache)."""
     if not workers - {pid}:
         return resident(pid)
     each = [resident(w) for w in workers]
@@ -282,13 +285,35 @@ def summarise(rows: list[tuple], seconds: float, clients: int) -> dict:
             "mean_batch": round(float(np.mean([r[4] for r in good])), 2) if good else None,
             "server_p50_ms": {name: stage(name) for name in
                               ("queue", "encode", "first_stage", "rerank", "hooks", "top",
-                               "moments", "total")}}
+                               "moments", "total")},
+            "slowest": _slowest(good, ms)}
+
+
+def _slowest(good: list[tuple], ms: np.ndarray) -> dict | None:
+    """Where the slowest 5% of searches spent their time, beside all searches' medians: the
+    queue, the server's whole time (``total``), the rest (HTTP and the client) and the batch
+    they were ranked in."""
+    if len(good) < 20:
+        return None
+    slow = ms >= np.percentile(ms, 95)
+
+    def medians(rows: list[tuple], took: np.ndarray) -> dict:
+        server = np.array([r[3].get("total", np.nan) for r in rows])
+        return {"searches": len(rows), "ms": round(float(np.median(took)), 1),
+                "queue_ms": round(float(np.median([r[3].get("queue", np.nan) for r in rows])), 1),
+                "server_ms": round(float(np.nanmedian(server)), 1),
+                "outside_ms": round(float(np.nanmedian(took - server)), 1),
+                "batch": round(float(np.mean([r[4] for r in rows])), 2)}
+
+    return {"slowest_5pct": medians([r for r, s in zip(good, slow, strict=True) if s], ms[slow]),
+            "all": medians(good, ms)}
 
 
 def setups(args) -> list[dict]:
     """Every combination of the compared service options: one fresh server each."""
-    return [{"max_batch": b, "text_tower": t, "workers": w}
-            for b in args.max_batch for t in args.text_tower for w in args.workers]
+    return [{"max_batch": b, "text_tower": t, "workers": w, "rankers": r}
+            for b in args.max_batch for t in args.text_tower for w in args.workers
+            for r in args.rankers if not (w > 1 and r)]
 
 
 def serve_and_load(args, directory: Path, setup: dict) -> dict:
@@ -305,7 +330,8 @@ def serve_and_load(args, directory: Path, setup: dict) -> dict:
         concurrent = load(base, args.clients, args.seconds, args.warmup, args, seed=1,
                           window=Window(server.pid, args.profile, args.profile_rate,
                                         args.profile_native, raw))
-        memory = server_memory(server.pid, workers)
+        memory = server_memory(server.pid, workers | set(children(server.pid))
+                               if setup["rankers"] else workers)
         info = _info(base)
     finally:
         server.terminate()
@@ -354,7 +380,8 @@ def main(argv: list[str] | None = None) -> dict:
         runs = [serve_and_load(args, directory, setup) for setup in setups(args)]
         sizes.append({"videos": videos, **built, "store_gib": round(store, 2), "runs": runs,
                       "targets_met": {",".join(f"{k}={r[k]}" for k in
-                                               ("max_batch", "text_tower", "workers")):
+                                               ("max_batch", "text_tower", "workers",
+                                                "rankers")):
                                       met(videos, r) for r in runs}})
         if not args.keep:
             shutil.rmtree(directory)

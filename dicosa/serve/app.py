@@ -30,7 +30,6 @@ collection or the new one.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import os
@@ -57,6 +56,7 @@ from .engine import Answer, Engine, SearchRequest
 from .errors import BAD_REQUESTS, NotReady, ServeError, UnknownVideo
 from .media import ThumbnailError, Thumbnails, file_response
 from .openapi import DOCS_CSP, install_docs, openapi_schema
+from .rankers import RankerError, Rankers
 from .schemas import Health, Info, Ready, SearchAnswer, VideoDetails, errors
 from .security import COOKIE, Guard, safe_next
 
@@ -130,7 +130,7 @@ class Service:
         """Open the index again if another process finished changing it; True if swapped."""
         with self._lock:
             old = self._engine
-            if not old.changed() or not _complete(old.directory):
+            if not old.outdated():
                 return False
             started = time.perf_counter()
             try:
@@ -161,21 +161,6 @@ class Service:
                 self.check_reload()
             except Exception:  # never let the watcher die silently
                 log.exception("checking the index for changes failed")
-
-
-def _complete(directory: Path | None) -> bool:
-    """Whether the manifest in ``directory`` describes a finished write: its dense first
-    stage saved for exactly the rows of its store (a write in progress leaves it behind)."""
-    if directory is None:
-        return False
-    try:
-        manifest = json.loads((Path(directory) / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return False
-    stage = manifest.get("first_stage") or {}
-    if stage.get("backend") is None:
-        return True
-    return stage.get("synced") == [manifest.get("next_id"), len(manifest.get("removed", []))]
 
 
 class _JSON(JSONResponse):
@@ -239,13 +224,16 @@ def _checked(limits: Limits, q: str, exclude: list[str], k: int, offset: int, ca
 
 
 def create_app(service: Service | Engine, settings: Settings | None = None,
-               compute: ComputeThread | None = None) -> FastAPI:
+               compute: ComputeThread | None = None,
+               rankers: Rankers | None = None) -> FastAPI:
     """The service's FastAPI application around ``service`` (an Engine is wrapped in a
     :class:`Service`, which looks for changes every ``settings.reload_interval_s``).
 
     Every search, page and reopening runs on ``compute`` (:mod:`dicosa.serve.compute`; None:
     a new one). The engine is fastest when it was opened there too, as ``dicosa serve``
-    does: then no other thread of the process has run torch."""
+    does: then no other thread of the process has run torch. With ``rankers``
+    (:mod:`dicosa.serve.rankers`) searches are ranked and their pages cut in those processes
+    instead, which the application stops when it stops."""
     settings = settings or Settings()
     if isinstance(service, Engine):
         service = Service(service, settings.reload_interval_s)
@@ -254,7 +242,7 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
     guard = Guard(settings.api_key, token_ttl_s=settings.token_ttl_s,
                   session_ttl_s=settings.session_ttl_s)
     thumbnails = Thumbnails(settings.thumbnail_cache_bytes)
-    batcher = Batcher(settings.max_batch, settings.batch_wait_s, compute)
+    batcher = Batcher(settings.max_batch, settings.batch_wait_s, compute, rankers)
 
     async def lifespan(_: FastAPI):
         service.start()
@@ -262,6 +250,8 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
         service.stop()
         batcher.close()
         thumbnails.close()
+        if rankers is not None:
+            rankers.close()
 
     app = FastAPI(title="dicosa", version=__version__, lifespan=lifespan, docs_url=None,
                   redoc_url=None, default_response_class=_JSON,
@@ -361,6 +351,11 @@ def _install_errors(app: FastAPI) -> None:
     async def not_ready(request: Request, exc: NotReady):
         return _error(503, str(exc), {"Retry-After": "2"})
 
+    @app.exception_handler(RankerError)
+    async def ranker_ended(request: Request, exc: RankerError):
+        log.error("%s %s: %s", request.method, request.url.path, exc)
+        return _error(503, str(exc), {"Retry-After": "1"})
+
     for kind in BAD_REQUESTS:
         app.add_exception_handler(kind, _bad_request)
 
@@ -442,8 +437,12 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         started = time.perf_counter()
         engine = service.engine
         engine.check(request)
-        ranked = batcher.rank(engine, request, getattr(http.state, "ticket", None))
-        answer = links(compute.run(engine.answer, request, ranked))
+        ticket = getattr(http.state, "ticket", None)
+        if batcher.rankers is not None:
+            answer = links(batcher.answer(engine, request, ticket))
+        else:
+            ranked = batcher.rank(engine, request, ticket)
+            answer = links(compute.run(engine.answer, request, ranked))
         answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
         return _JSON(answer)  # as it is: FastAPI's encoder pass over it costs milliseconds
 
@@ -470,7 +469,8 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
                 "api_key": guard.enabled,
                 "server": {"pid": os.getpid(), "workers": settings.workers,
                            "threads": compute.run(torch.get_num_threads),
-                           "max_batch": settings.max_batch}}
+                           "max_batch": settings.max_batch,
+                           "rankers": 0 if batcher.rankers is None else len(batcher.rankers)}}
 
     searched = {200: {"model": SearchAnswer}, **errors(400, 500, 503)}
 

@@ -18,6 +18,16 @@ Each search's own page (its moments and explanations) is then cut for its own re
 ``max_batch=1`` turns batching off: every search is ranked on its own. Rankings run on the
 service's :class:`~dicosa.serve.compute.ComputeThread` when it is given one (the service
 always does: :mod:`dicosa.serve.compute` says why), else on the batching thread.
+
+With :class:`~dicosa.serve.rankers.Rankers` (``dicosa serve --rankers N``) a batch goes to
+whichever ranker process is free, which ranks it and cuts its pages (:meth:`Batcher.answer`):
+the batching thread waits for a free ranker first, then gathers the batch from what queued
+meanwhile, so every search waits in this one queue whichever process ranks it. A free
+ranker takes its share of the searches in the server, not all that wait: the searches
+waiting or on their way plus those the busy rankers hold, divided by the rankers (at most
+``max_batch``). Taking all makes the batches uneven, and uneven batches stay uneven, since
+a batch's searches come back together: one ranker keeps ranking six at a time while the
+other ranks two, and the six wait three times as long.
 """
 
 from __future__ import annotations
@@ -31,7 +41,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from .compute import ComputeThread
-from .engine import Engine, Ranked, SearchRequest
+from .engine import Answer, Engine, Ranked, SearchRequest
+from .rankers import Outcome, Rankers
 
 __all__ = ["Batcher", "Ticket"]
 
@@ -72,9 +83,10 @@ class Batcher:
     _POLL_S = 0.0005  # how often a batch waiting for company looks whether any is still coming
 
     def __init__(self, max_batch: int = 8, max_wait_s: float = 0.002,
-                 compute: ComputeThread | None = None):
+                 compute: ComputeThread | None = None, rankers: Rankers | None = None):
         self.max_batch, self.max_wait_s = max(1, max_batch), max_wait_s
         self._compute = compute  # where rankings run (None: on the calling thread)
+        self.rankers = rankers  # the processes that rank and cut pages (None: this one)
         self._queue: queue.Queue[_Waiting | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -99,6 +111,16 @@ class Batcher:
             if ticket is not None:
                 ticket.settle()
             return self._on_compute(_alone, engine, [request])[0]
+        return self._wait(engine, request, ticket)
+
+    def answer(self, engine: Engine, request: SearchRequest,
+               ticket: Ticket | None = None) -> Answer:
+        """``request``'s answer from the rankers (as :meth:`rank`, page cut there too)."""
+        if self.rankers is None:
+            raise RuntimeError("this batcher has no rankers: use rank()")
+        return self._wait(engine, request, ticket)
+
+    def _wait(self, engine: Engine, request: SearchRequest, ticket: Ticket | None):
         waiting = _Waiting(engine, request)
         try:
             self._start()
@@ -128,12 +150,19 @@ class Batcher:
             first = held.popleft() if held else self._queue.get()
             if first is None:
                 return
+            ranker = None if self.rankers is None else self.rankers.acquire()
+            size = self.max_batch if ranker is None else self._share(len(held))
             batch = [first]
             for other in list(held):
-                if len(batch) < self.max_batch and other.key() == first.key():
+                if len(batch) < size and other.key() == first.key():
                     batch.append(other)
                     held.remove(other)
-            self._gather(first, batch, held)
+            self._gather(first, batch, held, size)
+            if ranker is not None:
+                quiet = self._coming <= 0 and self._queue.empty() and not held
+                self.rankers.submit(ranker, [w.request for w in batch],
+                                    _Settle(batch, time.perf_counter()), quiet)
+                continue
             try:
                 self._run(batch)
             except Exception as exc:  # a fault here must not leave requests waiting forever
@@ -142,10 +171,19 @@ class Batcher:
                     if not waiting.future.done():
                         waiting.future.set_exception(exc)
 
-    def _gather(self, first: _Waiting, batch: list[_Waiting], held: deque) -> None:
-        """Add to ``batch`` what is queued, then what is coming (module docstring)."""
+    def _share(self, held: int) -> int:
+        """The most searches a free ranker takes: its share of those in the server, counting
+        the batches the other rankers are ranking (module docstring)."""
+        waiting = 1 + held + self._queue.qsize() + max(0, self._coming)
+        share = -(-(waiting + self.rankers.busy) // len(self.rankers))  # ceil
+        return max(1, min(self.max_batch, share))
+
+    def _gather(self, first: _Waiting, batch: list[_Waiting], held: deque,
+                size: int) -> None:
+        """Add to ``batch`` what is queued, then what is coming, up to ``size`` searches
+        (module docstring)."""
         deadline = time.perf_counter() + self.max_wait_s
-        while len(batch) < self.max_batch:
+        while len(batch) < size:
             # Read before looking: a search settles its ticket after it is queued, so when
             # none is coming now, every one that was is already in the queue.
             none_coming = self._coming <= 0
@@ -196,6 +234,25 @@ def _alone(engine: Engine, requests: list[SearchRequest]) -> list[Ranked]:
     request = requests[0]
     return engine.rank([request.text], depth=request.depth, candidates=request.candidates,
                        exclude=request.exclude, mode=request.mode, source=request.source)
+
+
+class _Settle:
+    """Hands a ranker's outcomes to the searches of its batch."""
+
+    def __init__(self, batch: list[_Waiting], started: float):
+        self.batch, self.started = batch, started
+
+    def __call__(self, outcomes: list[Outcome] | BaseException) -> None:
+        if isinstance(outcomes, BaseException):
+            for waiting in self.batch:
+                waiting.future.set_exception(outcomes)
+            return
+        for waiting, (ok, value) in zip(self.batch, outcomes, strict=True):
+            if not ok:
+                waiting.future.set_exception(value)
+                continue
+            value.body["times_ms"]["queue"] = round(1000 * (self.started - waiting.since), 3)
+            waiting.future.set_result(value)
 
 
 def _deliver(waiting: _Waiting, ranked: Ranked, started: float) -> None:

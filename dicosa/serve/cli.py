@@ -4,7 +4,7 @@
                                  [--media-root DIR ...] [--device cpu|cuda]
                                  [--max-batch 8] [--batch-wait-ms 2] [--reload-interval 2]
                                  [--text-tower auto|float|packed|int8] [--query-cache 1024]
-                                 [--workers 1] [--threads N]
+                                 [--workers 1 | --rankers N] [--threads N]
 
 The index, its model and its heads are opened before the server listens: a problem with them
 is one sentence and exit status 2, never a server that answers errors. Without ``--host`` the
@@ -24,6 +24,10 @@ import logging
 import os
 import secrets
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .rankers import Rankers
 
 __all__ = ["LOOPBACK_NAMES", "MissingExtra", "add_serve_parser", "main", "run_serve"]
 
@@ -67,6 +71,10 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1,
                    help="server processes sharing the index's memory-mapped store (each "
                         "holds its own model and first stage)")
+    p.add_argument("--rankers", type=int, default=0,
+                   help="processes that rank the searches of this one server, each with one "
+                        "torch thread, fed from one queue (default 0: this process ranks; "
+                        "docs/serve.md compares them with --workers)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads per process (default: torch's; with --workers N, "
                         "the CPU cores / N)")
@@ -87,6 +95,7 @@ def run_serve(args: argparse.Namespace) -> int:
         from .app import Settings, create_app
         from .compute import ComputeThread
         from .engine import Engine
+        from .rankers import RankerError
     except ImportError as exc:
         raise MissingExtra(f"'dicosa serve' needs FastAPI and uvicorn ({exc.name} is "
                            "missing): pip install 'dicosa[serve]'") from None
@@ -95,16 +104,29 @@ def run_serve(args: argparse.Namespace) -> int:
         log.warning(warning)
     _check_counts(args)
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.workers)
-                               if args.workers > 1 else None)
-    compute = ComputeThread.for_process(threads)  # this process's torch work (compute.py)
-    engine = compute.run(Engine.open, args.index, device=args.device,
-                         media_roots=tuple(args.media_root), text_tower=args.text_tower,
-                         query_cache=args.query_cache, populate=args.workers == 1)
+                               if args.workers > 1 else 1 if args.rankers else None)
+    rankers = _start_rankers(args)  # they open the index beside this process
+    try:
+        compute = ComputeThread.for_process(threads)  # this process's torch work (compute.py)
+        engine = compute.run(Engine.open, args.index, device=args.device,
+                             media_roots=tuple(args.media_root), text_tower=args.text_tower,
+                             query_cache=args.query_cache,
+                             populate=args.workers == 1 and not rankers)
+        if rankers is not None:
+            rankers.wait_ready()
+    except BaseException as exc:
+        if rankers is not None:
+            rankers.close()
+        if isinstance(exc, RankerError):  # one sentence
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        raise
     hosts = allowed_hosts(args.host, args.allowed_host)
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(f"serving {len(engine.index)} videos of {args.index} at http://{shown}:{args.port}/ "
           f"(Ctrl-C stops){' with an API key' if key else ''}"
-          + (f" in {args.workers} processes" if args.workers > 1 else ""), flush=True)
+          + (f" in {args.workers} processes" if args.workers > 1 else "")
+          + (f" with {args.rankers} rankers" if rankers else ""), flush=True)
     if args.workers > 1:  # each worker opens the index itself: this one only checked it
         from .workers import WorkerSettings, serve_workers
 
@@ -120,9 +142,21 @@ def run_serve(args: argparse.Namespace) -> int:
     settings = Settings(api_key=key, allowed_hosts=hosts, max_batch=args.max_batch,
                         batch_wait_s=args.batch_wait_ms / 1000,
                         reload_interval_s=args.reload_interval)
-    uvicorn.run(create_app(engine, settings, compute), host=args.host, port=args.port,
-                log_level="warning", timeout_graceful_shutdown=5)
+    uvicorn.run(create_app(engine, settings, compute, rankers), host=args.host,
+                port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     return 0
+
+
+def _start_rankers(args: argparse.Namespace) -> Rankers | None:
+    """``--rankers N``'s processes, started (:mod:`dicosa.serve.rankers`), or None."""
+    if not args.rankers:
+        return None
+    from .rankers import Rankers, RankerSettings
+
+    return Rankers(args.rankers, RankerSettings(
+        index=str(args.index), device=args.device, media_roots=list(args.media_root),
+        text_tower=args.text_tower, query_cache=args.query_cache,
+        reload_interval_s=args.reload_interval))
 
 
 def _check_counts(args: argparse.Namespace) -> None:
@@ -130,6 +164,11 @@ def _check_counts(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be at least 1, got {value}")
+    if args.rankers < 0:
+        raise ValueError(f"--rankers must be 0 or more, got {args.rankers}")
+    if args.rankers and args.workers > 1:
+        raise ValueError("--rankers and --workers are two ways to use several processes: "
+                         "give one of them")
     if args.query_cache < 0:
         raise ValueError(f"--query-cache must be 0 or more, got {args.query_cache}")
 

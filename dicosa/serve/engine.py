@@ -16,6 +16,7 @@ in whole (``app.Service``): a search sees the old collection or the new one, nev
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import os
 import time
@@ -169,6 +170,21 @@ class Engine:
     def changed(self) -> bool:
         """Whether another writer committed since this snapshot was opened."""
         return self.index.changed()
+
+    def outdated(self) -> bool:
+        """Whether another writer has committed and finished since this snapshot was opened:
+        the manifest describes its dense first stage saved for exactly the rows of its store
+        (a write in progress leaves it behind). Then :meth:`reopen` gets the new snapshot."""
+        if not self.changed() or self.directory is None:
+            return False
+        try:
+            manifest = json.loads((Path(self.directory) / "manifest.json").read_text())
+        except (OSError, ValueError):
+            return False
+        stage = manifest.get("first_stage") or {}
+        if stage.get("backend") is None:
+            return True
+        return stage.get("synced") == [manifest.get("next_id"), len(manifest.get("removed", []))]
 
     # -- facts ----------------------------------------------------------------------------
     def info(self) -> dict:

@@ -85,6 +85,8 @@ class ServerInfo(_Answer):
     workers: int = Field(description="processes serving this index (dicosa serve --workers)")
     threads: int = Field(description="torch threads of each process")
     max_batch: int = Field(description="searches ranked together at most (1: no batching)")
+    rankers: int = Field(description="processes that rank this server's searches, each with "
+                                     "one torch thread (dicosa serve --rankers; 0: this one)")
 
 
 class Info(_Answer):
