@@ -3,6 +3,7 @@ dicosa/serve/compute.py), the calls' results and errors as if made in place."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,7 @@ from dicosa.serve.app import Service, Settings, create_app
 from dicosa.serve.compute import SWITCH_INTERVAL_S, ComputeThread
 from dicosa.serve.engine import Engine
 
-from .test_serve_api import built  # noqa: F401  (the module's index fixture)
+from .test_serve_api import REPO, built  # noqa: F401  (built: the module's index fixture)
 
 
 def test_calls_run_on_one_other_thread_in_order_with_their_errors():
@@ -105,3 +106,25 @@ def _served_on(compute: ComputeThread, built, monkeypatch) -> None:  # noqa: F81
     assert service.check_reload()  # the watcher asks; the compute thread opens
     assert set(where) == {"rank", "answer", "similar", "reopen"}
     assert all(names == {"dicosa-compute_0"} for names in where.values()), where
+
+
+def test_a_frozen_heap_is_left_out_of_collections_until_given_back():
+    """freeze_heap: what the process held is not collected (never walked) until the next
+    freeze_heap(again=True) gives it back; run in a process of its own, as a service does."""
+    code = "\n".join([
+        "import gc, weakref",
+        "from dicosa.serve.compute import freeze_heap",
+        "class Node: pass",
+        "held = Node(); held.me = held  # a reference cycle, as an index's objects may hold",
+        "alive = weakref.ref(held)",
+        "freeze_heap()",
+        "assert gc.get_freeze_count() > 1000",
+        "del held",
+        "gc.collect()",
+        "assert alive() is not None, 'a frozen cycle was collected'",
+        "freeze_heap(again=True)",
+        "assert alive() is None, 'a cycle given back was not collected'",
+        "print('ok')"])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -233,3 +233,14 @@ def test_serve_with_rankers_searches_in_them_and_each_reloads(built, tmp_path):
 def test_the_batcher_needs_rankers_to_answer():
     with pytest.raises(RuntimeError, match="no rankers"):
         Batcher().answer(object(), SearchRequest(text="a"))
+
+
+def test_rankers_that_cannot_open_the_index_say_why_to_each_search(engine, tmp_path):
+    rankers = Rankers(1, RankerSettings(index=str(tmp_path / "missing"), reload_interval_s=0))
+    app = create_app(engine, Settings(reload_interval_s=0), rankers=rankers)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        for _ in range(2):  # the batcher keeps answering
+            failed = c.get("/api/search", params={"q": "a red circle"})
+            assert failed.status_code == 503
+            assert "is not a video index" in failed.json()["error"]
+    assert _gone(rankers.pids)

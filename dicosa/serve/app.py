@@ -51,7 +51,7 @@ from starlette.exceptions import HTTPException
 
 from .. import __version__
 from .batching import Batcher
-from .compute import ComputeThread
+from .compute import ComputeThread, freeze_heap
 from .engine import Answer, Engine, SearchRequest
 from .errors import BAD_REQUESTS, NotReady, ServeError, UnknownVideo
 from .media import ThumbnailError, Thumbnails, file_response
@@ -97,6 +97,7 @@ class Settings:
     reload_interval_s: float = 2.0  # 0: never look for changes
     max_batch: int = 8  # searches ranked together (1: no batching)
     batch_wait_s: float = 0.002  # longest a batch waits for searches already on their way
+    freeze_heap: bool = False  # refreeze the collector's objects after each reopening
     workers: int = 1  # processes serving the same index (dicosa serve --workers)
     thumbnail_cache_bytes: int = 64 << 20
     token_ttl_s: int = 600
@@ -108,10 +109,12 @@ class Service:
     """The engine requests use now, and the reopening of the index after a change."""
 
     def __init__(self, engine: Engine, reload_interval_s: float = 2.0,
-                 compute: ComputeThread | None = None):
+                 compute: ComputeThread | None = None, freeze_heap: bool = False):
         self._engine = engine
         self.compute = compute  # where the index is reopened (None: the watching thread)
         self.reload_interval_s = reload_interval_s
+        self.freeze_heap = freeze_heap  # compute.freeze_heap after a reopening (a service
+        # process that froze its heap once the index was open)
         self.reloads = 0
         self.last_reload: str | None = None
         self.reload_error: str | None = None
@@ -144,6 +147,9 @@ class Service:
             self.last_reload = new.opened_at.isoformat(timespec="seconds")
             log.info("reopened the index: %d videos (was %d), in %.1f s", len(new.index),
                      len(old.index), time.perf_counter() - started)
+            del old
+            if self.freeze_heap:
+                freeze_heap(again=True)
             return True
 
     def start(self) -> None:
@@ -236,7 +242,8 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
     instead, which the application stops when it stops."""
     settings = settings or Settings()
     if isinstance(service, Engine):
-        service = Service(service, settings.reload_interval_s)
+        service = Service(service, settings.reload_interval_s,
+                          freeze_heap=settings.freeze_heap)
     compute = compute or service.compute or ComputeThread()
     service.compute = compute
     guard = Guard(settings.api_key, token_ttl_s=settings.token_ttl_s,

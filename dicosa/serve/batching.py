@@ -150,7 +150,11 @@ class Batcher:
             first = held.popleft() if held else self._queue.get()
             if first is None:
                 return
-            ranker = None if self.rankers is None else self.rankers.acquire()
+            try:
+                ranker = None if self.rankers is None else self.rankers.acquire()
+            except Exception as exc:  # the rankers could not open the index: say so
+                first.future.set_exception(exc)
+                continue
             size = self.max_batch if ranker is None else self._share(len(held))
             batch = [first]
             for other in list(held):

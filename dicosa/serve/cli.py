@@ -93,7 +93,7 @@ def run_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from .app import Settings, create_app
-        from .compute import ComputeThread
+        from .compute import ComputeThread, freeze_heap
         from .engine import Engine
         from .rankers import RankerError
     except ImportError as exc:
@@ -141,7 +141,8 @@ def run_serve(args: argparse.Namespace) -> int:
         return 0
     settings = Settings(api_key=key, allowed_hosts=hosts, max_batch=args.max_batch,
                         batch_wait_s=args.batch_wait_ms / 1000,
-                        reload_interval_s=args.reload_interval)
+                        reload_interval_s=args.reload_interval, freeze_heap=True)
+    freeze_heap()  # the open index out of the collector's walks (compute.py)
     uvicorn.run(create_app(engine, settings, compute, rankers), host=args.host,
                 port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     return 0

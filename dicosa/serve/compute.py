@@ -30,13 +30,14 @@ median unchanged (45.7-56.1 against 46.4-49.5 ms) (2026-11-26, benchmarks/RESULT
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-__all__ = ["SWITCH_INTERVAL_S", "ComputeThread"]
+__all__ = ["SWITCH_INTERVAL_S", "ComputeThread", "freeze_heap"]
 
 T = TypeVar("T")
 
@@ -95,3 +96,24 @@ class ComputeThread:
         """No more calls; the thread ends once the calls it holds have run."""
         if self._executor is not None:
             self._executor.shutdown(wait=False)
+
+
+def freeze_heap(again: bool = False) -> None:
+    """Move every object this process holds now out of the garbage collector's reach
+    (``gc.freeze``), after one collection; ``again``: first give back the ones frozen before
+    (a reopened index replaces the old one: its cycles are collected now, once).
+
+    A service process holds the opened index's Python objects (at 1M videos its tables, ids
+    and model: millions), and CPython's full collection walks all of them: 190-290 ms at 1M,
+    a pause of every search in flight, set off now and then by the answers' short-lived
+    objects (one in 30 s of 8 clients in a server, 2026-11-27). Frozen, they are never
+    walked, and a full collection walks only what came after; reference counting still
+    frees them. Only service processes do this (``dicosa serve``, each worker and ranker),
+    once the index is open and after each reopening, never a library call: it is the whole
+    process's setting. Giving them back costs one full collection per reopening (a pause as
+    above, once); a snapshot still in a search's hands at that moment is frozen again, and
+    reference cycles in it, if any, then stay until the process ends."""
+    if again:
+        gc.unfreeze()
+    gc.collect()
+    gc.freeze()

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
+from .compute import freeze_heap
 from .engine import Answer, Engine, SearchRequest
 from .errors import ServeError
 
@@ -151,7 +152,7 @@ class Rankers:
         self._busy, self._lock = 0, threading.Lock()  # searches the rankers hold now
         for ranker in self._all:
             ranker.start()
-        self._ready = False
+        self._ready, self._failed = False, None
 
     def wait_ready(self) -> None:
         """Until every ranker has opened the index (they open it at once, beside whatever
@@ -159,9 +160,15 @@ class Rankers:
         why."""
         if self._ready:
             return
+        if self._failed is not None:
+            raise self._failed
         try:
             for ranker in self._all:
                 ranker.wait_ready()
+        except RankerError as exc:
+            self.close()
+            self._failed = exc  # every later search is told the same
+            raise
         except BaseException:
             self.close()
             raise
@@ -235,6 +242,7 @@ def _serve_batches(conn: Connection, settings: RankerSettings) -> None:
     except USER_ERRORS as exc:
         conn.send(("failed", str(exc)))
         return
+    freeze_heap()  # the open index out of the collector's walks (compute.py)
     conn.send(("ready", str(len(engine.index))))
     interval, looked = settings.reload_interval_s, time.monotonic()
     while True:
@@ -246,7 +254,11 @@ def _serve_batches(conn: Connection, settings: RankerSettings) -> None:
             return
         requests, threads = batch
         if interval > 0 and time.monotonic() - looked >= interval:
-            engine, looked = _reopened(engine), time.monotonic()
+            new, looked = _reopened(engine), time.monotonic()
+            if new is not engine:
+                engine = new
+                del new
+                freeze_heap(again=True)  # the old snapshot collected, the new one frozen
         if threads != torch.get_num_threads():
             torch.set_num_threads(threads)
         with torch.inference_mode():

@@ -54,7 +54,7 @@ def app():
     """The ASGI application of one worker (uvicorn's factory), from :data:`ENV`."""
     from ..errors import USER_ERRORS
     from .app import Settings, create_app
-    from .compute import ComputeThread
+    from .compute import ComputeThread, freeze_heap
     from .engine import Engine
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -69,11 +69,13 @@ def app():
         print(f"error: worker {os.getpid()}: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(STARTUP_FAILURE) from None
     hosts = None if given.allowed_hosts is None else tuple(given.allowed_hosts)
-    return create_app(engine, Settings(api_key=given.api_key, allowed_hosts=hosts,
-                                       max_batch=given.max_batch,
-                                       batch_wait_s=given.batch_wait_s,
-                                       reload_interval_s=given.reload_interval_s,
-                                       workers=given.workers), compute)
+    app = create_app(engine, Settings(api_key=given.api_key, allowed_hosts=hosts,
+                                      max_batch=given.max_batch,
+                                      batch_wait_s=given.batch_wait_s,
+                                      reload_interval_s=given.reload_interval_s,
+                                      workers=given.workers, freeze_heap=True), compute)
+    freeze_heap()  # the open index out of the collector's walks (compute.py)
+    return app
 
 
 def serve_workers(settings: WorkerSettings, host: str, port: int) -> None:
