@@ -18,7 +18,7 @@ SCRIPTS = ["train_step.py", "score.py", "data.py", "train_epoch.py", "ablation.p
                                     "search.py --summary frames --quality-videos 0",
                                     "search.py --frame-dtype int8 --text-tower packed",
                                     "serve.py --frame-dtype int8 --text-tower packed --workers 2 "
-                                    "--query-cache 16 --profile"])
+                                    "--query-cache 16 --profile", "serve.py --rankers 2"])
 def test_benchmark_smoke(script, tmp_path):
     script, *extra = script.split()
     path = ROOT / "benchmarks" / script

@@ -59,8 +59,11 @@ def test_quickstart_is_stored_without_outputs():
                         for cell in code)
 
 
-def test_quickstart_runs_and_shows_its_figures(tmp_path):
+def test_quickstart_runs_and_shows_its_figures(tmp_path, monkeypatch):
+    # the notebook keeps its work folder for the reader (tempfile.mkdtemp): here, in tmp_path
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     notebook = run(nbformat.read(QUICKSTART, as_version=4), tmp_path)
+    assert list(tmp_path.glob("dicosa-quickstart-*"))
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     figures = [cell for cell in code if pngs(cell)]
     sources = [cell.source for cell in figures]
