@@ -83,6 +83,7 @@ class _Ranker:
         self._context, self._settings, self.number = context, settings, number
         self.process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
+        self.stopping = False  # stop() was called: an ended process is not started again
 
     def start(self) -> None:
         mine, theirs = self._context.Pipe()
@@ -113,6 +114,8 @@ class _Ranker:
             self._conn.send((requests, threads))
             return self._conn.recv()
         except (EOFError, OSError):
+            if self.stopping:
+                raise RankerError("the service is stopping") from None
             self.process.join(5)
             status = self.process.exitcode
             log.error("ranker %d ended while ranking (exit status %s); starting another",
@@ -123,10 +126,12 @@ class _Ranker:
 
     def restart(self) -> None:
         self.stop(wait=0)
+        self.stopping = False
         self.start()
         self.wait_ready()
 
     def stop(self, wait: float = 5.0) -> None:
+        self.stopping = True
         if self._conn is not None:
             with contextlib.suppress(OSError):
                 self._conn.send(None)
