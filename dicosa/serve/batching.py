@@ -41,7 +41,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from .compute import ComputeThread
-from .engine import Answer, Engine, Ranked, SearchRequest
+from .engine import Answer, Engine, Ranked, SearchRequest, rank_requests
 from .rankers import Outcome, Rankers
 
 __all__ = ["Batcher", "Ticket"]
@@ -110,7 +110,7 @@ class Batcher:
         if self.max_batch == 1:
             if ticket is not None:
                 ticket.settle()
-            return self._on_compute(_alone, engine, [request])[0]
+            return self._on_compute(rank_requests, engine, [request])[0]
         return self._wait(engine, request, ticket)
 
     def answer(self, engine: Engine, request: SearchRequest,
@@ -217,7 +217,7 @@ class Batcher:
         if ranked is None:
             for waiting in batch:
                 try:
-                    _deliver(waiting, self._on_compute(_alone, waiting.engine,
+                    _deliver(waiting, self._on_compute(rank_requests, waiting.engine,
                                                        [waiting.request])[0], started)
                 except Exception as exc:  # the search's own error, for its request to raise
                     waiting.future.set_exception(exc)
@@ -227,17 +227,7 @@ class Batcher:
 
 
 def _together(batch: list[_Waiting]) -> list[Ranked]:
-    first = batch[0].request
-    return batch[0].engine.rank([w.request.text for w in batch],
-                                depth=max(w.request.depth for w in batch),
-                                candidates=max(first.candidates, first.depth),
-                                exclude=first.exclude, mode=first.mode, source=first.source)
-
-
-def _alone(engine: Engine, requests: list[SearchRequest]) -> list[Ranked]:
-    request = requests[0]
-    return engine.rank([request.text], depth=request.depth, candidates=request.candidates,
-                       exclude=request.exclude, mode=request.mode, source=request.source)
+    return rank_requests(batch[0].engine, [w.request for w in batch])
 
 
 class _Settle:

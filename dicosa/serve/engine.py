@@ -38,7 +38,7 @@ from ..search.types import EncodedQueries
 from .errors import ServeError, UnknownVideo
 
 __all__ = ["EXPLAINED_AS", "MEDIA_TYPES", "Answer", "Engine", "Ranked", "SearchRequest",
-           "VideoFile"]
+           "VideoFile", "rank_requests"]
 
 # The API's name for each plugin's explanation of a hit (the page reads these).
 EXPLAINED_AS = {"lexical": "words", "concepts": "exclusion", "fusion": "fusion"}
@@ -149,8 +149,9 @@ class Engine:
         ``model``: reopening after a change reuses the weights) and its recorded plugins.
         Queries are encoded by ``text_tower`` with a cache of ``query_cache`` texts
         (:mod:`dicosa.search.query_text`), or by ``query_text`` (a reopened snapshot's).
-        ``populate``: map the frame store into the process first, where it fits in half the
-        memory available (:meth:`FrameStore.populate`; ``dicosa serve`` does)."""
+        ``populate``: map the frame store into the process first, where what the page cache
+        lacks of it fits in half the memory available (:meth:`FrameStore.populate`;
+        ``dicosa serve`` does)."""
         index = open_index(directory, model, device=device, towers="text")
         if query_text is None:
             query_text = index.configure_queries(text_tower, query_cache)
@@ -283,10 +284,7 @@ class Engine:
     def search(self, request: SearchRequest) -> Answer:
         """:meth:`check`, :meth:`rank` alone and :meth:`answer`: one request, unbatched."""
         self.check(request)
-        ranked = self.rank([request.text], depth=request.depth,
-                           candidates=request.candidates, exclude=request.exclude,
-                           mode=request.mode, source=request.source)[0]
-        return self.answer(request, ranked)
+        return self.answer(request, rank_requests(self, [request])[0])
 
     # -- more like this -------------------------------------------------------------------
     @torch.inference_mode()
@@ -425,6 +423,16 @@ class Engine:
         number = self.live_id(video_id)
         row = self.index.store.rows(np.array([number])).iloc[0]
         return {"id": number, **_row_facts(row)}
+
+
+def rank_requests(engine: Engine, requests: list[SearchRequest]) -> list[Ranked]:
+    """``requests`` ranked in one :meth:`Engine.rank` pass, deep enough for the deepest page;
+    they share their mode, exclusions, source and candidate count (a batch: see
+    :mod:`dicosa.serve.batching`), which the first one gives."""
+    first = requests[0]
+    return engine.rank([r.text for r in requests], depth=max(r.depth for r in requests),
+                       candidates=max(first.candidates, first.depth), exclude=first.exclude,
+                       mode=first.mode, source=first.source)
 
 
 def _named_dimensions(explained: dict, head) -> dict:

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from .compute import freeze_heap
-from .engine import Answer, Engine, SearchRequest
+from .engine import Answer, Engine, SearchRequest, rank_requests
 from .errors import ServeError
 
 __all__ = ["RankerError", "RankerSettings", "Rankers"]
@@ -283,11 +283,8 @@ def _reopened(engine: Engine) -> Engine:
 def _answers(engine: Engine, requests: list[SearchRequest]) -> list[Outcome]:
     """Each request ranked with the others and its page cut; a batch that fails is run again
     one search at a time, so a search that fails fails alone."""
-    first = requests[0]
     try:
-        ranked = engine.rank([r.text for r in requests], depth=max(r.depth for r in requests),
-                             candidates=max(first.candidates, first.depth),
-                             exclude=first.exclude, mode=first.mode, source=first.source)
+        ranked = rank_requests(engine, requests)
         return [_outcome(engine.answer, request, r)
                 for request, r in zip(requests, ranked, strict=True)]
     except Exception:
