@@ -166,6 +166,38 @@ def test_the_rerank_of_int8_codes_as_kept_equals_the_rerank_of_dequantised_frame
     assert half.gather_codes(np.arange(3)) is None
 
 
+def test_int8_runs_hand_their_segments_over_as_kept_with_the_pad_in_int8():
+    """A ``runs`` shard's segments read as codes (the rerank's read) are its dequantised
+    segments exactly, padded slots holding the pad's int8 form (a short segment of a model
+    that pools its padding, ``mask_mode="after"``, scores the same either way); mixed with a
+    ``clips`` shard in one read, each row in its place."""
+    torch.manual_seed(0)
+    model = DiCoSA.from_config(tiny_config()).eval()
+    assert model.mask_mode == "after"
+    dim = model.embed_dim
+    store = FrameStore(frame_dtype="int8")
+    pad = np.random.default_rng(3).normal(size=dim).astype(np.float16)
+    store.append_runs(_runs(3, dim=dim, seed=2), pad, 4)
+    store.append(_features(model, 5, seed=4), _rows(100, 5))
+    ids = np.array([13, 0, 2, 5, 11, 8, 4])  # segments with and without padding, and clips
+    codes, scale, mask = store.gather_codes(ids)
+    reference = store.gather(ids, torch.float32)
+    np.testing.assert_array_equal(codes * scale[..., None], reference.frames.numpy())
+    np.testing.assert_array_equal(mask, reference.frame_mask.numpy())
+    assert not mask[ids == 2].all()  # a segment of 3 frames in 4 slots
+    padded = reference.frames[int(np.flatnonzero(ids == 2)[0]), 3].numpy()
+    np.testing.assert_allclose(padded, pad, atol=float(np.abs(pad).max()) / 127)
+    text = _text(model, QUERIES[:1])
+    pairs = torch.zeros(len(ids), dtype=torch.int64)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            pair_scores(model, TextFeatures(text), QuantisedVideo(*map(torch.from_numpy,
+                                                                        (codes, scale, mask))),
+                        pairs=pairs),
+            pair_scores(model, TextFeatures(text), reference, pairs=pairs),
+            rtol=1e-5, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def plain() -> DiCoSA:
     torch.manual_seed(0)

@@ -26,7 +26,9 @@ everything that scores rows (first stages, rerank, heads) is the same for both.
 Either layout may keep its frames as int8 (the store's ``frame_dtype``,
 :mod:`dicosa.search.frame_codec`): ``frames`` is then int8 and ``frame_scale`` float32 holds
 one scale per frame (``[n, N]`` in ``clips``, ``[F]`` in ``runs``); :meth:`gather`
-dequantises the rows it reads, and nothing else. The ``pad``
+dequantises the rows it reads, and nothing else, and ``codes`` hands them over as kept (the
+rerank's read). A ``runs`` shard of int8 frames fills its rows' empty slots with the pad's
+int8 form, as a ``clips`` shard keeps its padding. The ``pad``
 vector matters only to models whose pooling keeps padded frames in the softmax (the released
 variant's ``mask_mode="after"``): it is the model's vector of a padding frame, so a short
 segment is pooled as a short clip with padding would be.
@@ -226,6 +228,8 @@ class RunShard(_Files):
     proxy: np.ndarray = None  # float32 [S, D]
     pad: np.ndarray = None  # float16 [D]
     frame_scale: np.ndarray | None = None  # float32 [F] for int8 frames, else None
+    # (pad, its codes [D], its scale []): the int8 pad, made once per pad array
+    _pad_int8: tuple | None = field(default=None, repr=False, compare=False)
     layout = "runs"
     NAMES = ("frames", "frame_valid", "frame_time", "segment", "segment_video", "segment_time",
              "proxy", "pad")  # its tensors, besides frame_scale
@@ -281,11 +285,27 @@ class RunShard(_Files):
 
     def gather(self, rows: np.ndarray, num_frames: int) -> tuple[np.ndarray, np.ndarray]:
         """Frames ``[r, N, D]`` (float16 as kept, or float32 dequantised; the pad vector in
-        the slots past a row's frames) and mask of rows."""
+        the slots past a row's frames, as kept: an int8 shard's dequantised) and mask of
+        rows."""
         positions, inside = self._slots(rows, num_frames)
         frames = self._frames(positions.reshape(-1)).reshape(*positions.shape, -1)
-        frames[~inside] = self.pad
+        frames[~inside] = self.pad if self.frame_scale is None else dequantise(*self._pad_codes())
         return frames, inside & self.frame_valid[positions]
+
+    def codes(self, rows: np.ndarray, num_frames: int
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """An int8 shard's rows as kept: codes ``[r, N, D]``, scales ``[r, N]`` (the pad's
+        int8 form in the slots past a row's frames), mask."""
+        positions, inside = self._slots(rows, num_frames)
+        codes, scale = self.frames[positions], self.frame_scale[positions]
+        codes[~inside], scale[~inside] = self._pad_codes()
+        return codes, scale, inside & self.frame_valid[positions]
+
+    def _pad_codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The pad vector as an int8 shard keeps a frame: codes ``[D]``, scale ``[]``."""
+        if self._pad_int8 is None or self._pad_int8[0] is not self.pad:
+            self._pad_int8 = (self.pad, *quantise(self.pad))
+        return self._pad_int8[1:]
 
     def _frames(self, positions: np.ndarray | slice) -> np.ndarray:
         """Frames at ``positions`` as kept (float16) or dequantised (float32)."""
@@ -318,17 +338,19 @@ class RunShard(_Files):
     def spans(self, rows: np.ndarray) -> np.ndarray:
         return np.asarray(self.segment_time[rows], dtype=np.float64)
 
-    def run(self, video: int) -> dict[str, np.ndarray]:
+    def run(self, video: int, frames: bool = True) -> dict[str, np.ndarray]:
         """Video ``video``'s whole run: its frames ``[F_v, D]``, ``valid``, ``times``, and
-        its rows' ``segments`` (first frame relative to the run, count) and ``spans``."""
+        its rows' ``segments`` (first frame relative to the run, count) and ``spans``;
+        ``frames=False``: only its rows, segments and spans (nothing decoded)."""
         rows = self.rows_of(video)
         lo = int(self.segment[rows, 0].min())
+        layout = {"rows": rows, "segments": self.segment[rows] - np.array([lo, 0]),
+                  "spans": self.segment_time[rows]}
+        if not frames:
+            return layout
         hi = int((self.segment[rows, 0] + self.segment[rows, 1]).max())
         return {"frames": self._frames(slice(lo, hi)).astype(np.float16, copy=False),
-                "valid": self.frame_valid[lo:hi],
-                "times": self.frame_time[lo:hi], "rows": rows,
-                "segments": self.segment[rows] - np.array([lo, 0]),
-                "spans": self.segment_time[rows]}
+                "valid": self.frame_valid[lo:hi], "times": self.frame_time[lo:hi], **layout}
 
     @property
     def nbytes(self) -> int:

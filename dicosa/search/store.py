@@ -164,7 +164,9 @@ class FrameStore:
         mask = np.empty((len(ids), self.num_frames), dtype=bool)
         ascending = bool(np.all(ids[1:] > ids[:-1]))
         for shard, where, rows in parts:
-            if ascending:  # this shard's rows fill one slice of the answer, in order
+            if isinstance(shard, RunShard):  # rows are slots of its frames, read slot by slot
+                codes[where], scale[where], mask[where] = shard.codes(rows, self.num_frames)
+            elif ascending:  # this shard's rows fill one slice of the answer, in order
                 part = slice(where[0], where[-1] + 1)
                 np.take(shard.frames, rows, axis=0, out=codes[part])
                 np.take(shard.frame_scale, rows, axis=0, out=scale[part])
@@ -262,14 +264,15 @@ class FrameStore:
                 out[name][where] = np.nan if column is None else column[videos]
         return out
 
-    def run(self, video: int) -> dict[str, np.ndarray] | None:
-        """Video ``video``'s whole run of frames (:meth:`RunShard.run`, rows as ids); None
-        for a video of a ``clips`` shard (its one row is its run)."""
+    def run(self, video: int, frames: bool = True) -> dict[str, np.ndarray] | None:
+        """Video ``video``'s whole run of frames (:meth:`RunShard.run`, rows as ids; without
+        its frames, ``frames=False``); None for a video of a ``clips`` shard (its one row is
+        its run)."""
         shard, row = self._locate(np.array([video]))
         part = self.shards[int(shard[0])]
         if not isinstance(part, RunShard):
             return None
-        run = part.run(int(part.video_of(row)[0]))
+        run = part.run(int(part.video_of(row)[0]), frames)
         run["rows"] = run["rows"] + part.first_id
         return run
 
@@ -508,5 +511,4 @@ def _table(rows: list[dict]) -> pd.DataFrame:
 
 def _all_int8(parts: list) -> bool:
     """Whether every shard of ``FrameStore._by_shard``'s parts keeps int8 frames."""
-    return bool(parts) and all(isinstance(shard, ClipShard) and shard.frame_scale is not None
-                               for shard, _, _ in parts)
+    return bool(parts) and all(shard.frame_scale is not None for shard, _, _ in parts)
