@@ -10,6 +10,7 @@ import torch
 
 from dicosa.index import VideoIndex
 from dicosa.model import DiCoSA
+from dicosa.search.moment import timeline_rows, video_timelines
 from dicosa.search.shards import RunShard
 
 from ._videos import damage, write_scenes, write_video
@@ -113,6 +114,44 @@ def test_top_moments_and_the_timeline_over_the_whole_video(index, model):
     assert timeline.moments[0].row == rows[int(per_row.argmax())]
     best = int(per_row.argmax())
     assert 3 * best <= timeline.best_frame < 3 * best + 3
+
+
+def test_a_timeline_of_more_rows_than_allowed_scores_the_kept_and_spread_rows(index, model):
+    """``max_rows``: a video of more rows has that many scored (those kept, the rest spread
+    evenly), each with the score the whole timeline gives it; the other rows' frames are left
+    out (no time, no score); a video within the limit is scored whole."""
+    scenes = index.store.video_rows(_rows(index, "five_scenes.mp4")["video"].iloc[0])
+    assert timeline_rows(scenes, None, 10).tolist() == scenes.tolist()
+    assert timeline_rows(scenes, None, 3).tolist() == scenes[[0, 2, 4]].tolist()
+    assert timeline_rows(scenes, scenes[[3]], 3).tolist() == scenes[[0, 3, 4]].tolist()
+    assert timeline_rows(scenes, scenes[[0, 4]], 3).tolist() == scenes[[0, 1, 4]].tolist()
+    with torch.no_grad():
+        text = model.encode_text(index.tokenizer([QUERIES[1]])).text
+    video = int(scenes[0])
+    together, every_kept = video_timelines(model, index.store, index.frames, text,
+                                           [video, video], max_rows=2,
+                                           keep=[scenes[[3]], scenes])
+    sampled = video_timelines(model, index.store, index.frames, text, [video],
+                              max_rows=2, keep=[scenes[[3]]])[0]
+    assert (sampled.video_rows, sampled.scored_rows) == (5, 2)
+    assert (every_kept.video_rows, every_kept.scored_rows) == (5, 5)  # every row kept
+    assert together.times == sampled.times  # each video's rows its own in one call
+    np.testing.assert_allclose(together.frame_score, sampled.frame_score, atol=1e-6)
+    scored = [3 * i + j for i in (0, 3) for j in range(3)]  # the spread row 0 and kept row 3
+    assert [j for j, t in enumerate(sampled.times) if t is not None] == scored
+    full = video_timelines(model, index.store, index.frames, text, [video])[0]
+    assert (full.video_rows, full.scored_rows) == (5, 5)
+    assert [sampled.scores[j] for j in scored] == [full.scores[j] for j in scored]
+    assert all(sampled.scores[j] is None for j in range(15) if j not in scored)
+    assert {m.row for m in sampled.moments} <= {int(scenes[0]), int(scenes[3])}
+    # sent: only frames a scored row holds, thinned among them (3 stretches of 2 here)
+    thinned = sampled.as_dict(max_points=3)
+    assert thinned["rows"] == 5 and thinned["scored_rows"] == 2
+    assert [f["frame"] for f in thinned["frames"]] == [
+        max(pair, key=lambda j: (sampled.scores[j], sampled.weights[j]))
+        for pair in ((0, 1), (2, 9), (10, 11))]
+    assert sampled.best_frame in [f["frame"] for f in thinned["frames"]]
+    assert len(full.as_dict(max_points=3)["frames"]) == 3
 
 
 def test_pooling_a_segment_is_pooling_the_clip_it_is(index, model):

@@ -25,7 +25,6 @@ NaN there, as it is for padded frames.
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -41,7 +40,8 @@ from ..model import DiCoSA, TextFeatures, VideoFeatures
 
 __all__ = ["Moment", "Timeline", "best_moments", "format_span", "frame_times", "frame_weights",
            "overlaps",
-           "row_frame_times", "timelines", "video_timeline", "video_timelines"]
+           "row_frame_times", "timeline_rows", "timelines", "video_timeline",
+           "video_timelines"]
 
 
 @torch.inference_mode()
@@ -156,36 +156,71 @@ def overlaps(moment: Moment, others: list[Moment]) -> bool:
                and m.start < moment.end for m in others)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Timeline:
-    """A video's relevance, frame by frame (module docstring), and its best frame."""
+    """A video's relevance, frame by frame (module docstring), and its best frame.
 
-    times: list[float | None]  # [F] seconds (None: unknown)
-    weights: list[float]  # [F] Eq. 1 weight of the frame in its best row
-    scores: list[float]  # [F] DiCoSA's S of the best row holding the frame
+    Kept as arrays (``frame_*``, float64 ``[F]``, NaN/-inf: none); ``times``, ``weights`` and
+    ``scores`` give them as rounded lists, and :meth:`as_dict` converts only the frames it
+    sends (an hour-long video has 3,600)."""
+
+    frame_time: np.ndarray  # [F] seconds (NaN: unknown)
+    frame_weight: np.ndarray  # [F] Eq. 1 weight of the frame in its best row
+    frame_score: np.ndarray  # [F] DiCoSA's S of the best row holding the frame
     best_frame: int  # the frame of largest weight within the best row
     best_time: float | None
     best_weight: float
     moments: list[Moment]  # the video's best rows that do not overlap, by S
+    video_rows: int = 1  # the video's rows (segments)
+    scored_rows: int = 1  # those scored: all, or a sample (video_timelines' max_rows)
+
+    @property
+    def times(self) -> list[float | None]:
+        """[F] seconds, rounded to 0.1 ms (None: unknown)."""
+        return _rounded(self.frame_time, 4)
+
+    @property
+    def weights(self) -> list[float | None]:
+        return _rounded(self.frame_weight, 6)
+
+    @property
+    def scores(self) -> list[float | None]:
+        """[F] S of the best row holding each frame (None: no scored row holds it)."""
+        return _rounded(self.frame_score, 6)
 
     def as_dict(self, max_points: int | None = None) -> dict:
-        """JSON of the timeline; with ``max_points``, a longer one keeps in each of that many
-        equal stretches of frames only its most relevant frame (highest score, then weight),
-        so the best frame is always there."""
-        frames = range(len(self.times))
-        if max_points is not None and len(self.times) > max_points:
-            edges = np.linspace(0, len(self.times), max_points + 1).astype(int)
-            frames = [max(range(a, b), key=self._relevance)
-                      for a, b in itertools.pairwise(edges) if b > a]
-        return {"frames": [{"frame": j, "time": self.times[j], "weight": self.weights[j],
-                            "score": self.scores[j]} for j in frames],
+        """JSON of the timeline; with ``max_points``, a longer one sends only the frames a
+        scored row holds (all of them unless the rows were sampled) and of more than that many
+        keeps in each of ``max_points`` equal stretches of them only its most relevant frame
+        (highest score, then weight; the first of equals), so the best frame is always
+        there."""
+        frames = np.arange(len(self.frame_time))
+        if max_points is not None and len(frames) > max_points:
+            held = np.flatnonzero(np.isfinite(self.frame_score))
+            frames = held if len(held) else frames
+            if len(frames) > max_points:
+                frames = frames[self._thinned(frames, max_points)]
+        columns = zip(frames.tolist(), _rounded(self.frame_time[frames], 4),
+                      _rounded(self.frame_weight[frames], 6),
+                      _rounded(self.frame_score[frames], 6), strict=True)
+        return {"frames": [{"frame": j, "time": t, "weight": w, "score": s}
+                           for j, t, w, s in columns],
                 "best": {"frame": self.best_frame, "time": self.best_time,
                          "weight": self.best_weight},
-                "moments": [m.as_dict() for m in self.moments]}
+                "moments": [m.as_dict() for m in self.moments],
+                "rows": self.video_rows, "scored_rows": self.scored_rows}
 
-    def _relevance(self, j: int) -> tuple[float, float]:
-        score = self.scores[j]
-        return (-math.inf if score is None else score, self.weights[j])
+    def _thinned(self, frames: np.ndarray, points: int) -> np.ndarray:
+        """Positions in ``frames`` of the most relevant frame of each of ``points`` equal
+        stretches of them."""
+        score = self.frame_score[frames]
+        score = np.where(np.isfinite(score), score, -math.inf)
+        place = np.arange(len(frames))
+        stretch = np.searchsorted(np.linspace(0, len(frames), points + 1).astype(int), place,
+                                  side="right") - 1
+        # by stretch, then score, then weight, then the earlier frame: each stretch's last
+        order = np.lexsort((-place, self.frame_weight[frames], score, stretch))
+        return np.sort(order[np.r_[stretch[order][1:] != stretch[order][:-1], True]])
 
 
 def timelines(weights: Tensor, times: np.ndarray, frame_mask: Tensor,
@@ -203,8 +238,10 @@ def timelines(weights: Tensor, times: np.ndarray, frame_mask: Tensor,
 
 
 def _timeline(weights: np.ndarray, times: np.ndarray, mask: np.ndarray, scores: np.ndarray,
-              rows: np.ndarray, spans: np.ndarray, row_scores: np.ndarray) -> Timeline | None:
-    """A timeline of frames ``[F]`` (weights, times, valid mask, per-frame score)."""
+              rows: np.ndarray, spans: np.ndarray, row_scores: np.ndarray,
+              **counts: int) -> Timeline | None:
+    """A timeline of frames ``[F]`` (weights, times, valid mask, per-frame score); ``counts``:
+    the video's ``video_rows`` and ``scored_rows`` where not one and one."""
     if not mask.any():
         return None
     valid = np.flatnonzero(mask)
@@ -212,11 +249,18 @@ def _timeline(weights: np.ndarray, times: np.ndarray, mask: np.ndarray, scores: 
         np.where(mask, scores, np.nan)).any() else np.nan
     in_best = valid if not np.isfinite(best_score) else valid[scores[valid] == best_score]
     best = int(in_best[np.argmax(weights[in_best])])  # ties: the earliest
-    clean = [_clean(x) for x in times]
-    return Timeline(clean, [round(float(x), 6) for x in weights],
-                    [round(float(x), 6) if math.isfinite(x) else None for x in scores],
-                    best, clean[best], round(float(weights[best]), 6),
-                    best_moments(rows, spans, row_scores))
+    return Timeline(np.asarray(times, np.float64), np.asarray(weights, np.float64),
+                    np.asarray(scores, np.float64), best, _clean(times[best]),
+                    round(float(weights[best]), 6), best_moments(rows, spans, row_scores),
+                    **counts)
+
+
+def _rounded(values: np.ndarray, digits: int) -> list[float | None]:
+    """``values`` rounded to ``digits`` as a list, None where not finite."""
+    values = np.asarray(values, np.float64)
+    out = np.round(values, digits).astype(object)
+    out[~np.isfinite(values)] = None
+    return out.tolist()
 
 
 def video_timeline(model: DiCoSA, store, protocol: FrameProtocol, text: Tensor,
@@ -228,14 +272,23 @@ def video_timeline(model: DiCoSA, store, protocol: FrameProtocol, text: Tensor,
 
 @torch.inference_mode()
 def video_timelines(model: DiCoSA, store, protocol: FrameProtocol, text: Tensor,
-                    videos: list[int]) -> list[Timeline | None]:
+                    videos: list[int], max_rows: int | None = None,
+                    keep: list[np.ndarray] | None = None) -> list[Timeline | None]:
     """The timelines of ``videos`` (ids in ``store``) under the text vector ``text [1, D]``:
     every row of each video scored by DiCoSA and pooled (Eq. 1), each frame given the score
     of the best row holding it and its weight there. The rows of all the videos are read and
-    scored together."""
+    scored together.
+
+    ``max_rows``: a video of more rows has only that many scored (:func:`timeline_rows`:
+    ``keep[i]``, its rows that must be, and the rest spread evenly over it), and its frames
+    outside them are left out of its timeline (invalid, as padding is). Scoring every row of
+    an hour-long video costs the search seven times over (~760 rows against 1,000
+    candidates shared by all the hits), so a service bounds it."""
     from .rerank import pair_scores
 
-    per_video = [store.video_rows(v) for v in videos]
+    every = [store.video_rows(v) for v in videos]
+    per_video = [timeline_rows(own, None if keep is None else keep[i], max_rows)
+                 for i, own in enumerate(every)]
     rows = np.concatenate([np.zeros(0, np.int64), *per_video])
     if not len(rows):
         return [None] * len(videos)
@@ -252,38 +305,67 @@ def video_timelines(model: DiCoSA, store, protocol: FrameProtocol, text: Tensor,
                         stored=store.times(rows))  # [R, N]
     spans = store.spans(rows)
     out, first = [], 0
-    for video, own in zip(videos, per_video, strict=True):
+    for video, own, total in zip(videos, per_video, every, strict=True):
         part = slice(first, first + len(own))
         first += len(own)
-        out.append(_video_timeline(store.run(video) if len(own) else None, own, weights[part],
-                                   times[part], mask[part], scored[part], spans[part]))
+        out.append(_video_timeline(store.run(video, frames=False) if len(own) else None,
+                                   own, weights[part],
+                                   times[part], mask[part], scored[part], spans[part],
+                                   len(total)))
     return out
+
+
+def timeline_rows(rows: np.ndarray, keep: np.ndarray | None, max_rows: int | None
+                  ) -> np.ndarray:
+    """The rows of one video (``rows``, in its order) a timeline scores: all of them, or with
+    more than ``max_rows``, the rows in ``keep`` (those of its rows) and others evenly spread
+    over the video up to ``max_rows`` in all, in the video's order."""
+    if max_rows is None or len(rows) <= max_rows:
+        return rows
+    keep = np.intersect1d(np.zeros(0, np.int64) if keep is None else np.asarray(keep), rows)
+    spread = rows[np.unique(np.linspace(0, len(rows) - 1, max(max_rows - len(keep), 0)
+                                        ).round().astype(int))]
+    chosen = np.union1d(keep, spread)
+    for extra in rows[~np.isin(rows, chosen)]:  # the spread met kept rows: fill up
+        if len(chosen) >= max_rows:
+            break
+        chosen = np.append(chosen, extra)
+    return rows[np.isin(rows, chosen)]
 
 
 def _video_timeline(run: dict | None, rows: np.ndarray, weights: np.ndarray,
                     times: np.ndarray, mask: np.ndarray, scored: np.ndarray,
-                    spans: np.ndarray) -> Timeline | None:
-    """One video's timeline from its rows' weights, times, masks ``[R, N]`` and scores [R];
-    ``run``: its frame run (None: one row of N slots, which is its own run)."""
+                    spans: np.ndarray, total: int) -> Timeline | None:
+    """One video's timeline from its scored rows' weights, times, masks ``[R, N]`` and scores
+    [R]; ``run``: its frame run (None: one row of N slots, which is its own run); ``total``:
+    the video's rows."""
     if not len(rows):
         return None
+    counts = {"video_rows": total, "scored_rows": len(rows)}
     if run is None:
         return _timeline(weights[0], times[0], mask[0], np.full(mask.shape[1], scored[0]),
-                         rows, spans, scored)
+                         rows, spans, scored, **counts)
     length = int(run["segments"].sum(1).max())
+    position = dict(zip(run["rows"].tolist(), run["segments"][:, 0].tolist(), strict=True))
+    first = np.array([position[r] for r in rows.tolist()])  # [R] each row's first frame
+    r, slot = np.nonzero(mask)  # every valid slot of every row
+    frame = first[r] + slot
+    # each frame from its best row: sorted by frame, then by score (a stable order among
+    # equal scores, the later row winning), the last of each frame's group
+    rank = np.empty(len(rows), np.int64)
+    rank[np.argsort(scored, kind="stable")] = np.arange(len(rows))
+    order = np.lexsort((rank[r], frame))
+    last = order[np.r_[frame[order][1:] != frame[order][:-1], True]]
     frame_score = np.full(length, -np.inf)
     frame_weight, frame_time = np.zeros(length), np.full(length, np.nan)
     frame_valid = np.zeros(length, dtype=bool)
-    position = {int(r): int(f) for r, f in zip(run["rows"], run["segments"][:, 0],
-                                                strict=True)}
-    for r in np.argsort(scored, kind="stable"):  # the best row is written last
-        first = position[int(rows[r])]
-        slots = np.flatnonzero(mask[r])
-        frame_score[first + slots] = scored[r]
-        frame_weight[first + slots] = weights[r, slots]
-        frame_time[first + slots] = times[r, slots]
-        frame_valid[first + slots] = True
-    return _timeline(frame_weight, frame_time, frame_valid, frame_score, rows, spans, scored)
+    taken = frame[last]
+    frame_score[taken] = scored[r[last]]
+    frame_weight[taken] = weights[r[last], slot[last]]
+    frame_time[taken] = times[r[last], slot[last]]
+    frame_valid[taken] = True
+    return _timeline(frame_weight, frame_time, frame_valid, frame_score, rows, spans, scored,
+                     **counts)
 
 
 def format_span(start: float | None, end: float | None) -> str:

@@ -45,6 +45,11 @@ EXPLAINED_AS = {"lexical": "words", "concepts": "exclusion", "fusion": "fusion"}
 _SCORE_CHUNK = 1024  # videos per DiCoSA.score call of "more like this"
 _FACTS = ("path", "title", "duration", "fps")  # the metadata a hit shows (_row_facts)
 TIMELINE_POINTS = 240  # frames a hit's timeline sends at most (a long video's are thinned)
+# Rows (segments) a hit's timeline scores at most: its moments' rows and others spread evenly
+# over the video (dicosa.search.moment.timeline_rows). 10 hits of an hour-long video (~760 rows
+# each) scored in full cost 430 ms a search at 1,000 hours (7,600 rows against 1,000 candidates
+# in the rerank); at 48, a row every ~75 s of an hour.
+TIMELINE_ROWS = 48
 # What <video> is told a file is; Chromium plays webm (VP8/VP9/AV1) and H.264 mp4.
 MEDIA_TYPES = {".mp4": "video/mp4", ".m4v": "video/mp4", ".webm": "video/webm",
                ".mkv": "video/x-matroska", ".mov": "video/quicktime", ".avi": "video/x-msvideo",
@@ -246,7 +251,8 @@ class Engine:
         ids = np.array([h.id for h in page], dtype=np.int64)
         facts = self.index.store.columns(ids, _FACTS)  # the one metadata read of the page
         rows = [{name: facts[name][i] for name in _FACTS} for i in range(len(ids))]
-        found = self.timelines(ranked.text, ids)
+        found = self.timelines(ranked.text, ids, [[h.row, *(m.row for m in h.moments)]
+                                                  for h in page])
         times = {**ranked.times, "moments_s": time.perf_counter() - started}
         explained = [{} for _ in page]
         if request.explain and ranked.result is not None and page:
@@ -353,13 +359,16 @@ class Engine:
         return np.concatenate(parts)
 
     # -- the moment -----------------------------------------------------------------------
-    def timelines(self, text: Tensor, ids: np.ndarray) -> list[dict | None]:
-        """Each video's relevance over its whole length under ``text [1, D]``, frame by
-        frame, and its best frame (:func:`dicosa.search.moment.video_timelines`)."""
+    def timelines(self, text: Tensor, ids: np.ndarray, keep: list[list[int]]
+                  ) -> list[dict | None]:
+        """Each video's relevance over its length under ``text [1, D]``, frame by frame, and
+        its best frame (:func:`dicosa.search.moment.video_timelines`): a video of more than
+        :data:`TIMELINE_ROWS` rows scored on that many, its rows in ``keep`` among them."""
         if not len(ids):
             return []
         found = video_timelines(self.model, self.index.store, self.index.frames, text,
-                                ids.tolist())
+                                ids.tolist(), TIMELINE_ROWS,
+                                [np.array(rows, np.int64) for rows in keep])
         return [None if t is None else t.as_dict(TIMELINE_POINTS) for t in found]
 
     # -- explanations ---------------------------------------------------------------------

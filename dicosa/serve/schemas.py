@@ -156,13 +156,18 @@ class MatchedLine(_Answer):
 
 
 class Moment(_Answer):
-    """The video's relevance over its whole length: its stored frames (a long video's thinned
-    to at most 240), each with the score of the best row holding it, and the best frame."""
+    """The video's relevance over its length: its stored frames (a long video's thinned to at
+    most 240), each with the score of the best row holding it, and the best frame. A video of
+    more than 48 rows has 48 of them scored (its moments' rows and others spread evenly over
+    it); the frames of the others are not listed."""
 
     frames: list[MomentFrame]
     best: MomentBest
     moments: list[TimeRange] = Field(description="the video's best rows that do not overlap, "
-                                                 "scored on every row of the video")
+                                                 "among the rows scored")
+    rows: int = Field(description="the video's rows (segments)")
+    scored_rows: int = Field(description="the rows scored for this timeline: all of them, or "
+                                         "48 of a longer video")
 
 
 class Hit(_Answer):

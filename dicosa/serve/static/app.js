@@ -213,11 +213,16 @@ function card(hit, answer) {
 
 function timeline(node, hit) {
   // The whole video, left to right: one bar per frame the index keeps (a long video's thinned
-  // by the server), placed at its time, as high as the query matches there; below it the
-  // hit's moments, the time ranges that matched best. A click plays from there.
+  // by the server, and of a very long one only the segments it scored), placed at its time,
+  // as high as the query matches there; below it the hit's moments, the time ranges that
+  // matched best. A click plays from there.
   const box = node.querySelector(".timeline");
   box.setAttribute("aria-label", "where the query matches, over the whole video");
   if (!hit.moment) { box.textContent = "no frames (indexed from its title)"; return; }
+  if (hit.moment.scored_rows < hit.moment.rows) {
+    box.title = `${hit.moment.scored_rows} of its ${hit.moment.rows} segments scored`;
+    box.setAttribute("aria-label", `where the query matches, over the whole video (${box.title})`);
+  }
   const frames = hit.moment.frames.filter((f) => f.time !== null);
   if (!frames.length) { box.textContent = "frame times unknown"; box.classList.add("none"); }
   const last = frames.length ? frames[frames.length - 1].time : 0;
