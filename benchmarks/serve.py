@@ -95,6 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="dicosa serve --threads")
     p.add_argument("--batch-wait-ms", type=float, default=None,
                    help="dicosa serve --batch-wait-ms (default: the server's)")
+    p.add_argument("--timeline-rows", type=int, default=None,
+                   help="dicosa serve --timeline-rows (default: the server's, 48)")
     p.add_argument("--query-cache", type=int, default=0,
                    help="dicosa serve --query-cache (default 0 here: module docstring)")
     p.add_argument("--frame-dtype", choices=("float16", "int8"), default="float16",
@@ -220,6 +222,8 @@ def start_server(directory: Path, port: int, setup: dict, args) -> subprocess.Po
         command += ["--threads", str(args.threads)]
     if args.batch_wait_ms is not None:
         command += ["--batch-wait-ms", str(args.batch_wait_ms)]
+    if args.timeline_rows is not None:
+        command += ["--timeline-rows", str(args.timeline_rows)]
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -302,7 +306,8 @@ def load(base: str, clients: int, seconds: float, warmup: float, args, seed: int
                 if now >= measure_from:
                     records[c].append((now, time.perf_counter() - now, ok,
                                        answer["times_ms"] if answer else None,
-                                       answer["batch"] if answer else None))
+                                       answer["batch"] if answer else None,
+                                       _scored_rows(answer) if ok else 0))
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     try:
@@ -316,6 +321,11 @@ def load(base: str, clients: int, seconds: float, warmup: float, args, seed: int
         timer.join()
     out = summarise([r for rows in records for r in rows], seconds, clients)
     return {**out, **(window.result if window else {})}
+
+
+def _scored_rows(answer: dict) -> int:
+    """The most rows any hit's timeline in ``answer`` scored."""
+    return max((h["moment"]["scored_rows"] for h in answer["hits"] if h["moment"]), default=0)
 
 
 def summarise(rows: list[tuple], seconds: float, clients: int) -> dict:
@@ -333,6 +343,7 @@ def summarise(rows: list[tuple], seconds: float, clients: int) -> dict:
             "p95_ms": round(float(np.percentile(ms, 95)), 1),
             "p99_ms": round(float(np.percentile(ms, 99)), 1),
             "mean_batch": round(float(np.mean([r[4] for r in good])), 2) if good else None,
+            "timeline_rows_max": max((r[5] for r in good), default=None),
             "server_p50_ms": {name: stage(name) for name in
                               ("queue", "encode", "first_stage", "rerank", "hooks", "top",
                                "moments", "total")},
@@ -390,7 +401,7 @@ def serve_and_load(args, directory: Path, setup: dict) -> dict:
         except subprocess.TimeoutExpired:
             server.kill()
     return {**setup, "threads": info["server"]["threads"], "query_cache": args.query_cache,
-            "indexed_videos": info["videos"],
+            "indexed_videos": info["videos"], "timeline_rows": info["timeline_rows"],
             "text": info["text"], "open_s": round(ready_s, 1), "single_client": single,
             "concurrent": concurrent, "server_memory_gib": memory}
 

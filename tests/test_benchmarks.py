@@ -35,12 +35,14 @@ def test_serve_benchmark_serves_long_videos_as_segments(tmp_path):
     by rankers; every search answers k videos."""
     out = tmp_path / "result.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve.py"), "--smoke",
-                           "--hours", "0.25", "--rankers", "2", "--out", str(out)],
+                           "--hours", "0.25", "--rankers", "2", "--timeline-rows", "3",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (size,) = json.loads(out.read_text())["sizes"]
     (run,) = size["runs"]
-    assert size["hours"] == 0.25 and run["rankers"] == 2
+    assert size["hours"] == 0.25 and run["rankers"] == 2 and run["timeline_rows"] == 3
     assert run["indexed_videos"] == 15  # a quarter hour of 1-minute videos
     assert size["rows"] > 5 * run["indexed_videos"]  # shots of ~6 s, segments of <= 4 frames
     assert run["concurrent"]["requests"] > 0 and run["concurrent"]["errors"] == 0
+    assert run["concurrent"]["timeline_rows_max"] == 3  # the rankers' timelines: 3 rows each

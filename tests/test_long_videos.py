@@ -125,6 +125,8 @@ def test_a_timeline_of_more_rows_than_allowed_scores_the_kept_and_spread_rows(in
     assert timeline_rows(scenes, None, 3).tolist() == scenes[[0, 2, 4]].tolist()
     assert timeline_rows(scenes, scenes[[3]], 3).tolist() == scenes[[0, 3, 4]].tolist()
     assert timeline_rows(scenes, scenes[[0, 4]], 3).tolist() == scenes[[0, 1, 4]].tolist()
+    # more rows to keep than allowed: the first of them (best first), once each
+    assert timeline_rows(scenes, scenes[[4, 4, 1, 2]], 2).tolist() == scenes[[1, 4]].tolist()
     with torch.no_grad():
         text = model.encode_text(index.tokenizer([QUERIES[1]])).text
     video = int(scenes[0])
@@ -134,7 +136,7 @@ def test_a_timeline_of_more_rows_than_allowed_scores_the_kept_and_spread_rows(in
     sampled = video_timelines(model, index.store, index.frames, text, [video],
                               max_rows=2, keep=[scenes[[3]]])[0]
     assert (sampled.video_rows, sampled.scored_rows) == (5, 2)
-    assert (every_kept.video_rows, every_kept.scored_rows) == (5, 5)  # every row kept
+    assert (every_kept.video_rows, every_kept.scored_rows) == (5, 2)  # at most 2, kept or not
     assert together.times == sampled.times  # each video's rows its own in one call
     np.testing.assert_allclose(together.frame_score, sampled.frame_score, atol=1e-6)
     scored = [3 * i + j for i in (0, 3) for j in range(3)]  # the spread row 0 and kept row 3

@@ -286,11 +286,16 @@ OTHER_LONG = [[["white square"], [A], ["green cross"], ["blue circle"], [A, B]],
 
 
 @pytest.fixture(scope="module")
-def long_base(tmp_path_factory):
+def long_engines(tmp_path_factory):
     from ._scene_clips import long_index
 
     index = long_index(tmp_path_factory.mktemp("long"), [LONG, *OTHER_LONG])
-    with served(create_app(Engine(index), Settings(reload_interval_s=0))) as url:
+    return Engine(index), Engine(index, timeline_rows=2)
+
+
+@pytest.fixture(scope="module")
+def long_base(long_engines):
+    with served(create_app(long_engines[0], Settings(reload_interval_s=0))) as url:
         yield url
 
 
@@ -325,3 +330,21 @@ def test_a_moment_click_plays_its_time_range(browser, long_base):
         browser.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)
         browser.execute_script("window.scrollTo(0, 0)")
         browser.save_screenshot(os.environ["DICOSA_MOMENTS_SCREENSHOT"])
+
+
+def test_a_sampled_timeline_shows_its_scored_segments_and_says_so(browser, long_engines):
+    """A server whose timelines score at most 2 segments (``--timeline-rows 2``): the
+    six-scene video's strip holds the frames of its best moment's segment and one other,
+    placed by time, and says on hover how many of its segments were scored."""
+    with served(create_app(long_engines[1], Settings(reload_interval_s=0))) as url:
+        open_page(browser, url, q="a red circle")
+        card = next(c for c in browser.find_elements(By.CSS_SELECTOR, "#results li.hit")
+                    if c.find_element(By.CSS_SELECTOR, ".name").text == "long0.webm")
+        box = card.find_element(By.CSS_SELECTOR, ".timeline")
+        assert box.get_attribute("title") == "2 of its 6 segments scored"
+        times = [float(b.get_attribute("data-time"))
+                 for b in card.find_elements(By.CSS_SELECTOR, ".timeline .frame")]
+        assert len(times) == 6 and {9.0, 10.0, 11.0} <= set(times)  # 2 segments of 3 frames
+        best = card.find_element(By.CSS_SELECTOR, ".moments .moment")
+        assert (best.get_attribute("data-start"), best.get_attribute("data-end")) == (
+            "9", "12")

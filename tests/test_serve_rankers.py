@@ -178,12 +178,15 @@ def test_a_free_ranker_takes_its_share_of_the_searches_not_all_that_wait():
     assert rankers.batches == [4, 2]
 
 
-def test_rankers_and_workers_are_not_given_together(built, capsys):
+def test_rankers_with_workers_or_no_timeline_rows_are_one_sentence(built, capsys):
     from dicosa.cli import main
 
     assert main(["serve", str(built), "--rankers", "2", "--workers", "2"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "give one of them" in err and err.count("\n") == 1
+    assert main(["serve", str(built), "--timeline-rows", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --timeline-rows must be at least 1, got 0\n"
 
 
 @pytest.mark.slow

@@ -318,11 +318,14 @@ def video_timelines(model: DiCoSA, store, protocol: FrameProtocol, text: Tensor,
 def timeline_rows(rows: np.ndarray, keep: np.ndarray | None, max_rows: int | None
                   ) -> np.ndarray:
     """The rows of one video (``rows``, in its order) a timeline scores: all of them, or with
-    more than ``max_rows``, the rows in ``keep`` (those of its rows) and others evenly spread
-    over the video up to ``max_rows`` in all, in the video's order."""
+    more than ``max_rows``, the rows in ``keep`` (those of its rows, the first ``max_rows`` of
+    them) and others evenly spread over the video up to ``max_rows`` in all, in the video's
+    order."""
     if max_rows is None or len(rows) <= max_rows:
         return rows
-    keep = np.intersect1d(np.zeros(0, np.int64) if keep is None else np.asarray(keep), rows)
+    keep = np.zeros(0, np.int64) if keep is None else np.asarray(keep, np.int64)
+    keep = keep[np.isin(keep, rows)]
+    keep = np.sort(keep[np.sort(np.unique(keep, return_index=True)[1])][:max_rows])
     spread = rows[np.unique(np.linspace(0, len(rows) - 1, max(max_rows - len(keep), 0)
                                         ).round().astype(int))]
     chosen = np.union1d(keep, spread)

@@ -4,7 +4,8 @@
                                  [--media-root DIR ...] [--device cpu|cuda]
                                  [--max-batch 8] [--batch-wait-ms 2] [--reload-interval 2]
                                  [--text-tower auto|float|packed|int8] [--query-cache 1024]
-                                 [--workers 1 | --rankers N] [--threads N]
+                                 [--timeline-rows 48] [--workers 1 | --rankers N]
+                                 [--threads N]
 
 The index, its model and its heads are opened before the server listens: a problem with them
 is one sentence and exit status 2, never a server that answers errors. Without ``--host`` the
@@ -68,6 +69,10 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                         "auto (default: packed on a CPU, float on a GPU)")
     p.add_argument("--query-cache", type=int, default=1024, metavar="TEXTS",
                    help="keep the encodings of this many recent query texts (0: none)")
+    p.add_argument("--timeline-rows", type=int, default=None, metavar="ROWS",
+                   help="the most segments of a hit's video its timeline scores (default 48; "
+                        "a longer video's are sampled; fewer: faster searches of long "
+                        "videos, a coarser timeline; docs/serve.md)")
     p.add_argument("--workers", type=int, default=1,
                    help="server processes sharing the index's memory-mapped store (each "
                         "holds its own model and first stage)")
@@ -110,7 +115,7 @@ def run_serve(args: argparse.Namespace) -> int:
         compute = ComputeThread.for_process(threads)  # this process's torch work (compute.py)
         engine = compute.run(Engine.open, args.index, device=args.device,
                              media_roots=tuple(args.media_root), text_tower=args.text_tower,
-                             query_cache=args.query_cache,
+                             query_cache=args.query_cache, timeline_rows=args.timeline_rows,
                              populate=args.workers == 1 and not rankers)
         if rankers is not None:
             rankers.wait_ready()
@@ -133,8 +138,9 @@ def run_serve(args: argparse.Namespace) -> int:
         del engine
         serve_workers(WorkerSettings(
             index=str(args.index), device=args.device, media_roots=list(args.media_root),
-            text_tower=args.text_tower, query_cache=args.query_cache, threads=threads,
-            api_key=key, allowed_hosts=None if hosts is None else list(hosts),
+            text_tower=args.text_tower, query_cache=args.query_cache,
+            timeline_rows=args.timeline_rows, threads=threads, api_key=key,
+            allowed_hosts=None if hosts is None else list(hosts),
             max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000,
             reload_interval_s=args.reload_interval, workers=args.workers),
             args.host, args.port)
@@ -157,14 +163,14 @@ def _start_rankers(args: argparse.Namespace) -> Rankers | None:
     return Rankers(args.rankers, RankerSettings(
         index=str(args.index), device=args.device, media_roots=list(args.media_root),
         text_tower=args.text_tower, query_cache=args.query_cache,
-        reload_interval_s=args.reload_interval))
+        timeline_rows=args.timeline_rows, reload_interval_s=args.reload_interval))
 
 
 def _check_counts(args: argparse.Namespace) -> None:
-    for name in ("workers", "threads"):
+    for name in ("workers", "threads", "timeline_rows"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            raise ValueError(f"--{name} must be at least 1, got {value}")
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if args.rankers < 0:
         raise ValueError(f"--rankers must be 0 or more, got {args.rankers}")
     if args.rankers and args.workers > 1:

@@ -45,10 +45,11 @@ EXPLAINED_AS = {"lexical": "words", "concepts": "exclusion", "fusion": "fusion"}
 _SCORE_CHUNK = 1024  # videos per DiCoSA.score call of "more like this"
 _FACTS = ("path", "title", "duration", "fps")  # the metadata a hit shows (_row_facts)
 TIMELINE_POINTS = 240  # frames a hit's timeline sends at most (a long video's are thinned)
-# Rows (segments) a hit's timeline scores at most: its moments' rows and others spread evenly
-# over the video (dicosa.search.moment.timeline_rows). 10 hits of an hour-long video (~760 rows
-# each) scored in full cost 430 ms a search at 1,000 hours (7,600 rows against 1,000 candidates
-# in the rerank); at 48, a row every ~75 s of an hour.
+# Rows (segments) a hit's timeline scores at most by default (``dicosa serve --timeline-rows``):
+# its moments' rows and others spread evenly over the video (dicosa.search.moment.
+# timeline_rows). 10 hits of an hour-long video (~760 rows each) scored in full cost 430 ms a
+# search at 1,000 hours (7,600 rows against the rerank's 1,000 candidates); at 48, a row every
+# ~75 s of an hour, ~18 ms (benchmarks/RESULTS.md, issue 32's seventh pass).
 TIMELINE_ROWS = 48
 # What <video> is told a file is; Chromium plays webm (VP8/VP9/AV1) and H.264 mp4.
 MEDIA_TYPES = {".mp4": "video/mp4", ".m4v": "video/mp4", ".webm": "video/webm",
@@ -126,9 +127,12 @@ class Engine:
 
     def __init__(self, index: VideoIndex, *,
                  media_roots: tuple[str | os.PathLike, ...] = (),
-                 query_text: QueryText | None = None):
+                 query_text: QueryText | None = None, timeline_rows: int = TIMELINE_ROWS):
         if index.model is None:
             raise ValueError("the service needs an index with its model attached")
+        if not (isinstance(timeline_rows, int) and timeline_rows >= 1):
+            raise ValueError(f"a timeline scores at least 1 row of a video, got "
+                             f"{timeline_rows!r}")
         if query_text is not None:  # a reopened snapshot keeps the tower and its cache
             index.query_text = query_text
         self.index = index
@@ -140,6 +144,7 @@ class Engine:
                              else "dense")
         self.opened_at = datetime.datetime.now(datetime.timezone.utc)
         self.populated = False  # whether the store was mapped in when opened (open())
+        self.timeline_rows = timeline_rows  # the most rows of a video a hit's timeline scores
         self._dtype = next(self.model.parameters()).dtype
         if len(index):  # lazily made parts (the dense summary, codes) made now, not racing
             index.search("warm up", k=1)
@@ -149,29 +154,32 @@ class Engine:
     def open(cls, directory: str | os.PathLike, *, model: DiCoSA | None = None,
              device: str | None = None, media_roots: tuple[str | os.PathLike, ...] = (),
              text_tower: str = "float", query_cache: int = 0,
-             query_text: QueryText | None = None, populate: bool = False) -> Engine:
+             query_text: QueryText | None = None, populate: bool = False,
+             timeline_rows: int | None = None) -> Engine:
         """Open the index in ``directory`` with the model its manifest recorded (or
         ``model``: reopening after a change reuses the weights) and its recorded plugins.
         Queries are encoded by ``text_tower`` with a cache of ``query_cache`` texts
         (:mod:`dicosa.search.query_text`), or by ``query_text`` (a reopened snapshot's).
         ``populate``: map the frame store into the process first, where what the page cache
         lacks of it fits in half the memory available (:meth:`FrameStore.populate`;
-        ``dicosa serve`` does)."""
+        ``dicosa serve`` does). ``timeline_rows``: the most rows of a hit's video its timeline
+        scores (:meth:`timelines`; None: :data:`TIMELINE_ROWS`)."""
         index = open_index(directory, model, device=device, towers="text")
         if query_text is None:
             query_text = index.configure_queries(text_tower, query_cache)
         if populate:
             index.store.populate(_available_bytes() // 2)
-        engine = cls(index, media_roots=media_roots, query_text=query_text)
+        engine = cls(index, media_roots=media_roots, query_text=query_text,
+                     timeline_rows=TIMELINE_ROWS if timeline_rows is None else timeline_rows)
         engine.populated = populate
         return engine
 
     def reopen(self) -> Engine:
         """The same index opened again (another process may have added videos), with the
-        same model, text tower, query cache and mapping of the store."""
+        same model, text tower, query cache, mapping of the store and timeline rows."""
         return Engine.open(self.directory, model=self.model, device=str(self.index.device),
                            media_roots=self.media_roots, query_text=self.index.query_text,
-                           populate=self.populated)
+                           populate=self.populated, timeline_rows=self.timeline_rows)
 
     def changed(self) -> bool:
         """Whether another writer committed since this snapshot was opened."""
@@ -213,6 +221,7 @@ class Engine:
             "summary": index.stage_spec.get("summary"),
             "frame_protocol": index.frames.as_dict(),
             "frame_dtype": index.store.frame_dtype,
+            "timeline_rows": self.timeline_rows,
             "text": index.query_text.stats(),
             "frame_times": "from the frame protocol and each video's frame count and rate",
             "opened_at": self.opened_at.isoformat(timespec="seconds"),
@@ -363,11 +372,11 @@ class Engine:
                   ) -> list[dict | None]:
         """Each video's relevance over its length under ``text [1, D]``, frame by frame, and
         its best frame (:func:`dicosa.search.moment.video_timelines`): a video of more than
-        :data:`TIMELINE_ROWS` rows scored on that many, its rows in ``keep`` among them."""
+        ``timeline_rows`` rows scored on that many, its rows in ``keep`` among them."""
         if not len(ids):
             return []
         found = video_timelines(self.model, self.index.store, self.index.frames, text,
-                                ids.tolist(), TIMELINE_ROWS,
+                                ids.tolist(), self.timeline_rows,
                                 [np.array(rows, np.int64) for rows in keep])
         return [None if t is None else t.as_dict(TIMELINE_POINTS) for t in found]
 

@@ -67,6 +67,7 @@ class RankerSettings:
     media_roots: list[str] = field(default_factory=list)
     text_tower: str = "auto"
     query_cache: int = 0
+    timeline_rows: int | None = None  # None: the engine's default
     reload_interval_s: float = 2.0
     threads: int = 1  # torch threads of a ranker while another ranker is busy too
     alone_threads: int = field(default_factory=lambda: os.cpu_count() or 1)  # while none is
@@ -243,7 +244,7 @@ def _serve_batches(conn: Connection, settings: RankerSettings) -> None:
         engine = Engine.open(settings.index, device=settings.device,
                              media_roots=tuple(settings.media_roots),
                              text_tower=settings.text_tower, query_cache=settings.query_cache,
-                             populate=True)
+                             timeline_rows=settings.timeline_rows, populate=True)
     except USER_ERRORS as exc:
         conn.send(("failed", str(exc)))
         return

@@ -99,6 +99,8 @@ class Info(_Answer):
     summary: str | None
     frame_protocol: dict[str, str]
     frame_dtype: Literal["float16", "int8"] = Field(description="how the store keeps frames")
+    timeline_rows: int = Field(description="the most segments of a hit's video its timeline "
+                                           "scores (dicosa serve --timeline-rows)")
     text: TextInfo
     frame_times: str
     opened_at: str
@@ -158,8 +160,8 @@ class MatchedLine(_Answer):
 class Moment(_Answer):
     """The video's relevance over its length: its stored frames (a long video's thinned to at
     most 240), each with the score of the best row holding it, and the best frame. A video of
-    more than 48 rows has 48 of them scored (its moments' rows and others spread evenly over
-    it); the frames of the others are not listed."""
+    more than 48 rows (``--timeline-rows``) has 48 of them scored (its moments' rows and others
+    spread evenly over it); the frames of the others are not listed."""
 
     frames: list[MomentFrame]
     best: MomentBest

@@ -41,6 +41,7 @@ class WorkerSettings:
     media_roots: list[str] = field(default_factory=list)
     text_tower: str = "float"
     query_cache: int = 0
+    timeline_rows: int | None = None  # None: the engine's default
     threads: int | None = None
     api_key: str | None = None
     allowed_hosts: list[str] | None = None
@@ -64,7 +65,7 @@ def app():
         engine = compute.run(Engine.open, given.index, device=given.device,
                              media_roots=tuple(given.media_roots),
                              text_tower=given.text_tower, query_cache=given.query_cache,
-                             populate=True)
+                             timeline_rows=given.timeline_rows, populate=True)
     except USER_ERRORS as exc:  # the parent opened it a moment ago: say why, stop them all
         print(f"error: worker {os.getpid()}: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(STARTUP_FAILURE) from None
