@@ -96,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-wait-ms", type=float, default=None,
                    help="dicosa serve --batch-wait-ms (default: the server's)")
     p.add_argument("--timeline-rows", type=int, default=None,
-                   help="dicosa serve --timeline-rows (default: the server's, 48)")
+                   help="dicosa serve --timeline-rows (default: the server's, 16)")
     p.add_argument("--query-cache", type=int, default=0,
                    help="dicosa serve --query-cache (default 0 here: module docstring)")
     p.add_argument("--frame-dtype", choices=("float16", "int8"), default="float16",

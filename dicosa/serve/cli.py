@@ -4,7 +4,7 @@
                                  [--media-root DIR ...] [--device cpu|cuda]
                                  [--max-batch 8] [--batch-wait-ms 2] [--reload-interval 2]
                                  [--text-tower auto|float|packed|int8] [--query-cache 1024]
-                                 [--timeline-rows 48] [--workers 1 | --rankers N]
+                                 [--timeline-rows 16] [--workers 1 | --rankers N]
                                  [--threads N]
 
 The index, its model and its heads are opened before the server listens: a problem with them
@@ -70,7 +70,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--query-cache", type=int, default=1024, metavar="TEXTS",
                    help="keep the encodings of this many recent query texts (0: none)")
     p.add_argument("--timeline-rows", type=int, default=None, metavar="ROWS",
-                   help="the most segments of a hit's video its timeline scores (default 48; "
+                   help="the most segments of a hit's video its timeline scores (default 16; "
                         "a longer video's are sampled; fewer: faster searches of long "
                         "videos, a coarser timeline; docs/serve.md)")
     p.add_argument("--workers", type=int, default=1,

@@ -47,10 +47,11 @@ _FACTS = ("path", "title", "duration", "fps")  # the metadata a hit shows (_row_
 TIMELINE_POINTS = 240  # frames a hit's timeline sends at most (a long video's are thinned)
 # Rows (segments) a hit's timeline scores at most by default (``dicosa serve --timeline-rows``):
 # its moments' rows and others spread evenly over the video (dicosa.search.moment.
-# timeline_rows). 10 hits of an hour-long video (~760 rows each) scored in full cost 430 ms a
-# search at 1,000 hours (7,600 rows against the rerank's 1,000 candidates); at 48, a row every
-# ~75 s of an hour, ~18 ms (benchmarks/RESULTS.md, issue 32's seventh pass).
-TIMELINE_ROWS = 48
+# timeline_rows). 10 hits of an hour-long video (~760 rows each) scored in full cost ~310 ms a
+# search at 1,000 hours (7,600 rows against the rerank's 1,000 candidates); at 16, a row every
+# ~4 min of an hour, 10 ms, and 8 clients got 33.5 searches/s against 21.2 at 48
+# (benchmarks/RESULTS.md, issue 32's seventh pass).
+TIMELINE_ROWS = 16
 # What <video> is told a file is; Chromium plays webm (VP8/VP9/AV1) and H.264 mp4.
 MEDIA_TYPES = {".mp4": "video/mp4", ".m4v": "video/mp4", ".webm": "video/webm",
                ".mkv": "video/x-matroska", ".mov": "video/quicktime", ".avi": "video/x-msvideo",

@@ -160,7 +160,7 @@ class MatchedLine(_Answer):
 class Moment(_Answer):
     """The video's relevance over its length: its stored frames (a long video's thinned to at
     most 240), each with the score of the best row holding it, and the best frame. A video of
-    more than 48 rows (``--timeline-rows``) has 48 of them scored (its moments' rows and others
+    more than 16 rows (``--timeline-rows``) has 16 of them scored (its moments' rows and others
     spread evenly over it); the frames of the others are not listed."""
 
     frames: list[MomentFrame]
@@ -169,7 +169,7 @@ class Moment(_Answer):
                                                  "among the rows scored")
     rows: int = Field(description="the video's rows (segments)")
     scored_rows: int = Field(description="the rows scored for this timeline: all of them, or "
-                                         "48 of a longer video")
+                                         "16 of a longer video (--timeline-rows)")
 
 
 class Hit(_Answer):
