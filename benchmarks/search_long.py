@@ -91,21 +91,30 @@ def synthetic_run(centres: torch.Tensor, seconds: int, policy: SegmentPolicy,
                      "num_frames": 25 * seconds, "valid_frames": seconds})
 
 
+def add_long_videos(index: VideoIndex, centres: torch.Tensor, hours: float,
+                    video_minutes: float, mean_shot: float, per_shard: int = 16) -> int:
+    """``hours`` of synthetic videos of ``video_minutes`` each (:func:`synthetic_run`, seeded)
+    added to ``index`` as runs cut by its segment policy, ``per_shard`` videos a shard;
+    returns how many videos."""
+    seconds = round(video_minutes * 60)
+    videos = max(1, round(hours * 3600 / seconds))
+    rng = np.random.default_rng(1)
+    pad = np.zeros(index.model.embed_dim, np.float16)
+    for first in range(0, videos, per_shard):
+        index.add_runs([synthetic_run(centres, seconds, index.segments, mean_shot, rng,
+                                      f"synthetic/long{first + i}.mp4")
+                        for i in range(min(per_shard, videos - first))], pad)
+    return videos
+
+
 def build(args, model, centres: torch.Tensor, directory: Path, head) -> dict:
     policy = SegmentPolicy(window=args.frames)
     index = VideoIndex(model, device="cpu", summary="distilled", summary_head=head,
                        segments=policy)
     index.save(directory)
-    seconds = round(args.video_minutes * 60)
-    videos = max(1, round(args.hours * 3600 / seconds))
-    rng = np.random.default_rng(1)
-    pad = np.zeros(model.embed_dim, np.float16)
     started = time.perf_counter()
-    for first in range(0, videos, args.videos_per_shard):
-        count = min(args.videos_per_shard, videos - first)
-        runs = [synthetic_run(centres, seconds, policy, args.mean_shot, rng,
-                              f"synthetic/long{first + i}.mp4") for i in range(count)]
-        index.add_runs(runs, pad)
+    videos = add_long_videos(index, centres, args.hours, args.video_minutes, args.mean_shot,
+                             args.videos_per_shard)
     added = time.perf_counter()
     index.save(directory)
     return {"videos": videos, "ingest_s": round(added - started, 1),

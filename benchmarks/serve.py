@@ -157,21 +157,13 @@ def build_long_index(args, hours: float, directory: Path) -> dict:
     """An index of ``hours`` of long synthesised videos (``--video-minutes`` each, shots of
     ``--mean-shot`` s: ``benchmarks/search_long.py``'s generator) cut into segments as the
     index cuts them, its model recorded."""
-    from search_long import synthetic_run
+    from search_long import add_long_videos
 
     if args.reuse and (directory / "manifest.json").is_file():
         return {"build_s": None, "reused": True}
     index, centres = _new_index(args, directory)
-    seconds = round(args.video_minutes * 60)
-    videos = max(1, round(hours * 3600 / seconds))
-    rng = np.random.default_rng(1)
-    pad = np.zeros(index.model.embed_dim, np.float16)
     started = time.perf_counter()
-    for first in range(0, videos, 16):
-        runs = [synthetic_run(centres, seconds, index.segments, args.mean_shot, rng,
-                              f"synthetic/long{first + i}.mp4")
-                for i in range(min(16, videos - first))]
-        index.add_runs(runs, pad)
+    add_long_videos(index, centres, hours, args.video_minutes, args.mean_shot)
     index.save(directory)
     return {"build_s": round(time.perf_counter() - started, 1), "reused": False}
 

@@ -349,8 +349,8 @@ def _video_timeline(run: dict | None, rows: np.ndarray, weights: np.ndarray,
         return _timeline(weights[0], times[0], mask[0], np.full(mask.shape[1], scored[0]),
                          rows, spans, scored, **counts)
     length = int(run["segments"].sum(1).max())
-    position = dict(zip(run["rows"].tolist(), run["segments"][:, 0].tolist(), strict=True))
-    first = np.array([position[r] for r in rows.tolist()])  # [R] each row's first frame
+    # [R] each row's first frame (the run's rows are its ids, ascending)
+    first = run["segments"][np.searchsorted(run["rows"], rows), 0]
     r, slot = np.nonzero(mask)  # every valid slot of every row
     frame = first[r] + slot
     # each frame from its best row: sorted by frame, then by score (a stable order among
