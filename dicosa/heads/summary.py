@@ -202,13 +202,14 @@ def cut_videos(videos: VideoFeatures, count: int, frame_drop: float,
 @torch.inference_mode()
 def teacher_scores(model: DiCoSA, text: Tensor, videos: VideoFeatures,
                    chunk: int = 1024, text_chunk: int = 256) -> Tensor:
-    """DiCoSA's S of every text against every video, ``[Q, V]`` float16 (the teacher).
-    Blocks of ``text_chunk`` texts × ``chunk`` videos bound the confidence activations
-    (``[chunk, text_chunk, K, H]`` floats: 268 MB on the tiny model)."""
-    dtype = next(model.parameters()).dtype
-    text_features = TextFeatures(text.to(dtype))
-    return torch.cat([model.score(text_features, videos[i:i + chunk].to(dtype=dtype),
-                                  chunk=text_chunk).half()
+    """DiCoSA's S of every text against every video, ``[Q, V]`` float16 on the CPU (the
+    teacher), computed on the model's device. Blocks of ``text_chunk`` texts × ``chunk``
+    videos bound the confidence activations (``[chunk, text_chunk, K, H]`` floats: 268 MB
+    on the tiny model)."""
+    param = next(model.parameters())
+    text_features = TextFeatures(text.to(param.device, param.dtype))
+    return torch.cat([model.score(text_features, videos[i:i + chunk].to(param.device, param.dtype),
+                                  chunk=text_chunk).half().cpu()
                       for i in range(0, len(videos), chunk)], 1)
 
 
@@ -314,7 +315,7 @@ class _Prepared:
                 for i in range(0, n, 8192)])).view(n, num, -1)
             self.proxy = torch.from_numpy(summary.videos(
                 video_proxy(self.frames, self.mask).numpy()))
-            self.conf_text = summary.queries(text).float().clone()
+            self.conf_text = summary.queries(text).float().cpu().clone()
 
     def videos(self, head: DistilledSummaryHead, ids: Tensor) -> Tensor:
         frames, mask = self.frames[ids], self.mask[ids]

@@ -138,13 +138,15 @@ class Summary:
 
     @torch.inference_mode()
     def queries(self, text: Tensor) -> Tensor:
-        """``[Q, D]`` text vectors -> ``[Q, dim]`` query vectors for the stage."""
+        """``[Q, D]`` text vectors -> ``[Q, dim]`` query vectors for the stage, on the
+        model's device."""
         if self.kind == "distilled":
             return self.head.queries(self.model, text.to(next(self.head.parameters()).device))
         if self.kind == "mean":
             return text
         head = self.model.head
-        raw = head.text_factors(text.to(next(self.model.parameters()).dtype))  # [Q, K, d]
+        param = next(self.model.parameters())
+        raw = head.text_factors(text.to(param.device, param.dtype))  # [Q, K, d]
         unit = F.normalize(raw, dim=-1)
         if self.kind == "factors":
             return unit.flatten(1) / head.num_concepts
