@@ -181,10 +181,11 @@ def _lexical_words(model, checkpoint: Path, out: Path, caption: str, video) -> P
     from .heads.train import train_head
 
     path = train_head("lexical", checkpoint, out, progress=False)
-    head = load_head(path, model, kind="lexical")
+    head = load_head(path, model, kind="lexical")  # on the CPU, where the store's rows are
     tokens = get_tokenizer(model.config.arch, model.config.max_words)([caption])
     with torch.no_grad():
-        query = head.encode_texts(model.encode_text(tokens).text, [caption])[0]
+        text = model.encode_text(tokens.to(next(model.parameters()).device)).text.cpu()
+        query = head.encode_texts(text, [caption])[0]
     stored = head.encode_videos(video)[0]
     print(f"video's top words: {', '.join(f'{w} {v:.2f}' for w, v in head.top_words(stored, 8))}")
     explained = head.explain(query, stored)

@@ -110,19 +110,20 @@ def word_vectors(model: nn.Module, words: Sequence[str], source: str,
     from ..clip import get_tokenizer
 
     tokenize = get_tokenizer(model.config.arch, model.config.max_words)
-    parts = []
+    device = next(model.parameters()).device
+    parts = []  # on the CPU, where the head is fitted
     for start in range(0, len(words), batch_size):
-        tokens = tokenize(list(words[start:start + batch_size]))  # [B, L]
+        tokens = tokenize(list(words[start:start + batch_size])).to(device)  # [B, L]
         if source == "text_tower":
-            parts.append(model.encode_text(tokens).text.float())
+            parts.append(model.encode_text(tokens).text.float().cpu())
         elif source == "token_embedding":
             # Tokens between SOT (position 0) and EOT (the largest id, found by argmax).
             eot = tokens.argmax(dim=-1, keepdim=True)
-            position = torch.arange(tokens.shape[1])[None]
+            position = torch.arange(tokens.shape[1], device=device)[None]
             inside = ((position > 0) & (position < eot)).float()  # [B, L]
             embedded = model.clip.token_embedding(tokens).float()  # [B, L, W]
-            parts.append(torch.einsum("bl,blw->bw", inside, embedded)
-                         / inside.sum(1, keepdim=True).clamp_min(1))
+            parts.append((torch.einsum("bl,blw->bw", inside, embedded)
+                          / inside.sum(1, keepdim=True).clamp_min(1)).cpu())
         else:
             raise ValueError(f"unknown word_source {source!r}")
     vectors = torch.cat(parts)

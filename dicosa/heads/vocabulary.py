@@ -73,7 +73,8 @@ def build_vocabulary(captions: Sequence[str], arch: str, distractors: int) -> Vo
 
 @torch.no_grad()
 def word_vectors(model: torch.nn.Module, vocab: Vocabulary, how: str) -> Tensor:
-    """``[|V|, D]`` one vector per word in DiCoSA's joint space, to initialise projections.
+    """``[|V|, D]`` one vector per word in DiCoSA's joint space, on the CPU, to initialise
+    projections.
 
     ``"embedding"``: CLIP's input token embedding through the text projection (VDR's MLM-head
     analogue, as the issue asks); ``"encoded"``: the text vector of ``"a {word}"`` from the
@@ -84,14 +85,15 @@ def word_vectors(model: torch.nn.Module, vocab: Vocabulary, how: str) -> Tensor:
     dim = clip.text_projection.shape[1]
     if how == "random":
         return torch.randn(len(vocab), dim) / dim ** 0.5
+    device = clip.text_projection.device
     if how == "embedding":
-        rows = clip.token_embedding.weight[torch.tensor(vocab.token_ids)]  # [|V|, W]
-        return (rows @ clip.text_projection).float()
+        rows = clip.token_embedding.weight[torch.tensor(vocab.token_ids, device=device)]  # [|V|, W]
+        return (rows @ clip.text_projection).float().cpu()
     if how == "encoded":
         from ..clip import get_tokenizer
 
         tokenize = get_tokenizer(model.config.arch, model.config.max_words)
-        tokens = tokenize([f"a {w}" for w in vocab.words])
-        return torch.cat([model.encode_text(tokens[i:i + 512]).text.float()
+        tokens = tokenize([f"a {w}" for w in vocab.words]).to(device)
+        return torch.cat([model.encode_text(tokens[i:i + 512]).text.float().cpu()
                           for i in range(0, len(tokens), 512)])
     raise ValueError(f"unknown word-vector init '{how}'; use embedding, encoded or random")
