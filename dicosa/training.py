@@ -135,10 +135,16 @@ class SeededItems(Dataset):
 def build_train_loader(dataset: Dataset, batch_size: int, seed: int, num_workers: int,
                        pin_memory: bool = False) -> tuple[DataLoader, EpochSampler]:
     """A loader of global batches (Accelerate splits them across processes); the last
-    incomplete batch is dropped because the all-gather needs equal shapes everywhere."""
+    incomplete batch is dropped because the all-gather needs equal shapes everywhere.
+
+    Workers live for the whole run rather than one epoch: each item's seed arrives with its
+    key (:class:`EpochSampler`), so no worker holds epoch state, and a run of short epochs
+    does not start its workers again for each (on 2 cores, 11-step epochs of 224 px clips:
+    112-122 against 127-128 clips/s)."""
     sampler = EpochSampler(len(dataset), seed)
     loader = DataLoader(SeededItems(dataset, seed), batch_size=batch_size, sampler=sampler,
-                        drop_last=True, num_workers=num_workers, pin_memory=pin_memory)
+                        drop_last=True, num_workers=num_workers, pin_memory=pin_memory,
+                        persistent_workers=num_workers > 0)
     return loader, sampler
 
 

@@ -104,15 +104,21 @@ def test_items_are_a_function_of_seed_epoch_index():
 
 
 def test_batches_do_not_depend_on_the_number_of_workers():
-    def first_two(num_workers: int) -> list[torch.Tensor]:
+    def two_epochs(num_workers: int) -> list[torch.Tensor]:
+        # The same loader for both epochs: its workers outlive the first (persistent).
         loader, sampler = build_train_loader(_Draws(), batch_size=4, seed=1,
                                              num_workers=num_workers)
-        sampler.set_epoch(3)
-        batches = iter(loader)
-        return [next(batches)["draw"] for _ in range(2)]
+        draws = []
+        for epoch in (3, 4):
+            sampler.set_epoch(epoch)
+            draws += [batch["draw"] for batch in loader]
+        return draws
 
-    for a, b in zip(first_two(0), first_two(2), strict=True):
+    in_process, in_workers = two_epochs(0), two_epochs(2)
+    assert len(in_process) == 4  # 10 items in batches of 4, the last dropped, twice
+    for a, b in zip(in_process, in_workers, strict=True):
         assert torch.equal(a, b)
+    assert not torch.equal(in_process[0], in_process[2])  # epoch 4 is not epoch 3 again
 
 
 # ---------------------------------------------------------------- two processes
