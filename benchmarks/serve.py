@@ -33,7 +33,8 @@ server and the clients used in its measured window (``benchmarks/profiling.py``)
 The service's options, each compared in one run where it takes several values (every
 combination is a fresh server): ``--max-batch``, ``--text-tower`` (float, packed, int8),
 ``--workers`` (server processes), ``--rankers`` (ranking processes behind one server),
-``--threads`` (torch threads per process),
+``--threads`` (torch threads per process), ``--device`` (where the server encodes and
+reranks: ``cpu``, the default, or ``cuda``; the index is built on the CPU either way),
 ``--batch-wait-ms``, ``--query-cache`` (off by default here: the clients cycle through a
 few hundred captions, so a cache would answer most of them from memory, which is not what a
 new query costs). ``--frame-dtype int8`` builds (and names) the index with int8 frames.
@@ -46,6 +47,7 @@ slower: take the timings from a run without it).
     python benchmarks/serve.py --videos 100000 --reuse --text-tower float packed --workers 1 2
     python benchmarks/serve.py --videos 100000 --reuse --profile --max-batch 8
     python benchmarks/serve.py --hours 1000 --keep --frame-dtype int8 --rankers 0 2
+    python benchmarks/serve.py --videos 100000 --frame-dtype int8 --device cuda   # a GPU
     python benchmarks/serve.py --smoke
 """
 
@@ -93,6 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, nargs="+", default=[1], help="dicosa serve --workers")
     p.add_argument("--rankers", type=int, nargs="+", default=[0], help="dicosa serve --rankers")
     p.add_argument("--threads", type=int, default=None, help="dicosa serve --threads")
+    p.add_argument("--device", default="cpu", help="dicosa serve --device (cpu or cuda)")
     p.add_argument("--batch-wait-ms", type=float, default=None,
                    help="dicosa serve --batch-wait-ms (default: the server's)")
     p.add_argument("--timeline-rows", type=int, default=None,
@@ -207,7 +210,7 @@ def start_server(directory: Path, port: int, setup: dict, args) -> subprocess.Po
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     command = [sys.executable, "-m", "dicosa.serve", str(directory.resolve()), "--port",
                str(port), "--max-batch", str(setup["max_batch"]), "--reload-interval", "0",
-               "--device", "cpu", "--text-tower", setup["text_tower"], "--workers",
+               "--device", args.device, "--text-tower", setup["text_tower"], "--workers",
                str(setup["workers"]), "--rankers", str(setup["rankers"]), "--query-cache",
                str(args.query_cache)]
     if args.threads:
@@ -464,7 +467,7 @@ def main(argv: list[str] | None = None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     sizes = [serve_collection(args, what, directory, build)
              for what, directory, build in collections(args, work)]
-    result = {"benchmark": "serve", **environment("cpu"), "threads": torch.get_num_threads(),
+    result = {"benchmark": "serve", **environment(args.device), "threads": torch.get_num_threads(),
               "smoke": args.smoke, "clients": args.clients, "seconds": args.seconds,
               "candidates": args.candidates, "k": args.k, "backend": args.backend,
               "summary": args.summary, "config": Path(args.config).name,
