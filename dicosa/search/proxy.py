@@ -139,7 +139,7 @@ class Summary:
     @torch.inference_mode()
     def queries(self, text: Tensor) -> Tensor:
         """``[Q, D]`` text vectors -> ``[Q, dim]`` query vectors for the stage, on the
-        model's device."""
+        model's device (the distilled head's for ``distilled``; ``mean`` returns ``text``)."""
         if self.kind == "distilled":
             return self.head.queries(self.model, text.to(next(self.head.parameters()).device))
         if self.kind == "mean":
