@@ -30,7 +30,7 @@ from fastapi.testclient import TestClient
 from dicosa.index import VideoIndex
 from dicosa.loading import load_model
 from dicosa.model import TextFeatures
-from dicosa.serve.app import Limits, Service, Settings, create_app
+from dicosa.serve.app import _JSON, Limits, Service, Settings, create_app
 from dicosa.serve.cli import allowed_hosts, binding_warnings
 from dicosa.serve.engine import Engine
 from dicosa.serve.media import RangeNotSatisfiable, parse_range
@@ -182,6 +182,17 @@ def test_stream_answers_byte_ranges(client, engine):
     assert stale.status_code == 200 and stale.content == data
     assert client.get("/api/videos/0/stream",
                       headers={"If-None-Match": etag}).status_code == 304
+
+
+def test_answers_hold_null_where_a_number_is_not_finite():
+    body = {"hits": [{"score": float("nan"), "moment": {"frames": [
+        {"score": float("-inf"), "weight": 0.25}]}}], "title": "NaN", "times": (1.5, 2.0)}
+    assert json.loads(_JSON(body).body) == {
+        "hits": [{"score": None, "moment": {"frames": [{"score": None, "weight": 0.25}]}}],
+        "title": "NaN", "times": [1.5, 2.0]}
+    finite = {"hits": [{"score": 0.5, "name": "é"}], "times": [1.5]}  # as Starlette writes it
+    assert _JSON(finite).body == json.dumps(finite, ensure_ascii=False,
+                                            separators=(",", ":")).encode()
 
 
 def test_parse_range_edges():

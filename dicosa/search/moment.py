@@ -323,17 +323,17 @@ def timeline_rows(rows: np.ndarray, keep: np.ndarray | None, max_rows: int | Non
     order."""
     if max_rows is None or len(rows) <= max_rows:
         return rows
-    keep = np.zeros(0, np.int64) if keep is None else np.asarray(keep, np.int64)
-    keep = keep[np.isin(keep, rows)]
-    keep = np.sort(keep[np.sort(np.unique(keep, return_index=True)[1])][:max_rows])
-    spread = rows[np.unique(np.linspace(0, len(rows) - 1, max(max_rows - len(keep), 0)
-                                        ).round().astype(int))]
-    chosen = np.union1d(keep, spread)
-    for extra in rows[~np.isin(rows, chosen)]:  # the spread met kept rows: fill up
-        if len(chosen) >= max_rows:
-            break
-        chosen = np.append(chosen, extra)
-    return rows[np.isin(rows, chosen)]
+    chosen = np.zeros(len(rows), dtype=bool)  # [L] by position in the video
+    if keep is not None and len(keep):
+        keep = np.asarray(keep, np.int64)
+        keep = keep[np.sort(np.unique(keep, return_index=True)[1])]  # first of each, in order
+        chosen[np.isin(rows, keep[np.isin(keep, rows)][:max_rows])] = True
+    spread = np.linspace(0, len(rows) - 1, max(max_rows - int(chosen.sum()), 0))
+    chosen[spread.round().astype(int)] = True
+    missing = max_rows - int(chosen.sum())  # the spread met kept rows: fill up in order
+    if missing > 0:
+        chosen[np.flatnonzero(~chosen)[:missing]] = True
+    return rows[chosen]
 
 
 def _video_timeline(run: dict | None, rows: np.ndarray, weights: np.ndarray,

@@ -170,10 +170,15 @@ class Service:
 
 
 class _JSON(JSONResponse):
-    """JSON where a non-finite number (which JSON cannot hold) is null."""
+    """JSON where a non-finite number (which JSON cannot hold) is null. Starlette's render
+    refuses one (ValueError); only then is the content walked to replace them, since the walk
+    costs as much as the encoding (1.6 ms for a page of 10 hour-long hits' timelines)."""
 
     def render(self, content: Any) -> bytes:
-        return super().render(_finite(content))
+        try:
+            return super().render(content)
+        except ValueError:
+            return super().render(_finite(content))
 
 
 def _finite(value: Any) -> Any:
