@@ -143,8 +143,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # -- the index --------------------------------------------------------------------------------
 def build_index(args, videos: int, directory: Path) -> dict:
     """An index of ``videos`` synthesised videos in ``directory``, its model recorded."""
-    if args.reuse and (directory / "manifest.json").is_file():
-        return {"build_s": None, "reused": True}
     index, centres = _new_index(args, directory)
     rng = torch.Generator().manual_seed(1)
     started = time.perf_counter()
@@ -162,8 +160,6 @@ def build_long_index(args, hours: float, directory: Path) -> dict:
     index cuts them, its model recorded."""
     from search_long import add_long_videos
 
-    if args.reuse and (directory / "manifest.json").is_file():
-        return {"build_s": None, "reused": True}
     index, centres = _new_index(args, directory)
     started = time.perf_counter()
     add_long_videos(index, centres, hours, args.video_minutes, args.mean_shot)
@@ -439,8 +435,10 @@ def collections(args, work: Path) -> list[tuple[dict, Path, callable]]:
 
 
 def serve_collection(args, what: dict, directory: Path, build) -> dict:
-    """Build (or reuse) one collection and load a fresh server per setup on it."""
-    built = build(directory)
+    """Build (or, with ``--reuse``, reuse) one collection and load a fresh server per setup
+    on it."""
+    reused = args.reuse and (directory / "manifest.json").is_file()
+    built = {"build_s": None, "reused": True} if reused else build(directory)
     store = sum(p.stat().st_size for p in directory.glob("shard-*")) / 2**30
     shape = _shape(directory)
     runs = [serve_and_load(args, directory, setup) for setup in setups(args)]

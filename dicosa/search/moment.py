@@ -177,16 +177,21 @@ class Timeline:
     @property
     def times(self) -> list[float | None]:
         """[F] seconds, rounded to 0.1 ms (None: unknown)."""
-        return _rounded(self.frame_time, 4)
+        return self._lists()[0]
 
     @property
     def weights(self) -> list[float | None]:
-        return _rounded(self.frame_weight, 6)
+        return self._lists()[1]
 
     @property
     def scores(self) -> list[float | None]:
         """[F] S of the best row holding each frame (None: no scored row holds it)."""
-        return _rounded(self.frame_score, 6)
+        return self._lists()[2]
+
+    def _lists(self, frames: np.ndarray | slice = slice(None)) -> tuple[list, list, list]:
+        """Times (to 0.1 ms), weights and scores (to 6 digits) of ``frames`` as lists."""
+        return (_rounded(self.frame_time[frames], 4), _rounded(self.frame_weight[frames], 6),
+                _rounded(self.frame_score[frames], 6))
 
     def as_dict(self, max_points: int | None = None) -> dict:
         """JSON of the timeline; with ``max_points``, a longer one sends only the frames a
@@ -200,9 +205,7 @@ class Timeline:
             frames = held if len(held) else frames
             if len(frames) > max_points:
                 frames = frames[self._thinned(frames, max_points)]
-        columns = zip(frames.tolist(), _rounded(self.frame_time[frames], 4),
-                      _rounded(self.frame_weight[frames], 6),
-                      _rounded(self.frame_score[frames], 6), strict=True)
+        columns = zip(frames.tolist(), *self._lists(frames), strict=True)
         return {"frames": [{"frame": j, "time": t, "weight": w, "score": s}
                            for j, t, w, s in columns],
                 "best": {"frame": self.best_frame, "time": self.best_time,
