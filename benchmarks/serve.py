@@ -35,10 +35,7 @@ combination is a fresh server): ``--max-batch``, ``--text-tower`` (float, packed
 ``--workers`` (server processes), ``--rankers`` (ranking processes behind one server),
 ``--threads`` (torch threads per process), ``--device`` (where the server encodes and
 reranks: ``cpu``, the default, or ``cuda``; the index is built on the CPU either way),
-``--batch-wait-ms``, ``--timelines`` (``inline``: each search answers its hits' whole
-timelines; ``page``: the page's two requests, the search with ``timeline_rows=1`` and then
-``POST /api/timelines``, each phase also reporting the whole page's latency),
-``--query-cache`` (off by default here: the clients cycle through a
+``--batch-wait-ms``, ``--query-cache`` (off by default here: the clients cycle through a
 few hundred captions, so a cache would answer most of them from memory, which is not what a
 new query costs). ``--frame-dtype int8`` builds (and names) the index with int8 frames.
 ``--profile`` runs py-spy on the server during each concurrent phase and writes its busiest
@@ -50,7 +47,6 @@ slower: take the timings from a run without it).
     python benchmarks/serve.py --videos 100000 --reuse --text-tower float packed --workers 1 2
     python benchmarks/serve.py --videos 100000 --reuse --profile --max-batch 8
     python benchmarks/serve.py --hours 1000 --keep --frame-dtype int8 --rankers 0 2
-    python benchmarks/serve.py --hours 1000 --reuse --frame-dtype int8 --timelines inline page
     python benchmarks/serve.py --videos 100000 --frame-dtype int8 --device cuda   # a GPU
     python benchmarks/serve.py --smoke
 """
@@ -104,10 +100,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="dicosa serve --batch-wait-ms (default: the server's)")
     p.add_argument("--timeline-rows", type=int, default=None,
                    help="dicosa serve --timeline-rows (default: the server's, 16)")
-    p.add_argument("--timelines", nargs="+", default=["inline"], choices=("inline", "page"),
-                   help="inline: each search answers its hits' timelines (the API's default); "
-                        "page: as the page asks, each search with timeline_rows=1, then "
-                        "POST /api/timelines for the hits whose videos have more segments")
     p.add_argument("--query-cache", type=int, default=0,
                    help="dicosa serve --query-cache (default 0 here: module docstring)")
     p.add_argument("--frame-dtype", choices=("float16", "int8"), default="float16",
@@ -265,12 +257,9 @@ def server_memory(pid: int, workers: set[int]) -> dict:
 
 # -- the load ---------------------------------------------------------------------------------
 def load(base: str, clients: int, seconds: float, warmup: float, args, seed: int,
-         window: Window | None = None, page_rows: int | None = None) -> dict:
+         window: Window | None = None) -> dict:
     """``clients`` threads searching back to back: warm-up, then ``seconds`` measured
-    (``window`` started and stopped at its edges). With ``page_rows`` (the server's
-    ``timeline_rows``) each client asks as the page does: the search with ``timeline_rows=1``,
-    then the strips of the hits whose videos have more segments (:func:`strips`); a search's
-    latency is then the first request's, a page's both.
+    (``window`` started and stopped at its edges).
 
     The objects this process holds before the load (torch, the model code it imported: about
     0.4 million) are frozen out of the garbage collector for its duration: otherwise one full
@@ -298,26 +287,18 @@ def load(base: str, clients: int, seconds: float, warmup: float, args, seed: int
             while (now := time.perf_counter()) < stop_at:
                 params = {"q": texts[i % len(texts)], "k": args.k,
                           "candidates": args.candidates}
-                if page_rows is not None:
-                    params["timeline_rows"] = 1
                 i += clients
-                drawn = None
                 try:
                     response = http.get("/api/search", params=params)
                     answer = response.json() if response.status_code == 200 else None
                     ok = answer is not None and len(answer["hits"]) == args.k
-                    searched = time.perf_counter()
-                    if ok and page_rows is not None:
-                        drawn = strips(http, params["q"], answer, page_rows)
-                        ok = drawn is not None
                 except (httpx.HTTPError, ValueError):
                     answer, ok = None, False
                 if now >= measure_from:
-                    records[c].append((now, (searched if ok else time.perf_counter()) - now,
-                                       ok, answer["times_ms"] if answer else None,
+                    records[c].append((now, time.perf_counter() - now, ok,
+                                       answer["times_ms"] if answer else None,
                                        answer["batch"] if answer else None,
-                                       _scored_rows(answer, drawn) if ok else 0,
-                                       time.perf_counter() - now, drawn))
+                                       _scored_rows(answer) if ok else 0))
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     try:
@@ -333,25 +314,9 @@ def load(base: str, clients: int, seconds: float, warmup: float, args, seed: int
     return {**out, **(window.result if window else {})}
 
 
-def strips(http, q: str, answer: dict, most: int) -> dict | None:
-    """The page's second request: ``POST /api/timelines`` for the hits of ``answer`` whose
-    timeline scored fewer rows than the server's ``most`` and their video has (app.js,
-    ``strips``); its answer (``{"timelines": []}`` when none is asked), None if it failed."""
-    short = [h for h in answer["hits"] if h["moment"] and h["moment"]["scored_rows"]
-             < min(h["moment"]["rows"], most)]
-    if not short:
-        return {"timelines": [], "encoded": False, "times_ms": {}}
-    response = http.post("/api/timelines", json={"q": q, "hits": [
-        {"id": h["id"], "rows": [h["row"], *(m["row"] for m in h["moments"])]}
-        for h in short]})
-    return response.json() if response.status_code == 200 else None
-
-
-def _scored_rows(answer: dict, drawn: dict | None = None) -> int:
-    """The most rows any hit's timeline in ``answer`` (or in the strips ``drawn`` after it)
-    scored."""
-    timelines = [h["moment"] for h in answer["hits"]] + (drawn or {}).get("timelines", [])
-    return max((t["scored_rows"] for t in timelines if t), default=0)
+def _scored_rows(answer: dict) -> int:
+    """The most rows any hit's timeline in ``answer`` scored."""
+    return max((h["moment"]["scored_rows"] for h in answer["hits"] if h["moment"]), default=0)
 
 
 def summarise(rows: list[tuple], seconds: float, clients: int) -> dict:
@@ -370,31 +335,10 @@ def summarise(rows: list[tuple], seconds: float, clients: int) -> dict:
             "p99_ms": round(float(np.percentile(ms, 99)), 1),
             "mean_batch": round(float(np.mean([r[4] for r in good])), 2) if good else None,
             "timeline_rows_max": max((r[5] for r in good), default=None),
-            "page": _pages(good, seconds),
             "server_p50_ms": {name: stage(name) for name in
                               ("queue", "encode", "first_stage", "rerank", "hooks", "top",
                                "moments", "total")},
             "slowest": _slowest(good, ms)}
-
-
-def _pages(good: list[tuple], seconds: float) -> dict | None:
-    """With the page's two requests: the whole page's latency (search, then strips), the
-    strips request's own, and how often the server had to encode the query again."""
-    drawn = [r for r in good if r[7] is not None]
-    if not drawn:
-        return None
-    page = np.array([r[6] for r in drawn]) * 1000
-    asked = [r for r in drawn if r[7]["timelines"]]
-    strip = np.array([r[6] - r[1] for r in asked]) * 1000 if asked else np.zeros(1)
-    return {"pages_per_s": round(len(drawn) / seconds, 2),
-            "p50_ms": round(float(np.percentile(page, 50)), 1),
-            "p95_ms": round(float(np.percentile(page, 95)), 1),
-            "p99_ms": round(float(np.percentile(page, 99)), 1),
-            "strips_asked": len(asked),
-            "strips_p50_ms": round(float(np.percentile(strip, 50)), 1),
-            "strips_server_p50_ms": round(float(np.median(
-                [r[7]["times_ms"]["total"] for r in asked])), 2) if asked else None,
-            "encoded_again": sum(bool(r[7]["encoded"]) for r in asked)}
 
 
 def _slowest(good: list[tuple], ms: np.ndarray) -> dict | None:
@@ -419,9 +363,9 @@ def _slowest(good: list[tuple], ms: np.ndarray) -> dict | None:
 
 def setups(args) -> list[dict]:
     """Every combination of the compared service options: one fresh server each."""
-    return [{"max_batch": b, "text_tower": t, "workers": w, "rankers": r, "timelines": a}
+    return [{"max_batch": b, "text_tower": t, "workers": w, "rankers": r}
             for b in args.max_batch for t in args.text_tower for w in args.workers
-            for r in args.rankers if not (w > 1 and r) for a in args.timelines]
+            for r in args.rankers if not (w > 1 and r)]
 
 
 def serve_and_load(args, directory: Path, setup: dict) -> dict:
@@ -433,12 +377,11 @@ def serve_and_load(args, directory: Path, setup: dict) -> dict:
     try:
         ready_s = wait_ready(base, server)
         workers = wait_workers(base, setup["workers"])  # every worker up, not only the first
-        page_rows = _info(base)["timeline_rows"] if setup["timelines"] == "page" else None
         single = load(base, 1, args.single_seconds, args.warmup, args, seed=0,
-                      window=Window(server.pid), page_rows=page_rows)
+                      window=Window(server.pid))
         concurrent = load(base, args.clients, args.seconds, args.warmup, args, seed=1,
                           window=Window(server.pid, args.profile, args.profile_rate,
-                                        args.profile_native, raw), page_rows=page_rows)
+                                        args.profile_native, raw))
         memory = server_memory(server.pid, workers | set(children(server.pid))
                                if setup["rankers"] else workers)
         info = _info(base)
@@ -501,7 +444,7 @@ def serve_collection(args, what: dict, directory: Path, build) -> dict:
     runs = [serve_and_load(args, directory, setup) for setup in setups(args)]
     size = {**what, **shape, **built, "store_gib": round(store, 2), "runs": runs}
     size["targets_met"] = {",".join(f"{k}={r[k]}" for k in
-                                    ("max_batch", "text_tower", "workers", "rankers", "timelines")):
+                                    ("max_batch", "text_tower", "workers", "rankers")):
                            met(size, r) for r in runs}
     if not args.keep:
         shutil.rmtree(directory)

@@ -138,49 +138,6 @@ def test_search_gives_each_hit_its_frame_weights_times_and_best_moment(client, e
     assert [f["time"] for f in short["moment"]["frames"]] == [0.0, 0.1, 0.2, None]  # 3 frames
 
 
-def test_the_page_asks_each_strip_after_the_hits(tmp_path):
-    """A search asked with ``timeline_rows=1`` (as the page asks) scores each hit's best
-    segment only; ``POST /api/timelines`` then gives each hit the timeline a search with the
-    server's rows draws: exactly, from the query vector the search kept, and within float
-    tolerance where a process that never searched encodes the query again."""
-    from ._scene_clips import A, long_index
-
-    scenes = [[["green cross"], ["white circle"], [A, "green circle"], ["white cross"]],
-              [["white square"], [A], ["blue circle"]], [["green circle"], ["blue cross"]]]
-    engine = Engine(long_index(tmp_path, scenes), timeline_rows=3)
-    query = {"q": "a red circle", "k": 3}
-    with TestClient(create_app(engine, Settings(reload_interval_s=0))) as c:
-        full = c.get("/api/search", params=query).json()["hits"]
-        lean = c.get("/api/search", params={**query, "timeline_rows": 1}).json()["hits"]
-        asked = [{"id": h["id"], "rows": [h["row"], *(m["row"] for m in h["moments"])]}
-                 for h in lean]
-        drawn = c.post("/api/timelines", json={"q": query["q"], "hits": asked}).json()
-    assert [h["id"] for h in lean] == [h["id"] for h in full]
-    for hit in lean:  # its best segment's 3 frames, inside the best moment
-        assert hit["moment"]["scored_rows"] == 1 < hit["moment"]["rows"]
-        times = [f["time"] for f in hit["moment"]["frames"] if f["time"] is not None]
-        best = hit["moments"][0]  # the others' frames: in the list, without a time
-        assert len(times) == 3 and all(best["start"] <= t < best["end"] for t in times)
-    assert drawn["encoded"] is False
-    assert drawn["timelines"] == [h["moment"] for h in full]
-    assert [t["scored_rows"] for t in drawn["timelines"]] == [3, 3, 2]
-    with TestClient(create_app(engine, Settings(reload_interval_s=0)),
-                    raise_server_exceptions=False) as fresh:
-        again = fresh.post("/api/timelines", json={"q": query["q"], "hits": asked}).json()
-        bad = [fresh.post("/api/timelines", json=body) for body in (
-            {"q": "a", "hits": [{"id": 99, "rows": []}]},
-            {"q": "a", "hits": [{"id": asked[0]["id"], "rows": asked[1]["rows"]}]},
-            {"q": "a", "hits": [{"id": 0}] * (Limits().page + 1)},
-            {"q": " ", "hits": []}, {"q": "a", "hits": [], "k": 3})]
-    assert again["encoded"] is True
-    for mine, its in zip(again["timelines"], drawn["timelines"], strict=True):
-        assert [f["time"] for f in mine["frames"]] == [f["time"] for f in its["frames"]]
-        np.testing.assert_allclose([f["weight"] for f in mine["frames"]],
-                                   [f["weight"] for f in its["frames"]], atol=1e-5)
-    assert [r.status_code for r in bad] == [404, 400, 400, 400, 400]
-    assert "not all its rows" in error_of(bad[1]) and "at most" in error_of(bad[2])
-
-
 def test_post_is_get_and_paging_continues_the_ranking(client):
     params = {"q": "a blue square", "k": 6, "candidates": 50}
     got = client.get("/api/search", params=params).json()
@@ -329,8 +286,7 @@ def test_limits_and_bad_parameters_are_one_sentence(client):
     cases = [{"q": "x" * (limits.query_chars + 1)}, {"q": "a", "k": limits.page + 1},
              {"q": "a", "k": 0}, {"q": "a", "offset": limits.depth}, {"q": "a", "offset": -1},
              {"q": "a", "candidates": limits.candidates + 1}, {"q": "   "}, {"q": "a", "k": "x"},
-             {"q": "a", "mode": "lexical"}, {"q": "a dog without"}, {},
-             {"q": "a", "timeline_rows": 0}, {"q": "a", "timeline_rows": 17}]
+             {"q": "a", "mode": "lexical"}, {"q": "a dog without"}, {}]
     for params in cases:
         response = client.get("/api/search", params=params)
         assert response.status_code == 400, params

@@ -75,12 +75,6 @@ def test_every_answer_matches_the_published_schema(engine):
         found = check("GET", "/api/search?q=a+red+circle&k=3&explain=true", expect=200).json()
         assert found["hits"] and found["hits"][0]["moment"]["frames"]
         check("POST", "/api/search", json_body={"q": "a blue square", "k": 2}, expect=200)
-        hit = found["hits"][0]
-        check("POST", "/api/timelines", json_body={"q": "a red circle", "hits": [
-            {"id": hit["id"], "rows": [hit["row"]]}]}, expect=200)
-        check("POST", "/api/timelines", json_body={"q": "a", "hits": [{"id": 999}]},
-              expect=404)
-        check("GET", "/api/search?q=a&timeline_rows=1", expect=200)
         check("GET", "/api/search?q=a&k=0", expect=400)
         check("GET", "/api/search?q=a&k=three", expect=400)
         check("GET", "/api/search?q=a&mode=nonsense", expect=400)

@@ -10,8 +10,7 @@ every answer but media is JSON, described by :mod:`.schemas`; every error
     GET  /api/ready                 the index is open (and when it was last reopened)
     GET  /api/info                  videos, model, heads, search modes, backend, limits
     GET  /api/search?q=...          a search (q, exclude (repeatable), k, offset, candidates,
-    POST /api/search                mode, explain, source, timeline_rows); the same as a JSON body
-    POST /api/timelines             the timelines of a search's hits, asked after its answer
+    POST /api/search                mode, explain); the same as a JSON body
     GET  /api/videos/{id}           a video's metadata (never its path)
     GET  /api/videos/{id}/similar   "more like this" (k, offset, candidates)
     GET  /api/videos/{id}/stream    the file, with HTTP Range
@@ -58,8 +57,7 @@ from .errors import BAD_REQUESTS, NotReady, ServeError, UnknownVideo
 from .media import ThumbnailError, Thumbnails, file_response
 from .openapi import DOCS_CSP, install_docs, openapi_schema
 from .rankers import RankerError, Rankers
-from .recent import RecentVectors
-from .schemas import Health, Info, Ready, SearchAnswer, Timelines, VideoDetails, errors
+from .schemas import Health, Info, Ready, SearchAnswer, VideoDetails, errors
 from .security import COOKIE, Guard, safe_next
 
 __all__ = ["Limits", "Service", "Settings", "create_app"]
@@ -117,7 +115,6 @@ class Service:
         self.reload_interval_s = reload_interval_s
         self.freeze_heap = freeze_heap  # compute.freeze_heap after a reopening (a service
         # process that froze its heap once the index was open)
-        self.recent = RecentVectors()  # the last searches' query vectors (recent.py)
         self.reloads = 0
         self.last_reload: str | None = None
         self.reload_error: str | None = None
@@ -211,31 +208,10 @@ class SearchBody(BaseModel):
     mode: str | None = None
     explain: bool = False
     source: str | None = None
-    timeline_rows: int | None = None
-
-
-class TimelineHit(BaseModel):
-    """A hit whose timeline is asked for: its video and the rows its answer named."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: int
-    rows: list[int] = []
-
-
-class TimelinesBody(BaseModel):
-    """``POST /api/timelines``: a search's query and the hits of its answer to draw."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    q: str
-    exclude: list[str] = []
-    hits: list[TimelineHit]
 
 
 def _checked(limits: Limits, q: str, exclude: list[str], k: int, offset: int, candidates: int,
-             mode: str | None, explain: bool, source: str | None = None,
-             timeline_rows: int | None = None) -> SearchRequest:
+             mode: str | None, explain: bool, source: str | None = None) -> SearchRequest:
     """A SearchRequest within ``limits``, else a ServeError naming the limit."""
     if not q.strip():
         raise ServeError("the query is empty: type what to look for")
@@ -255,7 +231,7 @@ def _checked(limits: Limits, q: str, exclude: list[str], k: int, offset: int, ca
     if not 1 <= candidates <= limits.candidates:
         raise ServeError(f"candidates must be between 1 and {limits.candidates}")
     return SearchRequest(q, k, offset, candidates, tuple(exclude), mode or None, explain,
-                         source or None, timeline_rows)
+                         source or None)
 
 
 def create_app(service: Service | Engine, settings: Settings | None = None,
@@ -472,17 +448,15 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
     def run_search(request: SearchRequest, http: Request) -> Response:
         started = time.perf_counter()
         engine = service.engine
-        query = engine.check(request)
+        engine.check(request)
         ticket = getattr(http.state, "ticket", None)
         if batcher.rankers is not None:
-            answer = batcher.answer(engine, request, ticket)
+            answer = links(batcher.answer(engine, request, ticket))
         else:
             ranked = batcher.rank(engine, request, ticket)
-            answer = compute.run(engine.answer, request, ranked)
-        service.recent.remember(query.text, answer.text)
-        body = links(answer)
-        body["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
-        return _JSON(body)  # as it is: FastAPI's encoder pass over it costs milliseconds
+            answer = links(compute.run(engine.answer, request, ranked))
+        answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
+        return _JSON(answer)  # as it is: FastAPI's encoder pass over it costs milliseconds
 
     @app.get("/api/health", tags=["service"], response_model=None,
              responses={200: {"model": Health}, **errors(500)})
@@ -515,48 +489,21 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
     @app.get("/api/search", tags=["search"], response_model=None, responses=searched)
     def search(http: Request, q: str, exclude: Annotated[list[str] | None, Query()] = None,
                k: int = 10, offset: int = 0, candidates: int = 1000, mode: str | None = None,
-               explain: bool = False, source: str | None = None,
-               timeline_rows: int | None = None) -> Response:
+               explain: bool = False, source: str | None = None) -> Response:
         """Rank the videos for ``q`` ("A without B" leaves B out, as ``exclude`` does): the
         page ``[offset, offset + k)`` with each hit's frame weights, their times and the best
         moment, the time per stage, and (``explain``) the words and concepts behind each;
         ``source`` (visual, subtitles, speech, screen, text, all) what the query is matched
-        against, each hit saying the ``line`` that matched. ``timeline_rows``: the most
-        segments of a hit's video its timeline scores (default and most: the server's
-        ``--timeline-rows``; 1: only the hit's best segment, the rest asked for with
-        ``POST /api/timelines``, as the page does)."""
+        against, each hit saying the ``line`` that matched."""
         return run_search(_checked(limits, q, exclude or [], k, offset, candidates, mode,
-                                   explain, source, timeline_rows), http)
+                                   explain, source), http)
 
     @app.post("/api/search", tags=["search"], response_model=None, responses=searched)
     def search_body(body: SearchBody, http: Request) -> Response:
         """:func:`search` with the parameters in a JSON body."""
         return run_search(_checked(limits, body.q, body.exclude, body.k, body.offset,
-                                   body.candidates, body.mode, body.explain, body.source,
-                                   body.timeline_rows), http)
-
-    @app.post("/api/timelines", tags=["search"], response_model=None,
-              responses={200: {"model": Timelines}, **errors(400, 404, 500, 503)})
-    def timelines(body: TimelinesBody) -> Response:
-        """The timelines of a search's hits over their whole videos (as a search with the
-        server's ``timeline_rows`` draws them), asked after its answer: ``q`` and ``exclude``
-        as the search had them, and for each hit its ``id`` and the ``rows`` its answer named
-        (``row`` and its moments'), which are scored first. The query is encoded again only
-        when no recent search of this process encoded it."""
-        started = time.perf_counter()
-        if len(body.hits) > limits.page:
-            raise ServeError(f"at most {limits.page} hits' timelines can be asked at once")
-        request = _checked(limits, body.q, body.exclude, 1, 0, 1, None, False)
-        engine = service.engine
-        query = engine.check(request)
-        vector = service.recent.recall(query.text)
-        times = {}
-        if vector is None:
-            vector = compute.run(engine.query_vector, query)
-            times["encode"] = round(1000 * (time.perf_counter() - started), 3)
-        found = compute.run(engine.hit_timelines, vector, [(h.id, h.rows) for h in body.hits])
-        times["total"] = round(1000 * (time.perf_counter() - started), 3)
-        return _JSON({"timelines": found, "encoded": "encode" in times, "times_ms": times})
+                                   body.candidates, body.mode, body.explain, body.source),
+                          http)
 
     @app.get("/api/videos/{video_id}", tags=["videos"], response_model=None,
              responses={200: {"model": VideoDetails}, **errors(404, 500, 503)})

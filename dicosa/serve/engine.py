@@ -71,8 +71,6 @@ class SearchRequest:
     mode: str | None = None
     explain: bool = False
     source: str | None = None  # what the query is matched against (the text plugin's)
-    timeline_rows: int | None = None  # rows of a hit's video its timeline scores (None: the
-    # engine's most); the page asks 1 and fetches the rest with /api/timelines
 
     @property
     def depth(self) -> int:
@@ -116,8 +114,6 @@ class Answer:
 
     body: dict  # JSON: the query, the times, the hits (never a path)
     files: list[VideoFile | None]  # per hit; None: its file may not be served
-    text: np.ndarray | None = None  # [D] float32 the query's DiCoSA text vector (a search's;
-    # the service keeps it for the timelines the page asks for next, :meth:`Engine.timelines`)
 
 
 class Engine:
@@ -242,10 +238,6 @@ class Engine:
         if request.exclude and "concepts" not in self.plugins:
             raise ServeError("this index has no concepts head, so it cannot leave things out; "
                              "index it with --concepts HEAD.pt to search 'A without B'")
-        rows = request.timeline_rows
-        if rows is not None and not 1 <= rows <= self.timeline_rows:
-            raise ServeError(f"timeline_rows must be between 1 and {self.timeline_rows} (the "
-                             "most segments of a video this server's timelines score)")
         return query
 
     def rank(self, texts: list[str], *, depth: int, candidates: int,
@@ -270,7 +262,7 @@ class Engine:
         facts = self.index.store.columns(ids, _FACTS)  # the one metadata read of the page
         rows = [{name: facts[name][i] for name in _FACTS} for i in range(len(ids))]
         found = self.timelines(ranked.text, ids, [[h.row, *(m.row for m in h.moments)]
-                                                  for h in page], request.timeline_rows)
+                                                  for h in page])
         times = {**ranked.times, "moments_s": time.perf_counter() - started}
         explained = [{} for _ in page]
         if request.explain and ranked.result is not None and page:
@@ -303,8 +295,7 @@ class Engine:
             "times_ms": {key[:-2]: round(1000 * value, 3) for key, value in times.items()},
             "notes": self._notes(query),
             "hits": hits,
-        }, [self._file(h.id, h.path) for h in page],
-            None if result is None else ranked.text[0].float().cpu().numpy())
+        }, [self._file(h.id, h.path) for h in page])
 
     def search(self, request: SearchRequest) -> Answer:
         """:meth:`check`, :meth:`rank` alone and :meth:`answer`: one request, unbatched."""
@@ -378,40 +369,17 @@ class Engine:
         return np.concatenate(parts)
 
     # -- the moment -----------------------------------------------------------------------
-    def timelines(self, text: Tensor, ids: np.ndarray, keep: list[list[int]],
-                  max_rows: int | None = None) -> list[dict | None]:
+    def timelines(self, text: Tensor, ids: np.ndarray, keep: list[list[int]]
+                  ) -> list[dict | None]:
         """Each video's relevance over its length under ``text [1, D]``, frame by frame, and
         its best frame (:func:`dicosa.search.moment.video_timelines`): a video of more than
-        ``max_rows`` rows (None: ``timeline_rows``) scored on that many, its rows in ``keep``
-        first among them."""
+        ``timeline_rows`` rows scored on that many, its rows in ``keep`` among them."""
         if not len(ids):
             return []
         found = video_timelines(self.model, self.index.store, self.index.frames, text,
-                                ids.tolist(), max_rows or self.timeline_rows,
+                                ids.tolist(), self.timeline_rows,
                                 [np.array(rows, np.int64) for rows in keep])
         return [None if t is None else t.as_dict(TIMELINE_POINTS) for t in found]
-
-    def query_vector(self, query: Query) -> Tensor:
-        """``[1, D]`` the DiCoSA text vector a search of ``query`` ranks and draws timelines
-        with (its text without the exclusions, as :meth:`VideoIndex.query` encodes it)."""
-        return self.index.query_text.encode([query.text])[0]
-
-    def hit_timelines(self, text: Tensor | np.ndarray,
-                      hits: list[tuple[object, list[object]]]) -> list[dict | None]:
-        """The timelines of a search's hits, asked after its answer (``POST /api/timelines``):
-        ``hits`` as ``(video id, rows)``, the rows its hit named (``row`` and its moments'),
-        which are scored first; ``text [1, D]`` the search's query vector."""
-        ids, keep = [], []
-        for video_id, rows in hits:
-            number = self.live_id(video_id)
-            own = self.index.store.video_rows(number)
-            asked = np.array([self._row_id(r) for r in rows], np.int64)
-            if not np.isin(asked, own).all():
-                raise ServeError(f"the rows asked for video {number} are not all its rows")
-            ids.append(number)
-            keep.append(asked.tolist())
-        text = torch.as_tensor(text).reshape(1, -1).to(self.index.device, self._dtype)
-        return self.timelines(text, np.array(ids, np.int64), keep)
 
     # -- explanations ---------------------------------------------------------------------
     def _explain(self, result: SearchResult, i: int) -> dict:

@@ -15,8 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["ERROR_RESPONSES", "ErrorBody", "Health", "Hit", "Info", "Limits", "Moment",
-           "MomentBest", "MomentFrame", "QueryEcho", "Ready", "SearchAnswer", "Timelines",
-           "VideoDetails", "errors"]
+           "MomentBest", "MomentFrame", "QueryEcho", "Ready", "SearchAnswer", "VideoDetails",
+           "errors"]
 
 
 class _Answer(BaseModel):
@@ -161,8 +161,7 @@ class Moment(_Answer):
     """The video's relevance over its length: its stored frames (a long video's thinned to at
     most 240), each with the score of the best row holding it, and the best frame. A video of
     more than 16 rows (``--timeline-rows``) has 16 of them scored (its moments' rows and others
-    spread evenly over it); the frames of the others are not listed. A search asked with
-    ``timeline_rows=1`` scores only the hit's best segment (the rest: ``POST /api/timelines``)."""
+    spread evenly over it); the frames of the others are not listed."""
 
     frames: list[MomentFrame]
     best: MomentBest
@@ -170,8 +169,7 @@ class Moment(_Answer):
                                                  "among the rows scored")
     rows: int = Field(description="the video's rows (segments)")
     scored_rows: int = Field(description="the rows scored for this timeline: all of them, or "
-                                         "16 of a longer video (--timeline-rows), or as few "
-                                         "as the search's timeline_rows asked")
+                                         "16 of a longer video (--timeline-rows)")
 
 
 class Hit(_Answer):
@@ -228,16 +226,6 @@ class SearchAnswer(_Answer):
     times_ms: dict[str, float]
     notes: list[str]
     hits: list[Hit]
-
-
-class Timelines(_Answer):
-    """``POST /api/timelines``: the hits' timelines, in the order asked."""
-
-    timelines: list[Moment | None] = Field(description="null for a video indexed from its "
-                                                       "title alone")
-    encoded: bool = Field(description="whether the query was encoded again (no recent search "
-                                      "of this process had it)")
-    times_ms: dict[str, float]
 
 
 _SAID = {

@@ -126,17 +126,14 @@ function show() {
         (info.heads.concepts ? "Put what must not be in the video under “without”." : ""));
     return;
   }
-  // Each hit's timeline first over its best segment only; the rest of each strip is asked for
-  // once the hits are shown (strips()).
   const p = new URLSearchParams({ q: s.q, k: PAGE, offset: (s.page - 1) * PAGE,
-                                  explain: "true", timeline_rows: "1" });
-  const exclude = s.without.split(",").map((part) => part.trim()).filter(Boolean);
-  for (const part of exclude) p.append("exclude", part);
+                                  explain: "true" });
+  for (const part of s.without.split(",")) if (part.trim()) p.append("exclude", part.trim());
   if (s.mode) p.set("mode", s.mode);
-  run(s, `/api/search?${p}`, { q: s.q, exclude });
+  run(s, `/api/search?${p}`);
 }
 
-async function run(s, url, query) {
+async function run(s, url) {
   const mine = ++current;
   say("Searching…", "busy");
   el.results.setAttribute("aria-busy", "true");
@@ -151,35 +148,8 @@ async function run(s, url, query) {
     return;
   }
   if (mine !== current) return;
+  el.results.removeAttribute("aria-busy");
   render(s, answer);
-  if (query) await strips(answer, query, mine);
-  if (mine === current) el.results.removeAttribute("aria-busy");
-}
-
-async function strips(answer, query, mine) {
-  // The timelines of the hits whose videos have more segments than the search scored, over
-  // as many as the server scores (POST /api/timelines); the results stay busy until then.
-  const most = info.timeline_rows;
-  const short = answer.hits.filter((h) => h.moment &&
-    h.moment.scored_rows < Math.min(h.moment.rows, most));
-  if (!short.length) return;
-  let found;
-  try {
-    found = await ask("/api/timelines", {
-      method: "POST", headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ ...query, hits: short.map((h) => ({
-        id: h.id, rows: [h.row, ...(h.moments || []).map((m) => m.row)] })) }),
-    });
-  } catch (e) {
-    return; // each strip keeps its best segment
-  }
-  if (mine !== current) return;
-  short.forEach((hit, i) => {
-    if (!found.timelines[i]) return;
-    hit.moment = found.timelines[i];
-    const node = document.getElementById(`hit-${hit.rank}`);
-    if (node) timeline(node, hit);
-  });
 }
 
 function render(s, answer) {
@@ -247,10 +217,6 @@ function timeline(node, hit) {
   // as high as the query matches there; below it the hit's moments, the time ranges that
   // matched best. A click plays from there.
   const box = node.querySelector(".timeline");
-  box.replaceChildren();  // drawn again when the whole strip comes (strips())
-  box.removeAttribute("title");
-  box.classList.remove("none");
-  node.querySelector(".moments").replaceChildren();
   box.setAttribute("aria-label", "where the query matches, over the whole video");
   if (!hit.moment) { box.textContent = "no frames (indexed from its title)"; return; }
   if (hit.moment.scored_rows < hit.moment.rows) {
