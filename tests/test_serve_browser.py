@@ -342,9 +342,12 @@ def test_a_sampled_timeline_shows_its_scored_segments_and_says_so(browser, long_
                     if c.find_element(By.CSS_SELECTOR, ".name").text == "long0.webm")
         box = card.find_element(By.CSS_SELECTOR, ".timeline")
         assert box.get_attribute("title") == "2 of its 6 segments scored"
-        times = [float(b.get_attribute("data-time"))
-                 for b in card.find_elements(By.CSS_SELECTOR, ".timeline .frame")]
+        bars = card.find_elements(By.CSS_SELECTOR, ".timeline .frame")
+        times = [float(b.get_attribute("data-time")) for b in bars]
         assert len(times) == 6 and {9.0, 10.0, 11.0} <= set(times)  # 2 segments of 3 frames
+        second = box.rect["width"] / 18  # the strip spans the video's 18 s
+        # each bar a frame's second: none stretches over the segments not scored
+        assert max(b.rect["width"] for b in bars) <= 1.1 * second
         best = card.find_element(By.CSS_SELECTOR, ".moments .moment")
         assert (best.get_attribute("data-start"), best.get_attribute("data-end")) == (
             "9", "12")

@@ -232,8 +232,12 @@ function timeline(node, hit) {
   const low = Math.min(...scores), high = Math.max(...scores);
   const byScore = scores.length > 1 && high > low;  // a long video: relevance varies
   const top = Math.max(...frames.map((f) => f.weight), 1e-9);
+  // A bar reaches the next frame, but no further than the strip's usual spacing: a sampled
+  // strip has no frames in the segments it did not score, and a bar does not claim them.
+  const gaps = frames.slice(1).map((f, i) => f.time - frames[i].time).sort((a, b) => a - b);
+  const step = gaps.length ? gaps[Math.floor(gaps.length / 2)] : span;
   frames.forEach((f, i) => {
-    const next = i + 1 < frames.length ? frames[i + 1].time : span;
+    const next = Math.min(i + 1 < frames.length ? frames[i + 1].time : span, f.time + step);
     const bar = document.createElement("button");
     bar.type = "button";
     bar.className = "frame" + (f.frame === hit.moment.best.frame ? " best" : "");
