@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
@@ -47,10 +47,18 @@ from torch import Tensor
 from ..model import DiCoSA, TextFeatures, VideoFeatures
 from .types import EncodedQueries
 
-if TYPE_CHECKING:
-    from ..heads.concepts import ConceptCodesHead
+
+class ConceptCodes(Protocol):
+    """What the rerank asks of a concepts head (:class:`dicosa.heads.concepts.
+    ConceptCodesHead` is one): the sparse unit-length codes of texts."""
+
+    def text_codes(self, text: Tensor, sentences: Sequence[str]) -> Tensor:
+        """``T [B_t, D]`` and the texts' strings -> codes ``[B_t, d]``."""
+        ...
+
 
 __all__ = [
+    "ConceptCodes",
     "Demotions",
     "Evidence",
     "ExcludedTexts",
@@ -409,7 +417,7 @@ class ExclusionRerank:
     name = "exclusion"
 
     def __init__(self, config: ExclusionConfig = ExclusionConfig(), *,
-                 head: ConceptCodesHead | None = None,
+                 head: ConceptCodes | None = None,
                  video_codes: Callable[[np.ndarray], Tensor] | None = None,
                  model: DiCoSA | None = None,
                  video_frames: Callable[[np.ndarray], VideoFeatures] | None = None):
