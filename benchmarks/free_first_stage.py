@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> dict:
     with torch.inference_mode():
         text = model.encode_text(tokenize(queries)).text
     rendered = time.perf_counter() - started
-    result = {"benchmark": "free_first_stage", **environment("cpu"), "model": source,
+    model_source = {k: v for k, v in source.items() if k != "config_yaml"}  # not its text
+    result = {"benchmark": "free_first_stage", **environment("cpu"), "model": model_source,
               "videos": args.videos, "queries": len(chosen), "generator_seed": args.seed,
               "render_s": round(rendered, 1)}
     if not args.index_only:

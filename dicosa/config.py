@@ -357,8 +357,13 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> Config:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    values = yaml.safe_load(path.read_text()) or {}
-    return config_from_dict(apply_overrides(values, overrides))
+    return config_from_text(path.read_text(), overrides)
+
+
+def config_from_text(text: str, overrides: Iterable[str] = ()) -> Config:
+    """A config file's YAML ``text`` (as an index's manifest keeps a copy of it), with
+    ``section.key=value`` overrides applied, validated."""
+    return config_from_dict(apply_overrides(yaml.safe_load(text) or {}, overrides))
 
 
 # ---------------------------------------------------------------- shipped configs

@@ -2,7 +2,9 @@
 
 :func:`load_model` is how the command line and :func:`dicosa.index.open_index` build the model
 an index records in its manifest (``meta["model"]``), so that a later process rebuilds the
-same one.
+same one. A config's record keeps a copy of the file's text beside its path: an index whose
+config file was moved or deleted still opens (:func:`model_from_source`), and the index's
+model fingerprint still checks that the rebuilt model is the one it was made with.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Literal
 
 import torch
 
-from .config import DEFAULT_CONFIG, load_config
+from .config import DEFAULT_CONFIG, Config, config_from_text
 from .data.protocol import FrameProtocol
 from .model import DiCoSA
 
@@ -39,9 +41,10 @@ def load_model(checkpoint: str | None, config: str | None,
 
     Returns:
         ``(model, source, frames)``; ``source`` is ``{"checkpoint": path}`` or ``{"config":
-        path, "overrides": [...]}`` with absolute paths, enough for :func:`model_from_source`
-        to rebuild the same model; ``frames`` is the config's (a checkpoint's: the one it was
-        trained with) ``data.frame_sampling`` and ``data.frame_padding``.
+        path, "overrides": [...], "config_yaml": the file's text}`` with absolute paths,
+        enough for :func:`model_from_source` to rebuild the same model; ``frames`` is the
+        config's (a checkpoint's: the one it was trained with) ``data.frame_sampling`` and
+        ``data.frame_padding``.
     """
     if checkpoint is not None:
         from .checkpoint import load
@@ -54,7 +57,13 @@ def load_model(checkpoint: str | None, config: str | None,
     if config is None:
         log.info(ZERO_SHOT_NOTICE)
     path = find_config(config or DEFAULT_CONFIG)
-    cfg = load_config(path, overrides)
+    text = path.read_text()
+    cfg = config_from_text(text, overrides)
+    return (_built(cfg, towers), {"config": str(path.resolve()), "overrides": list(overrides),
+                                  "config_yaml": text}, FrameProtocol.of(cfg.data))
+
+
+def _built(cfg: Config, towers: Literal["all", "text"]) -> DiCoSA:
     if cfg.model.pretrained is None:
         # Random initial weights must be the same in every process that uses this index.
         torch.manual_seed(cfg.train.seed)
@@ -63,12 +72,18 @@ def load_model(checkpoint: str | None, config: str | None,
         from .checkpoint import drop_image_tower
 
         model = drop_image_tower(model)
-    return (model, {"config": str(path.resolve()), "overrides": list(overrides)},
-            FrameProtocol.of(cfg.data))
+    return model
 
 
 def model_from_source(source: dict, towers: Literal["all", "text"] = "all") -> DiCoSA:
     """The model a ``source`` record of :func:`load_model` names (``towers="text"``: for a
-    process that only searches)."""
-    return load_model(source.get("checkpoint"), source.get("config"),
-                      source.get("overrides", ()), towers)[0]
+    process that only searches): from its checkpoint, or its config file, or, where that
+    file is gone, the copy of it the record keeps (said in one logged line)."""
+    config, copy = source.get("config"), source.get("config_yaml")
+    overrides = source.get("overrides", ())
+    if source.get("checkpoint") is None and config and copy is not None and not Path(
+            config).is_file():
+        log.warning("the config file %s is gone; the copy the index keeps of it builds the "
+                    "model", config)
+        return _built(config_from_text(copy, overrides), towers)
+    return load_model(source.get("checkpoint"), config, overrides, towers)[0]

@@ -1,5 +1,7 @@
 import importlib.util
 import json
+import logging
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +13,7 @@ from dicosa.__main__ import main
 from dicosa.data.protocol import FrameProtocol
 from dicosa.data.synthetic import make_synthetic
 from dicosa.index import VideoIndex
-from dicosa.loading import load_model
+from dicosa.loading import load_model, model_from_source
 
 from .conftest import tiny_checkpoint
 
@@ -112,12 +114,21 @@ def test_search_with_another_model_fails_clearly(index_dir, capsys, tmp_path):
     assert code == 2 and "not a video index" in capsys.readouterr().err
 
 
-def test_config_models_are_reproducible():
-    a, source, _ = load_model(None, "configs/synthetic.yaml", ["model.num_frames=4"])
+def test_config_models_are_reproducible_and_outlive_their_file(tmp_path, caplog):
+    """The record an index keeps of a config model rebuilds it: from the file, and from the
+    record's copy of it once the file is gone (said in one line)."""
+    mine = tmp_path / "mine.yaml"
+    shutil.copy(REPO / "configs/synthetic.yaml", mine)
+    a, source, _ = load_model(None, str(mine), ["model.num_frames=4"])
     b = load_model(None, source["config"], source["overrides"])[0]
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(),
-                                                 b.state_dict().values(), strict=True))
     assert Path(source["config"]).is_absolute()
+    mine.unlink()
+    with caplog.at_level(logging.WARNING, logger="dicosa"):
+        c = model_from_source(json.loads(json.dumps(source)))  # as a manifest holds it
+    for again in (b, c):
+        assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(),
+                                                     again.state_dict().values(), strict=True))
+    assert caplog.text.count(f"the config file {mine} is gone") == 1
 
 
 @pytest.mark.skipif(importlib.util.find_spec("dicosa.training") is None,

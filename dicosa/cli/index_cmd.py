@@ -197,7 +197,7 @@ def _model(args: argparse.Namespace):
     the zero-shot preset for a new index."""
     from pathlib import Path
 
-    from ..loading import load_model
+    from ..loading import load_model, model_from_source
 
     out = Path(args.out)
     if args.checkpoint is None and args.config is None and (out / "manifest.json").is_file():
@@ -206,8 +206,8 @@ def _model(args: argparse.Namespace):
         existing = VideoIndex.load(out, None)
         source = existing.meta.get("model")
         if source:
-            model = load_model(source.get("checkpoint"), source.get("config"),
-                               [*source.get("overrides", ()), *args.set])[0]
+            model = model_from_source({**source, "overrides": [*source.get("overrides", ()),
+                                                                *args.set]})
             return model, source, existing.frames
     return load_model(args.checkpoint, args.config, args.set)
 
