@@ -127,6 +127,11 @@ def test_a_timeline_of_more_rows_than_allowed_scores_the_kept_and_spread_rows(in
     assert timeline_rows(scenes, scenes[[0, 4]], 3).tolist() == scenes[[0, 1, 4]].tolist()
     # more rows to keep than allowed: the first of them (best first), once each
     assert timeline_rows(scenes, scenes[[4, 4, 1, 2]], 2).tolist() == scenes[[1, 4]].tolist()
+    # with the rows' start times, spread in time: four short scenes and a long one at 30 s
+    starts = np.array([0.0, 1.0, 2.0, 3.0, 30.0])
+    assert timeline_rows(scenes, None, 3, starts).tolist() == scenes[[0, 3, 4]].tolist()
+    starts[2] = np.nan  # a time unknown: by position
+    assert timeline_rows(scenes, None, 3, starts).tolist() == scenes[[0, 2, 4]].tolist()
     with torch.no_grad():
         text = model.encode_text(index.tokenizer([QUERIES[1]])).text
     video = int(scenes[0])

@@ -290,7 +290,8 @@ def video_timelines(model: DiCoSA, store, protocol: FrameProtocol, text: Tensor,
     from .rerank import pair_scores
 
     every = [store.video_rows(v) for v in videos]
-    per_video = [timeline_rows(own, None if keep is None else keep[i], max_rows)
+    per_video = [timeline_rows(own, None if keep is None else keep[i], max_rows,
+                               _starts(store, own, max_rows))
                  for i, own in enumerate(every)]
     rows = np.concatenate([np.zeros(0, np.int64), *per_video])
     if not len(rows):
@@ -318,12 +319,22 @@ def video_timelines(model: DiCoSA, store, protocol: FrameProtocol, text: Tensor,
     return out
 
 
-def timeline_rows(rows: np.ndarray, keep: np.ndarray | None, max_rows: int | None
-                  ) -> np.ndarray:
+def _starts(store, rows: np.ndarray, max_rows: int | None) -> np.ndarray | None:
+    """[L] the start times of a video's ``rows`` where :func:`timeline_rows` spreads over them
+    (more rows than ``max_rows``), else None."""
+    if max_rows is None or len(rows) <= max_rows:
+        return None
+    return store.spans(rows)[:, 0]
+
+
+def timeline_rows(rows: np.ndarray, keep: np.ndarray | None, max_rows: int | None,
+                  starts: np.ndarray | None = None) -> np.ndarray:
     """The rows of one video (``rows``, in its order) a timeline scores: all of them, or with
     more than ``max_rows``, the rows in ``keep`` (those of its rows, the first ``max_rows`` of
-    them) and others evenly spread over the video up to ``max_rows`` in all, in the video's
-    order."""
+    them) and others spread evenly over the video up to ``max_rows`` in all, in the video's
+    order. ``starts`` (seconds, ascending, one per row): spread evenly in time, each the row
+    starting nearest to its share of the video (segments are uneven: a fast-cut minute has
+    more of them than a long shot's); without it, or with a time unknown, by position."""
     if max_rows is None or len(rows) <= max_rows:
         return rows
     chosen = np.zeros(len(rows), dtype=bool)  # [L] by position in the video
@@ -331,12 +342,22 @@ def timeline_rows(rows: np.ndarray, keep: np.ndarray | None, max_rows: int | Non
         keep = np.asarray(keep, np.int64)
         keep = keep[np.sort(np.unique(keep, return_index=True)[1])]  # first of each, in order
         chosen[np.isin(rows, keep[np.isin(keep, rows)][:max_rows])] = True
-    spread = np.linspace(0, len(rows) - 1, max(max_rows - int(chosen.sum()), 0))
-    chosen[spread.round().astype(int)] = True
+    chosen[_spread(len(rows), max(max_rows - int(chosen.sum()), 0), starts)] = True
     missing = max_rows - int(chosen.sum())  # the spread met kept rows: fill up in order
     if missing > 0:
         chosen[np.flatnonzero(~chosen)[:missing]] = True
     return rows[chosen]
+
+
+def _spread(length: int, count: int, starts: np.ndarray | None) -> np.ndarray:
+    """``count`` positions among ``length`` rows, evenly in time by ``starts`` [L] where every
+    start is known, else evenly by position."""
+    if starts is None or not np.isfinite(starts).all() or starts[-1] <= starts[0]:
+        return np.linspace(0, length - 1, count).round().astype(int)
+    targets = np.linspace(starts[0], starts[-1], count)
+    after = np.searchsorted(starts, targets).clip(1, length - 1)  # [count] first start >= t
+    nearer_before = targets - starts[after - 1] <= starts[after] - targets
+    return np.where(nearer_before, after - 1, after)
 
 
 def _video_timeline(run: dict | None, rows: np.ndarray, weights: np.ndarray,
