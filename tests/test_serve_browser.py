@@ -117,6 +117,8 @@ def test_results_render_with_thumbnails_timelines_and_details(browser, base, col
         "title")
     bars = first.find_elements(By.CSS_SELECTOR, ".timeline .frame")
     assert len(bars) == SLOTS
+    for part in (".moments", ".moment-list"):  # a clip is its own one moment: not drawn
+        assert not first.find_element(By.CSS_SELECTOR, part).is_displayed()
     best = expected[0]["moment"]["best"]
     assert [b.get_attribute("data-frame") for b in bars if "best" in b.get_attribute(
         "class")] == [str(best["frame"])]
@@ -311,14 +313,18 @@ def test_a_moment_click_plays_its_time_range(browser, long_base):
     assert marks and "best" in marks[0].get_attribute("class")
     start, end = (float(marks[0].get_attribute(f"data-{k}")) for k in ("start", "end"))
     assert (start, end) == (9.0, 12.0)  # the fourth scene, the one with the red circle
-    assert marks[0].text == "0:09–0:12"
+    times = card.find_elements(By.CSS_SELECTOR, ".moment-list .moment-time")
+    assert len(times) == len(marks) and times[0].text == "0:09–0:12"
+    assert "best" in times[0].get_attribute("class")
+    assert browser.execute_script(  # each time range whole, none cut short
+        "return arguments[0].every(t => t.scrollWidth <= t.clientWidth)", times)
     bars = card.find_elements(By.CSS_SELECTOR, ".timeline .frame")
     assert len(bars) == 18  # every stored frame of the whole video, at 1 frame/s
     left = [b.rect["x"] for b in bars]
     assert left == sorted(left)  # placed by time across the whole video
     tallest = max(bars, key=lambda b: b.rect["height"])
     assert 9.0 <= float(tallest.get_attribute("data-time")) < 12.0
-    click(browser, marks[0])
+    click(browser, times[0])
     WebDriverWait(browser, WAIT).until(lambda d: d.execute_script(
         "const v = document.getElementById('player');"
         "return v.readyState >= 1 && !v.seeking && v.currentTime > 0;"))

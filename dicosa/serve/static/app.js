@@ -264,29 +264,47 @@ function timeline(node, hit) {
 }
 
 function moments(node, hit, span) {
+  // The moments as marks on a track under the strip, at their times, and as a list of their
+  // time ranges (best first) that a click plays: a long video's moments are too narrow on
+  // the track to carry their times. A video of one segment is its own moment: neither.
   const track = node.querySelector(".moments");
+  const list = node.querySelector(".moment-list");
+  track.replaceChildren(); list.replaceChildren();
   const ranges = (hit.moments || []).filter((m) => m.start !== null && m.end !== null);
-  track.hidden = !ranges.length || !span;
+  const whole = !hit.moment || hit.moment.rows < 2;
+  track.hidden = !ranges.length || !span || whole;
+  list.hidden = !ranges.length || whole;
   ranges.forEach((m, i) => {
+    const range = `${clock(m.start)}–${clock(m.end)}`;
+    const pick = () => {
+      // "More like this" now starts from this moment
+      node.dataset.row = String(m.row);
+      node.querySelector(".like").textContent = "More like this moment";
+      play(hit, m.start, node);
+    };
     const mark = document.createElement("button");
     mark.type = "button";
+    mark.tabIndex = -1;  // the list below is the keyboard's way in
     mark.className = "moment" + (i === 0 ? " best" : "");
     mark.style.setProperty("--x", String(m.start / span));
     mark.style.setProperty("--dx", String((m.end - m.start) / span));
     mark.dataset.start = String(m.start);
     mark.dataset.end = String(m.end);
     mark.dataset.row = String(m.row);
-    mark.textContent = `${clock(m.start)}–${clock(m.end)}`;
-    mark.title = `moment ${clock(m.start)}–${clock(m.end)} · score ${m.score.toFixed(3)}`;
-    mark.setAttribute("aria-label", `play the moment ${clock(m.start)} to ${clock(m.end)} ` +
-                      `(score ${m.score.toFixed(2)})`);
-    mark.addEventListener("click", () => {
-      // "More like this" now starts from this moment
-      node.dataset.row = String(m.row);
-      node.querySelector(".like").textContent = "More like this moment";
-      play(hit, m.start, node);
-    });
+    mark.title = `moment ${range} · score ${m.score.toFixed(3)}`;
+    mark.addEventListener("click", pick);
     track.append(mark);
+    const item = document.createElement("li");
+    const time = document.createElement("button");
+    time.type = "button";
+    time.className = "moment-time" + (i === 0 ? " best" : "");
+    time.textContent = range;
+    time.title = mark.title;
+    time.setAttribute("aria-label", `play the moment ${clock(m.start)} to ${clock(m.end)} ` +
+                      `(score ${m.score.toFixed(2)})`);
+    time.addEventListener("click", pick);
+    item.append(time);
+    list.append(item);
   });
 }
 
