@@ -289,10 +289,12 @@ def video_timelines(model: DiCoSA, store, protocol: FrameProtocol, text: Tensor,
     candidates shared by all the hits), so a service bounds it."""
     from .rerank import pair_scores
 
-    every = [store.video_rows(v) for v in videos]
+    layouts = [store.run(v, frames=False) for v in videos]  # None: a clip, its one row
+    every = [store.video_rows(v) if run is None else run["rows"][store.is_live(run["rows"])]
+             for v, run in zip(videos, layouts, strict=True)]
     per_video = [timeline_rows(own, None if keep is None else keep[i], max_rows,
-                               _starts(store, own, max_rows))
-                 for i, own in enumerate(every)]
+                               _starts(run, own, max_rows))
+                 for i, (own, run) in enumerate(zip(every, layouts, strict=True))]
     rows = np.concatenate([np.zeros(0, np.int64), *per_video])
     if not len(rows):
         return [None] * len(videos)
@@ -309,22 +311,21 @@ def video_timelines(model: DiCoSA, store, protocol: FrameProtocol, text: Tensor,
                         stored=store.times(rows))  # [R, N]
     spans = store.spans(rows)
     out, first = [], 0
-    for video, own, total in zip(videos, per_video, every, strict=True):
+    for run, own, total in zip(layouts, per_video, every, strict=True):
         part = slice(first, first + len(own))
         first += len(own)
-        out.append(_video_timeline(store.run(video, frames=False) if len(own) else None,
-                                   own, weights[part],
+        out.append(_video_timeline(run if len(own) else None, own, weights[part],
                                    times[part], mask[part], scored[part], spans[part],
                                    len(total)))
     return out
 
 
-def _starts(store, rows: np.ndarray, max_rows: int | None) -> np.ndarray | None:
-    """[L] the start times of a video's ``rows`` where :func:`timeline_rows` spreads over them
-    (more rows than ``max_rows``), else None."""
-    if max_rows is None or len(rows) <= max_rows:
+def _starts(run: dict | None, rows: np.ndarray, max_rows: int | None) -> np.ndarray | None:
+    """[L] the start times of a video's ``rows`` (from its ``run``, :meth:`FrameStore.run`)
+    where :func:`timeline_rows` spreads over them (more rows than ``max_rows``), else None."""
+    if run is None or max_rows is None or len(rows) <= max_rows:
         return None
-    return store.spans(rows)[:, 0]
+    return run["spans"][np.searchsorted(run["rows"], rows), 0]
 
 
 def timeline_rows(rows: np.ndarray, keep: np.ndarray | None, max_rows: int | None,
