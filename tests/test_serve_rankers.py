@@ -127,43 +127,11 @@ class _Pages:
 
 def test_a_ranker_ranks_a_failed_batch_again_one_search_at_a_time():
     pages = _Pages()
-    outcomes = list(_answers(pages, [SearchRequest(text=t) for t in ("one", "bad", "two")]))
+    outcomes = _answers(pages, [SearchRequest(text=t) for t in ("one", "bad", "two")])
     assert pages.ranked == [["one", "bad", "two"], ["one"], ["bad"], ["two"]]
     assert [ok for ok, _ in outcomes] == [True, False, True]
     assert outcomes[0][1].body == {"q": "one"} and outcomes[2][1].body == {"q": "two"}
     assert str(outcomes[1][1]) == "this batch cannot be ranked"
-
-
-def test_a_batch_s_first_answer_is_handed_over_before_the_next_is_cut():
-    """The server's end of a ranker hands each search its answer as the process sends it: the
-    process (a thread here, on a real pipe) sends the second answer only once the first has
-    been handed over."""
-    import multiprocessing
-    import threading
-
-    from dicosa.serve.rankers import _Ranker
-
-    ranker = _Ranker(None, None, 0)
-    ranker._conn, theirs = multiprocessing.Pipe()
-    handed, seen = threading.Event(), {}
-
-    def process() -> None:
-        theirs.recv()
-        theirs.send((True, "first"))
-        seen["before_second"] = handed.wait(10)
-        theirs.send((True, "second"))
-
-    worker = threading.Thread(target=process)
-    worker.start()
-    got = []
-
-    def each(i: int, outcome) -> None:
-        got.append((i, outcome[1]))
-        handed.set()
-
-    ranker.rank([SearchRequest(text="a"), SearchRequest(text="b")], 1, each)
-    worker.join(10)
-    assert got == [(0, "first"), (1, "second")] and seen["before_second"] is True
 
 
 class _TwoRankers:
@@ -182,10 +150,9 @@ class _TwoRankers:
     def free(self) -> None:
         self._free.put(object())
 
-    def submit(self, ranker, requests, delivery, quiet=False) -> None:
+    def submit(self, ranker, requests, done, quiet=False) -> None:
         self.batches.append(len(requests))
-        for i in range(len(requests)):
-            delivery.one(i, (True, Answer({"times_ms": {}}, [])))
+        done([(True, Answer({"times_ms": {}}, [])) for _ in requests])
 
 
 def test_a_free_ranker_takes_its_share_of_the_searches_not_all_that_wait():

@@ -26,8 +26,8 @@ meanwhile, so every search waits in this one queue whichever process ranks it. A
 ranker takes its share of the searches in the server, not all that wait: the searches
 waiting or on their way plus those the busy rankers hold, divided by the rankers (at most
 ``max_batch``). Taking all makes the batches uneven, and uneven batches stay uneven, since
-a ranker is busy until its batch's last answer: one ranker keeps ranking six at a time while
-the other ranks two, and the six wait three times as long.
+a batch's searches come back together: one ranker keeps ranking six at a time while the
+other ranks two, and the six wait three times as long.
 """
 
 from __future__ import annotations
@@ -231,25 +231,22 @@ def _together(batch: list[_Waiting]) -> list[Ranked]:
 
 
 class _Settle:
-    """Hands a ranker's outcomes to the searches of its batch as they come
-    (:class:`~dicosa.serve.rankers.Delivery`)."""
+    """Hands a ranker's outcomes to the searches of its batch."""
 
     def __init__(self, batch: list[_Waiting], started: float):
         self.batch, self.started = batch, started
 
-    def one(self, i: int, outcome: Outcome) -> None:
-        ok, value = outcome
-        waiting = self.batch[i]
-        if not ok:
-            waiting.future.set_exception(value)
+    def __call__(self, outcomes: list[Outcome] | BaseException) -> None:
+        if isinstance(outcomes, BaseException):
+            for waiting in self.batch:
+                waiting.future.set_exception(outcomes)
             return
-        value.body["times_ms"]["queue"] = round(1000 * (self.started - waiting.since), 3)
-        waiting.future.set_result(value)
-
-    def fail(self, exc: BaseException) -> None:
-        for waiting in self.batch:
-            if not waiting.future.done():
-                waiting.future.set_exception(exc)
+        for waiting, (ok, value) in zip(self.batch, outcomes, strict=True):
+            if not ok:
+                waiting.future.set_exception(value)
+                continue
+            value.body["times_ms"]["queue"] = round(1000 * (self.started - waiting.since), 3)
+            waiting.future.set_result(value)
 
 
 def _deliver(waiting: _Waiting, ranked: Ranked, started: float) -> None:

@@ -14,9 +14,8 @@ Here the server process keeps the HTTP side and the one :class:`~dicosa.serve.ba
 Batcher`, and N ranker processes (started with ``spawn``: none inherits the server's torch
 threads) each open the index themselves with one torch thread, map the store in, and take
 whole batches: rank them together (:meth:`Engine.rank`), cut each search's page
-(:meth:`Engine.answer`), and send back each answer as soon as its page is cut (no tensors, a
-few kilobytes each): the first search of a batch does not wait while the others' moments are
-drawn. A batch goes to whichever ranker is free, so every search waits in one queue. The
+(:meth:`Engine.answer`), and send back the answers, which carry no tensors (a few kilobytes
+each). A batch goes to whichever ranker is free, so every search waits in one queue. The
 frame store's pages are in the page cache once for all processes; each process holds its own
 model and first stage.
 
@@ -26,9 +25,8 @@ own snapshot, which answers the media routes and "more like this", reopens on it
 watcher): for about that long a search may be ranked on the new collection and its links
 served from the old.
 
-A ranker that dies (killed, out of memory) fails the searches of the batch it held that it had
-not answered yet with one sentence, and a new one is started in its place before that slot
-takes another batch.
+A ranker that dies (killed, out of memory) fails the searches of the batch it held with one
+sentence, and a new one is started in its place before that slot takes another batch.
 """
 
 from __future__ import annotations
@@ -42,16 +40,15 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Protocol
 
 from .compute import freeze_heap
 from .engine import Answer, Engine, SearchRequest, rank_requests
 from .errors import ServeError
 
-__all__ = ["Delivery", "RankerError", "RankerSettings", "Rankers"]
+__all__ = ["RankerError", "RankerSettings", "Rankers"]
 
 log = logging.getLogger("dicosa.serve")
 OPEN_TIMEOUT_S = 1800.0  # a ranker opening a large index (1M videos: about a minute here)
@@ -78,16 +75,6 @@ class RankerSettings:
 
 # What a ranker sends back for each search: its answer, or the exception its search raised.
 Outcome = tuple[bool, "Answer | BaseException"]
-
-
-class Delivery(Protocol):
-    """Where a batch's outcomes go as they come (:meth:`Rankers.submit`)."""
-
-    def one(self, i: int, outcome: Outcome) -> None:
-        """Search ``i`` of the batch has its outcome."""
-
-    def fail(self, exc: BaseException) -> None:
-        """The batch ended early: every search without an outcome fails with ``exc``."""
 
 
 class _Ranker:
@@ -120,16 +107,13 @@ class _Ranker:
         if kind != "ready":
             raise RankerError(text)
 
-    def rank(self, requests: list[SearchRequest], threads: int,
-             each: Callable[[int, Outcome], None]) -> None:
-        """The requests ranked together in the process on ``threads`` torch threads, each
-        request's outcome handed to ``each`` as the process sends it; if the process ends
-        meanwhile, a new one is started and the rest of the batch fails
+    def rank(self, requests: list[SearchRequest], threads: int) -> list[Outcome]:
+        """Each request's outcome, ranked together in the process on ``threads`` torch
+        threads; if the process ends meanwhile, a new one is started and this batch fails
         (:class:`RankerError`)."""
         try:
             self._conn.send((requests, threads))
-            for i in range(len(requests)):
-                each(i, self._conn.recv())
+            return self._conn.recv()
         except (EOFError, OSError):
             if self.stopping:
                 raise RankerError("the service is stopping") from None
@@ -215,31 +199,29 @@ class Rankers:
         self.wait_ready()
         return self._free.get()
 
-    def submit(self, ranker: _Ranker, requests: list[SearchRequest], delivery: Delivery,
+    def submit(self, ranker: _Ranker, requests: list[SearchRequest],
+               done: Callable[[list[Outcome] | BaseException], None],
                quiet: bool = False) -> None:
         """Rank ``requests`` on ``ranker`` (from :meth:`acquire`) in a thread of this process
-        that waits for the answers and hands each to ``delivery`` as it comes, or the error
-        that ended the batch; the ranker is free again after its last. ``quiet``: no other
-        search is queued or on its way; then, when every other ranker is idle too, the batch
-        ranks on ``settings.alone_threads`` (a lone search gets the cores), else on
-        ``threads``."""
+        that waits for the answers; ``done`` gets the outcomes, or the error that ended the
+        batch; the ranker is free again after. ``quiet``: no other search is queued or on its
+        way; then, when every other ranker is idle too, the batch ranks on
+        ``settings.alone_threads`` (a lone search gets the cores), else on ``threads``."""
         alone = quiet and self._free.qsize() == len(self._all) - 1
         threads = self._settings.alone_threads if alone else self._settings.threads
         with self._lock:
             self._busy += len(requests)
 
         def run() -> None:
-            failed = None
             try:
-                ranker.rank(requests, threads, delivery.one)
-            except Exception as exc:  # handed to the batch's searches not yet answered
-                failed = exc
+                outcome = ranker.rank(requests, threads)
+            except Exception as exc:  # handed to the batch's searches
+                outcome = exc
             finally:
                 with self._lock:
                     self._busy -= len(requests)
                 self._free.put(ranker)
-            if failed is not None:
-                delivery.fail(failed)
+            done(outcome)
 
         threading.Thread(target=run, name=f"dicosa-ranker-{ranker.number}-wait",
                          daemon=True).start()
@@ -286,8 +268,7 @@ def _serve_batches(conn: Connection, settings: RankerSettings) -> None:
         if threads != torch.get_num_threads():
             torch.set_num_threads(threads)
         with torch.inference_mode():
-            for outcome in _answers(engine, requests):
-                conn.send(outcome)
+            conn.send(_answers(engine, requests))
 
 
 def _reopened(engine: Engine) -> Engine:
@@ -300,20 +281,15 @@ def _reopened(engine: Engine) -> Engine:
         return engine
 
 
-def _answers(engine: Engine, requests: list[SearchRequest]) -> Iterator[Outcome]:
-    """Each request's outcome in order, as its page is cut: ranked with the others; a batch
-    that cannot be ranked is run again one search at a time, so a search that fails fails
-    alone."""
+def _answers(engine: Engine, requests: list[SearchRequest]) -> list[Outcome]:
+    """Each request ranked with the others and its page cut; a batch that fails is run again
+    one search at a time, so a search that fails fails alone."""
     try:
         ranked = rank_requests(engine, requests)
+        return [_outcome(engine.answer, request, r)
+                for request, r in zip(requests, ranked, strict=True)]
     except Exception:
-        ranked = None
-    if ranked is None:
-        for request in requests:
-            yield _outcome(engine.search, request)
-        return
-    for request, r in zip(requests, ranked, strict=True):
-        yield _outcome(engine.answer, request, r)
+        return [_outcome(engine.search, request) for request in requests]
 
 
 def _outcome(fn: Callable[..., Answer], *args) -> Outcome:
