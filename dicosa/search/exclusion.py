@@ -47,16 +47,6 @@ from torch import Tensor
 from ..model import DiCoSA, TextFeatures, VideoFeatures
 from .types import EncodedQueries
 
-
-class ConceptCodes(Protocol):
-    """What the rerank asks of a concepts head (:class:`dicosa.heads.concepts.
-    ConceptCodesHead` is one): the sparse unit-length codes of texts."""
-
-    def text_codes(self, text: Tensor, sentences: Sequence[str]) -> Tensor:
-        """``T [B_t, D]`` and the texts' strings -> codes ``[B_t, d]``."""
-        ...
-
-
 __all__ = [
     "ConceptCodes",
     "Demotions",
@@ -77,6 +67,15 @@ __all__ = [
     "magnitude_scores",
     "window_presence",
 ]
+
+
+class ConceptCodes(Protocol):
+    """What the rerank asks of a concepts head (:class:`dicosa.heads.concepts.
+    ConceptCodesHead` is one): the sparse unit-length codes of texts."""
+
+    def text_codes(self, text: Tensor, sentences: Sequence[str]) -> Tensor:
+        """``T [B_t, D]`` and the texts' strings -> codes ``[B_t, d]``."""
+        ...
 
 
 @dataclass(frozen=True)
