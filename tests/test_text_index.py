@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dicosa.search.evidence import best_within, evidence_window
+from dicosa.search.moment import Timeline
 from dicosa.text.fts import TEXT_FILE, Done, TextIndex, TextIndexError, check_text_file
 from dicosa.text.fusion import competition_ranks, fuse, parse_sources
-from dicosa.text.lines import MAX_LINE_CHARS, TextLine, capped
+from dicosa.text.lines import MAX_LINE_CHARS, TextLine, capped, held
 from dicosa.text.query import SNIPPET_CHARS, STOP_WORDS, snippet, text_query, words_of
 
 LINES = {0: [("subtitles", "my name is Oscar and I live by the river")],
@@ -225,3 +227,28 @@ def test_a_relative_folder(tmp_path, monkeypatch):
     Path("rel").mkdir()
     _filled(Path("rel")).close()
     assert sorted(_rows(TextIndex.open(Path("rel"), create=False), "oscar")) == [0, 1]
+
+
+def test_a_row_holds_a_share_of_a_line():
+    start, end = np.array([0.0, 5.0, np.nan]), np.array([5.0, 9.0, np.nan])
+    part = held(np.array([4.7, 4.7, 4.7]), np.array([6.0, 6.0, 6.0]), start, end)
+    assert part.tolist() == pytest.approx([0.3 / 1.3, 1.0 / 1.3, 1.0])  # unknown span: 1
+    assert held(np.array([2.0]), np.array([2.0]), np.array([0.0]), np.array([5.0])) == [1.0]
+
+
+def test_the_best_frame_is_taken_where_the_evidence_is():
+    """The heaviest scored frame inside the range (not the video's heaviest); the range's
+    middle, marked at the nearest frame, where no frame lies in it."""
+    times = np.array([0.5, 1.5, 2.5, 3.5, 4.5])
+    weights = np.array([0.1, 0.9, 0.2, 0.3, 0.25])
+    scores = np.array([0.4, 0.4, 0.1, 0.1, -np.inf])  # frame 4: no scored row holds it
+    timeline = Timeline(times, weights, scores, 1, 1.5, 0.9, [])
+    assert best_within(timeline, None) is timeline
+    inside = best_within(timeline, (2.0, 5.0))
+    assert (inside.best_frame, inside.best_time, inside.best_weight) == (3, 3.5, 0.3)
+    between = best_within(timeline, (1.8, 2.4))
+    assert (between.best_frame, between.best_time) == (2, 2.1)
+    assert evidence_window((2.0, 6.0), (4.7, 8.0)) == (4.7, 6.0)  # the line within the moment
+    assert evidence_window((0.0, 3.0), (4.7, 6.0)) == (4.7, 6.0)  # they do not meet: the line
+    assert evidence_window((2.0, 6.0), None) == (2.0, 6.0)
+    assert evidence_window((None, None), None) is None

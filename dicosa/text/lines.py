@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["MAX_LINE_CHARS", "MIN_OVERLAP_S", "SOURCES", "SourceReport", "SourceUnavailable",
-           "TextLine", "assign", "capped", "row_spans", "spans_of"]
+           "TextLine", "assign", "capped", "held", "row_spans", "spans_of"]
 
 SOURCES = ("subtitles", "speech", "screen")
 MAX_LINE_CHARS = 1000  # a line's text is cut here (at a space where there is one)
@@ -141,3 +141,14 @@ def assign(line_start: float, line_end: float, start: np.ndarray, end: np.ndarra
         return np.flatnonzero((start <= line_start) & (line_start <= end))
     overlap = np.minimum(end, line_end) - np.maximum(start, line_start)
     return np.flatnonzero(overlap >= min(MIN_OVERLAP_S, 0.5 * length))
+
+
+def held(line_start: np.ndarray, line_end: np.ndarray, start: np.ndarray, end: np.ndarray
+         ) -> np.ndarray:
+    """The part (0..1) of each line ``[n]`` that its row (spans ``start``/``end`` [n]) holds:
+    1 for an instant inside it, or where the row's span is unknown (NaN)."""
+    length = line_end - line_start
+    overlap = np.minimum(end, line_end) - np.maximum(start, line_start)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        part = np.where(length > 0, overlap / np.where(length > 0, length, 1.0), 1.0)
+    return np.where(np.isnan(part), 1.0, np.clip(part, 0.0, 1.0))
