@@ -177,7 +177,7 @@ def test_the_command_line_says_why(built, capsys):
     out = str(built[0])
     assert main(["search", out, "rabbit wakes", "--source", "text"]) == 0
     table = capsys.readouterr().out
-    assert "ranked by the words of subtitles, speech, screen (BM25)" in table
+    assert "ranked by the words of subtitles (BM25)" in table
     assert 'subtitles 0:04.7-0:06.0 "Chapter two: the [rabbit] [wakes]"' in table
     assert table.count("Chapter two") == 1  # two moments hold it: shown once
     assert main(["search", out, "rabbit wakes", "--source", "text", "--moments"]) == 0
@@ -284,7 +284,7 @@ def test_the_page_shows_the_line_that_matched(engine):
             open_page(browser, base, q="rabbit wakes", source="text")
             assert browser.find_element(By.ID, "source-field").is_displayed()
             assert "words from subtitles" in browser.find_element(By.ID, "facts").text
-            assert "ranked by words (subtitles, speech, screen)" in browser.find_element(
+            assert "ranked by words (subtitles)" in browser.find_element(
                 By.ID, "status").text
             card = browser.find_element(By.CSS_SELECTOR, "#results li.hit")
             assert card.find_element(By.CSS_SELECTOR, ".name").text == "film.mp4"

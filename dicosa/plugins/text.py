@@ -80,6 +80,7 @@ class TextRanking:
     ranks: dict[int, int] = field(default_factory=dict)  # row -> 1-based text rank (ties shared)
     shares: dict[int, float] = field(default_factory=dict)  # row -> BM25 / the best BM25
     by_row: dict[int, Match] = field(default_factory=dict)  # row -> its best line
+    held: tuple[str, ...] = ()  # the searched sources the index reads or holds lines of
 
     @property
     def text(self) -> bool:
@@ -114,6 +115,7 @@ class TextPlugin:
         self.index: TextIndex | None = None
         self.reader: TextReader | None = None
         self._ctx = None
+        self._present: set[str] | None = None
 
     @classmethod
     def restore(cls, record: dict, ctx) -> TextPlugin:
@@ -225,6 +227,13 @@ class TextPlugin:
                      "'dicosa index' run reads it", missing,
                      ", ".join(self.settings.engines()))
 
+    def present(self) -> set[str]:
+        """The text sources the index reads, or holds lines of (read once)."""
+        if self._present is None:
+            held = set() if self.index is None else self.index.sources()
+            self._present = held | set(self.settings.engines())
+        return self._present
+
     def sources(self) -> dict[str, dict]:
         """Each text source the index reads or holds lines of: its engine (None: no longer
         read) and what the text index holds of it (:meth:`TextIndex.stats`)."""
@@ -253,7 +262,8 @@ class TextPlugin:
         rankings = []
         for query in encoded.queries:
             parsed = text_query(query.text)
-            ranking = TextRanking(VISUAL in sources, text_sources, parsed.terms)
+            ranking = TextRanking(VISUAL in sources, text_sources, parsed.terms,
+                                  held=tuple(s for s in text_sources if s in self.present()))
             expression = parsed.expression()
             if expression and text_sources and self.index is not None:
                 self._rank(ranking, self.index.search(expression, text_sources,
@@ -451,13 +461,13 @@ def said(ranking: TextRanking, found: Match) -> dict:
 
 def ranked_by(result: SearchResult) -> dict:
     """What ranked a search's hits: ``{"by": "pictures" | "words" | "pictures and words",
-    "sources": the text sources searched}``. Words count where a candidate matched a line
-    (a query that matched none keeps DiCoSA's scores); a search of words alone is ranked by
-    them even where nothing matched (it has no hits)."""
+    "sources": the text sources searched that the index has}``. Words count where a
+    candidate matched a line (a query that matched none keeps DiCoSA's scores); a search of
+    words alone is ranked by them even where nothing matched (it has no hits)."""
     ranking = _ranking_of(result)
     if ranking is None or not ranking.text:
         return dict(PICTURES)
-    sources = list(ranking.sources)
+    sources = list(ranking.held or ranking.sources)
     if not ranking.visual:
         return {"by": "words", "sources": sources}
     matched = any(int(row) in ranking.ranks for row in result.ids.tolist() if row >= 0)

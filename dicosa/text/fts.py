@@ -297,6 +297,10 @@ class TextIndex:
         return self._all("SELECT start_s, end_s, source, text FROM line WHERE row = ? "
                          "ORDER BY start_s, id", (int(row),))
 
+    def sources(self) -> set[str]:
+        """The sources any row has been read by."""
+        return {source for (source,) in self._all("SELECT DISTINCT source FROM done")}
+
     def stats(self) -> dict[str, dict]:
         """Per source: rows read, rows with lines, lines, their placements in rows, seconds
         transcribed, frames read. A line that overlaps several rows is stored with each
