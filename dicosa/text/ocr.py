@@ -27,7 +27,9 @@ it and it is written as a word is: letters in one case pattern (``word``, ``WORD
 ``Word``; an apostrophe or hyphen inside), or a number (``7``, ``12:30``, ``3.5``, ``40%``);
 surrounding punctuation is dropped. A line is kept only with an anchor: a kept word of at least
 :data:`ANCHOR_LETTERS` letters, a vowel among them, read at :data:`ANCHOR_CONFIDENCE` % or
-more. Texture read as text is short, of mixed case or unsure; a caption has a real word in it.
+more; a line of one word needs an anchor of :data:`ALONE_LETTERS` letters. Texture read as
+text is short, of mixed case or unsure, and alone ("ate", "the", "dig" on Big Buck Bunny's
+grass); a caption has a real word in it.
 What this cannot read: letters neither light nor dark (mid-grey, saturated red or blue on a
 dark picture), letters as light as the picture behind them with no outline, a single
 number or a two-letter word on its own (no anchor), handwriting.
@@ -44,8 +46,8 @@ import numpy as np
 
 from .lines import SourceReport, SourceUnavailable, TextLine
 
-__all__ = ["ANCHOR_CONFIDENCE", "ANCHOR_LETTERS", "BRIGHT", "DARK", "MAX_INK", "MIN_INK",
-           "MIN_SIDE", "WORD_CONFIDENCE", "frame_times", "ink_masks", "read_lines",
+__all__ = ["ALONE_LETTERS", "ANCHOR_CONFIDENCE", "ANCHOR_LETTERS", "BRIGHT", "DARK", "MAX_INK",
+           "MIN_INK", "MIN_SIDE", "WORD_CONFIDENCE", "frame_times", "ink_masks", "read_lines",
            "screen_lines", "text_lines"]
 
 MIN_SIDE = 720
@@ -54,6 +56,7 @@ MIN_INK, MAX_INK = 0.0005, 0.5  # a mask is read when its ink covers this share 
 WORD_CONFIDENCE = 60.0
 ANCHOR_CONFIDENCE = 85.0
 ANCHOR_LETTERS = 3
+ALONE_LETTERS = 4  # a line of one word: its anchor's letters
 _CONFIG = "--psm 11"
 _EDGES = re.compile(r"^[^\w]+|[^\w]+$")
 _NUMBER = re.compile(r"^\d+(?:[.,:]\d+)*%?$")
@@ -100,9 +103,9 @@ def _word(token: str) -> str | None:
     return None
 
 
-def _anchor(word: str, confidence: float) -> bool:
+def _anchor(word: str, confidence: float, letters_needed: int) -> bool:
     letters = [ch for ch in word if ch.isalpha()]
-    return (confidence >= ANCHOR_CONFIDENCE and len(letters) >= ANCHOR_LETTERS
+    return (confidence >= ANCHOR_CONFIDENCE and len(letters) >= letters_needed
             and bool(_VOWELS.intersection(letters)))
 
 
@@ -118,7 +121,8 @@ def text_lines(data: dict) -> list[str]:
         if word:
             grouped.setdefault(tuple(line), []).append((word, confidence))
     return [" ".join(w for w, _ in words) for words in grouped.values()
-            if any(_anchor(w, c) for w, c in words)]
+            if any(_anchor(w, c, ANCHOR_LETTERS if len(words) > 1 else ALONE_LETTERS)
+                   for w, c in words)]
 
 
 def read_lines(image) -> list[str]:
