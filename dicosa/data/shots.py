@@ -5,8 +5,14 @@ PySceneDetect (``scenedetect``) is the well-kept open detector of hard cuts: ``c
 and ``adaptive`` (:class:`scenedetect.AdaptiveDetector`: the same score against a rolling
 average, steadier under camera motion). Opening the file again through PySceneDetect's own
 backends would decode it twice; instead :class:`ShotDetector` takes small BGR frames from the
-one streaming decode (:mod:`dicosa.data.stream`), at most :data:`DETECT_FPS` a second, through
-the detectors' documented ``process_frame`` / ``post_process`` interface.
+one streaming decode (:mod:`dicosa.data.stream`), every decoded frame, through the detectors'
+documented ``process_frame`` / ``post_process`` interface.
+
+Every frame, because a cut's time is the time of the first frame of the new shot: a detector
+shown every k-th frame places a cut up to k - 1 frames late, and a run frame taken at the cut
+then stays in the old shot (at 1 frame/s, a row that begins a second late). The frames are
+:data:`DETECT_WIDTH` pixels wide, so the detector costs little beside the decode itself
+(``benchmarks/cuts.py`` measures both).
 
 A detector that cannot be imported or fails on a file is not fatal: :attr:`ShotDetector.error`
 says why and the caller cuts the video into windows alone (and logs it).
@@ -14,15 +20,13 @@ says why and the caller cuts the video into windows alone (and logs it).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-__all__ = ["DETECT_FPS", "DETECT_WIDTH", "ShotDetector"]
+__all__ = ["DETECT_WIDTH", "ShotDetector"]
 
-DETECT_FPS = 12.0  # frames a second given to the detector (every frame of slower video)
 DETECT_WIDTH = 96  # pixels: the detector's frames are this wide (content scores are global)
 _MIN_SHOT_S = 0.5  # the detector itself reports no two cuts closer than this
+_UNKNOWN_FPS = 30.0  # frame numbers to detector time where the stream states no rate
 
 
 class ShotDetector:
@@ -30,18 +34,16 @@ class ShotDetector:
 
     Args:
         kind: ``"content"`` or ``"adaptive"``.
-        fps: the video's frame rate; frames are thinned to at most :data:`DETECT_FPS`.
+        fps: the video's frame rate (every frame is given to the detector).
         threshold: the detector's threshold (None: PySceneDetect's default).
     """
 
     def __init__(self, kind: str, fps: float, threshold: float | None = None):
         self.kind = kind
-        self.every = max(1, math.ceil(fps / DETECT_FPS)) if fps and fps > 0 else 1
-        self.rate = (fps / self.every) if fps and fps > 0 else DETECT_FPS
+        self.rate = fps if fps and fps > 0 else _UNKNOWN_FPS
         self.error: str | None = None
         self._times: list[float] = []
         self._cuts: list[int] = []
-        self._seen = 0
         self._detector = None
         try:
             self._detector = self._make(kind, threshold)
@@ -62,16 +64,12 @@ class ShotDetector:
         raise ValueError(f"unknown shot detector {kind!r}")
 
     def wants(self) -> bool:
-        """Whether the next decoded frame should be pushed (the others are skipped)."""
-        return self._detector is not None and self.error is None and (
-            self._seen % self.every == 0)
+        """Whether frames should still be pushed (not after a failure)."""
+        return self._detector is not None and self.error is None
 
     def push(self, time: float, image_bgr: np.ndarray) -> None:
-        """One decoded frame at ``time`` seconds (call for every decoded frame, in order; the
-        frames :meth:`wants` declines may pass None)."""
-        take = self.wants()
-        self._seen += 1
-        if not take:
+        """One decoded frame at ``time`` seconds (every decoded frame, in order)."""
+        if not self.wants():
             return
         from scenedetect.common import FrameTimecode
 

@@ -4,7 +4,8 @@ An index keeps a long video as a run of frames at ``rate`` frames a second
 (:mod:`dicosa.data.segments`). :class:`FrameStream` decodes the file once with PyAV, from the
 first packet to the last, and yields the frames due at that rate in small batches, so a
 ten-hour file never sits in memory (the encoder consumes each batch before the next is
-decoded). Alongside it feeds a :class:`~dicosa.data.shots.ShotDetector` small frames.
+decoded). Alongside it feeds a :class:`~dicosa.data.shots.ShotDetector` a small copy of every
+decoded frame.
 
 Times are the decoder's own: each frame's presentation timestamp (``pts × time_base``)
 minus the stream's start, so variable frame rates and streams that do not start at zero give
@@ -140,10 +141,9 @@ class FrameStream:
                 sampler.restart(time)  # no tick inside the lost stretch
             failed_since = False
             last = time
-            if detector is not None:
+            if detector is not None and detector.wants():
                 detector.push(time, frame.to_ndarray(format="bgr24", width=detect_size[0],
-                                                     height=detect_size[1])
-                              if detector.wants() else None)
+                                                     height=detect_size[1]))
             for chosen, chosen_time in sampler.push(frame, time):
                 pending.append(_rgb(chosen, width, height))
                 times.append(chosen_time)
