@@ -3,7 +3,13 @@
 PySceneDetect (``scenedetect``) is the well-kept open detector of hard cuts: ``content``
 (:class:`scenedetect.ContentDetector`: a jump in the HSV content between consecutive frames)
 and ``adaptive`` (:class:`scenedetect.AdaptiveDetector`: the same score against a rolling
-average, steadier under camera motion). Opening the file again through PySceneDetect's own
+average of the frames around it, steadier under camera motion). ``adaptive`` is the default,
+with a floor of :data:`ADAPTIVE_FLOOR` on the content change (PySceneDetect's is 15): chosen
+on the validation films and long videos of ``benchmarks/cuts.py`` (``benchmarks/RESULTS.md``,
+"Shot cuts"), where it put a row boundary at 19 of 20 real cuts and 45 of 45 synthetic ones
+with no false boundary, against 16 and 44 (and 10 false ones inside moving synthetic scenes)
+for ``content``; the lower floor catches jump cuts (one shot joined to a later moment of
+itself), whose colours barely change. Opening the file again through PySceneDetect's own
 backends would decode it twice; instead :class:`ShotDetector` takes small BGR frames from the
 one streaming decode (:mod:`dicosa.data.stream`), every decoded frame, through the detectors'
 documented ``process_frame`` / ``post_process`` interface.
@@ -20,9 +26,13 @@ says why and the caller cuts the video into windows alone (and logs it).
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
-__all__ = ["DETECT_WIDTH", "ShotDetector"]
+__all__ = ["ADAPTIVE_FLOOR", "DETECT_WIDTH", "ShotDetector"]
+
+ADAPTIVE_FLOOR = 7.0  # the adaptive detector's min_content_val (module docstring)
 
 DETECT_WIDTH = 96  # pixels: the detector's frames are this wide (content scores are global)
 _MIN_SHOT_S = 0.5  # the detector itself reports no two cuts closer than this
@@ -42,7 +52,9 @@ class ShotDetector:
         self.kind = kind
         self.rate = fps if fps and fps > 0 else _UNKNOWN_FPS
         self.error: str | None = None
-        self._times: list[float] = []
+        self._times = array("d")  # [frames] seconds
+        self._change = array("f")  # [frames] mean |difference| from the frame before (0-255)
+        self._previous: np.ndarray | None = None
         self._cuts: list[int] = []
         self._detector = None
         try:
@@ -58,7 +70,7 @@ class ShotDetector:
             return ContentDetector(min_scene_len=min_len,
                                    **({} if threshold is None else {"threshold": threshold}))
         if kind == "adaptive":
-            return AdaptiveDetector(min_scene_len=min_len,
+            return AdaptiveDetector(min_scene_len=min_len, min_content_val=ADAPTIVE_FLOOR,
                                     **({} if threshold is None
                                        else {"adaptive_threshold": threshold}))
         raise ValueError(f"unknown shot detector {kind!r}")
@@ -75,6 +87,9 @@ class ShotDetector:
 
         number = len(self._times)
         self._times.append(time)
+        self._change.append(0.0 if self._previous is None else float(
+            np.abs(image_bgr.astype(np.int16) - self._previous).mean()))
+        self._previous = image_bgr.astype(np.int16)
         try:
             found = self._detector.process_frame(FrameTimecode(number, fps=self.rate),
                                                  image_bgr)
@@ -97,4 +112,13 @@ class ShotDetector:
             self._detector = None  # post_process runs once
         if self.error is not None:
             return []
-        return sorted({self._times[n] for n in self._cuts if 0 < n < len(self._times)})
+        return [self._times[n] for n in self._numbers()]
+
+    def changes(self) -> list[float]:
+        """How much the picture changed at each of :meth:`cuts` (the mean absolute difference
+        of the small frames, 0-255): which of two cuts close together is the real one."""
+        return [] if self.error is not None else [float(self._change[n])
+                                                  for n in self._numbers()]
+
+    def _numbers(self) -> list[int]:
+        return sorted({n for n in self._cuts if 0 < n < len(self._times)})

@@ -57,6 +57,7 @@ class StreamReport:
     backwards: int = 0  # frames dropped because their time went backwards
     holes: list[int] = field(default_factory=list)  # run positions that follow a lost range
     cuts: list[float] = field(default_factory=list)  # shot starts (s) from the detector
+    cut_changes: list[float] = field(default_factory=list)  # the picture's change at each
     detector_error: str | None = None
     ended_early: str | None = None  # why the decode stopped before the file's end
 
@@ -83,7 +84,7 @@ class FrameStream:
     """
 
     def __init__(self, path: str | Path, rate: float, image_size: int, *,
-                 detector: str | None = "content", threshold: float | None = None,
+                 detector: str | None = "adaptive", threshold: float | None = None,
                  batch: int = 32):
         self.path = Path(path)
         self.rate = float(rate)
@@ -106,6 +107,7 @@ class FrameStream:
             yield from self._run(container, stream, fps, detector)
         if detector is not None:
             self.report.cuts = detector.cuts()
+            self.report.cut_changes = detector.changes()
             self.report.detector_error = detector.error
         if not self.report.taken:
             raise VideoDecodeError(self.path, "no frame decodes" if not self.report.decoded

@@ -170,7 +170,8 @@ class Encoder:
         features = torch.cat(state.features)  # [F, D]
         times = np.concatenate(state.times)  # [F]
         self._log_decode(path, report)
-        layout = layout_run(times, report.cuts, report.holes, policy, row["duration"])
+        layout = layout_run(times, report.cuts, report.holes, policy, row["duration"],
+                            report.cut_changes)
         frames = self._contextualise(features, layout.chunks)  # [F, D]
         if not torch.isfinite(frames).all():
             self._non_finite(path)
