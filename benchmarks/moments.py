@@ -6,7 +6,7 @@ carved from them). The long videos (``data_prep/make_long_synthetic.py``: defaul
 10 scenes of 3 s, hard cuts) show scenes the model never trained on, one caption per scene.
 
 - **long videos**: indexed as a user would (``VideoIndex.build``, the default segments:
-  frames at 1 frame/s, PySceneDetect's content detector, windows of N frames; no knowledge of
+  frames at 1 frame/s, PySceneDetect's adaptive detector, windows of N frames; no knowledge of
   the scene boundaries), every row ranked by DiCoSA for every caption;
 - **reference**: the scenes indexed as separate clips (N frames each, as the issue's
   reference), ranked the same way; each clip stands for its exact time range in its long

@@ -147,6 +147,6 @@ def test_moments_join_the_matching_rows_next_to_their_best_row():
 
 def test_moments_without_a_background_take_the_median_of_the_scores():
     spans = np.array([[0, 4], [2, 6], [4, 8], [8, 12]], float)
-    scores = np.array([0.9, 0.8, 0.2, 0.1])  # median 0.5: bar 0.5 + 0.8 * 0.4 = 0.82
-    assert best_moments(np.arange(4), spans, scores, 1)[0].end == 4.0
-    assert best_moments(np.arange(4), spans, scores, 1, join=0.7)[0].end == 6.0
+    scores = np.array([0.9, 0.8, 0.2, 0.1])  # median 0.5: bar 0.5 + 0.5 * 0.4 = 0.7
+    assert best_moments(np.arange(4), spans, scores, 1)[0].end == 6.0
+    assert best_moments(np.arange(4), spans, scores, 1, join=0.9)[0].end == 4.0
