@@ -68,7 +68,7 @@ class Hit:
     # "dense+lexical" (their scales differ); None for "all"/"exhaustive"
     stage_scores: dict[str, float] | None = field(default=None, hash=False)
     row: int | None = None  # the store row that scored best (None: the video's id)
-    # the video's best rows that do not overlap, best first (the first one is ``row``)
+    # the video's best moments that do not overlap, best first (the first one's row is ``row``)
     moments: tuple[Moment, ...] = field(default=(), hash=False)
 
     def __post_init__(self) -> None:

@@ -224,7 +224,7 @@ class Timeline:
     best_frame: int  # the frame of largest weight within the best row
     best_time: float | None
     best_weight: float
-    moments: list[Moment]  # the video's best rows that do not overlap, by S
+    moments: list[Moment]  # the video's best moments that do not overlap, by S
     video_rows: int = 1  # the video's rows (segments)
     scored_rows: int = 1  # those scored: all, or a sample (video_timelines' max_rows)
 
