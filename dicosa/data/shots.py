@@ -87,9 +87,10 @@ class ShotDetector:
 
         number = len(self._times)
         self._times.append(time)
+        pixels = image_bgr.astype(np.int16)
         self._change.append(0.0 if self._previous is None else float(
-            np.abs(image_bgr.astype(np.int16) - self._previous).mean()))
-        self._previous = image_bgr.astype(np.int16)
+            np.abs(pixels - self._previous).mean()))
+        self._previous = pixels
         try:
             found = self._detector.process_frame(FrameTimecode(number, fps=self.rate),
                                                  image_bgr)
