@@ -13,6 +13,10 @@ What is checked, in order:
    rows only (lines of rows a write never committed are never searched; reported);
 6. files in the folder that no commit names (left by a write that never committed).
 
+It also lists the partial videos (a decode that lost part of the file: cut short, damaged
+stretches; each row's ``damage``, :mod:`dicosa.data.damage`): not a problem of the index, which
+holds what decoded, but what a user should know of their files.
+
 ``repair`` removes rows whose features are damaged (one transaction: their ids become
 tombstones, as any removal), deletes derived files that do not load (they are rebuilt from
 the shards the next time they are needed; the text index from the videos, by the next
@@ -65,6 +69,7 @@ class CheckReport:
     problems: list[str] = field(default_factory=list)  # not repaired
     repaired: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
+    partial: list[tuple[str, str]] = field(default_factory=list)  # (path, damage)
 
     @property
     def ok(self) -> bool:
@@ -74,6 +79,7 @@ class CheckReport:
         out = [f"checked {self.directory}: " + ", ".join(self.checked)]
         out += [f"problem: {p}" for p in self.problems]
         out += [f"repaired: {r}" for r in self.repaired]
+        out += [f"partial video: {path}: {damage}" for path, damage in self.partial]
         out.append("ok" if self.ok else f"{len(self.problems)} problem(s) left")
         return out
 
@@ -99,6 +105,7 @@ def check_index(directory: str | Path, repair: bool = False) -> CheckReport:
     _derived(directory, repair, report)
     _text(directory, store, repair, report)
     _uncommitted(directory, manifest, repair, report)
+    _partial(store, report)
     report.checked.append(f"first stage synced: {_synced(manifest, store)}")
     return report
 
@@ -176,6 +183,14 @@ def _uncommitted(directory: Path, manifest: Manifest, repair: bool,
             report.repaired.append(f"{path}: no commit names it; deleted")
         else:
             report.checked.append(f"uncommitted file {name} (harmless; --repair deletes it)")
+
+
+def _partial(store: FrameStore, report: CheckReport) -> None:
+    videos = store.video_metadata()
+    damaged = videos[videos["damage"].fillna("").astype(str).str.len() > 0]
+    report.partial = list(zip(damaged["path"].tolist(), damaged["damage"].tolist(),
+                              strict=True))
+    report.checked.append(f"{len(report.partial)} partial video(s)")
 
 
 def _synced(manifest: Manifest, store: FrameStore) -> bool:
