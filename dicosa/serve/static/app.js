@@ -1,6 +1,6 @@
 // dicosa's search page: plain JavaScript, no build step.
-// State lives in the URL (?q=&without=&mode=&source=&page= or ?like=ID[&row=R]&page=), so a search can be
-// shared and the Back button works. Everything shown comes from /api/...; text from the server
+// State lives in the URL (?q=&without=&mode=&source=&page= or ?like=ID[&row=R]&page=), so a
+// search can be shared and the Back button works. Everything shown comes from /api/...; text from the server
 // is put in with textContent only.
 "use strict";
 
@@ -8,7 +8,8 @@ const PAGE = 12;
 const $ = (id) => document.getElementById(id);
 const el = {
   form: $("search"), q: $("q"), without: $("without"), mode: $("mode"),
-  modeField: $("mode-field"), source: $("source"), sourceField: $("source-field"), facts: $("facts"), status: $("status"), notes: $("notes"),
+  modeField: $("mode-field"), facts: $("facts"), status: $("status"), notes: $("notes"),
+  source: $("source"), sourceField: $("source-field"),
   results: $("results"), pager: $("pager"), prev: $("prev"), next: $("next"),
   pageLabel: $("page-label"), playerBox: $("player-box"), player: $("player"),
   nowPlaying: $("now-playing"), closePlayer: $("close-player"),
