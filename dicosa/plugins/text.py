@@ -319,9 +319,8 @@ class TextPlugin:
                 ) -> list[dict]:
         """The lines of hit ``i`` that matched the query (:func:`said`), best moment first:
         the line of each of its moments' rows that has one, each once (at most ``limit``);
-        where none
-        has, the best line of any row of its video (a long video's line may be in a row
-        that is not among its moments)."""
+        where none has, the best line of any row of its video (a long video's line may be in
+        a row that is not among its moments)."""
         ranking = _ranking_of(result)
         if ranking is None or not ranking.matches:
             return []
