@@ -408,9 +408,13 @@ def test_resume_options_that_cannot_apply_and_a_missing_folder(model, clips, tmp
         assert err.startswith("error: the index at") and "another first stage" in err
         assert "\n" not in err
     assert main(["index", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x"), *FAST]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == f"error: {tmp_path / 'nowhere'} does not exist: give a folder of videos or " \
-                  "a video file"
+    captured = capsys.readouterr()
+    assert captured.err.strip() == f"error: {tmp_path / 'nowhere'} does not exist: give a " \
+                                   "folder of videos or a video file"
+    assert not captured.out and not (tmp_path / "x").exists()  # said first, nothing left
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        VideoIndex.build(model, tmp_path / "nowhere", tmp_path / "y", progress=False)
+    assert not (tmp_path / "y").exists()
 
 
 @pytest.mark.parametrize("errno_name", ["ENOSPC", "EROFS", "EACCES"])

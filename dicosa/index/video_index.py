@@ -48,6 +48,7 @@ from ..search.query_text import QueryText
 from ..search.store import FrameStore
 from ..search.types import RerankHook
 from .adding import Adding
+from .listing import list_videos
 from .lock import WriterLock
 from .manifest import MANIFEST, Manifest
 from .plugin_host import PluginHost
@@ -149,8 +150,10 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
         ``options`` are :meth:`create_or_resume`'s (backend, uri, stage_options, summary,
         summary_head, frame_sampling, frame_padding, lock_timeout, segments, frame_dtype);
         the rest are
-        :meth:`add`'s. ``meta``: free-form JSON-able facts stored in the manifest.
+        :meth:`add`'s. ``meta``: free-form JSON-able facts stored in the manifest. A folder
+        of videos that does not exist is one sentence, and ``out_dir`` is left as it was.
         """
+        videos = list_videos(videos)  # before anything is written
         index = cls.create_or_resume(model, out_dir, tokenizer=tokenizer, device=device,
                                      **options)
         with index.writing():  # one writer from the settings to the last video
@@ -442,8 +445,7 @@ def open_index(directory: str | os.PathLike, model: DiCoSA | None = None, *,
     if model is None:
         from ..loading import model_from_source
 
-        index = VideoIndex.load(directory, None)
-        source = index.meta.get("model")
+        source = Manifest.read(Path(directory)).meta.get("model")  # the index opens once
         if not source:
             raise ValueError(f"the index at {directory} does not record its model; pass the "
                              "model (dicosa search --checkpoint CKPT)")

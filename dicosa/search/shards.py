@@ -558,8 +558,8 @@ def read_rows(path: Path | io.StringIO) -> pd.DataFrame:
     except FileNotFoundError:
         raise StoreError(f"{path} is missing; {_REBUILD}") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise StoreError(f"{path} is damaged ({str(exc).splitlines()[0]}); run 'python -m "
-                         "dicosa check INDEX' or rebuild the index") from None
+        raise StoreError(f"{path} is damaged ({str(exc).splitlines()[0]}); run 'dicosa "
+                         "check INDEX' or rebuild the index") from None
     for column in COLUMNS:  # version-1 files lack the reserved columns
         if column not in table:
             table[column] = ""
