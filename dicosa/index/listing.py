@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["file_stamp", "list_videos", "new_or_changed", "require_videos"]
+__all__ = ["file_changed", "file_stamp", "list_videos", "new_or_changed", "require_videos"]
 
 log = logging.getLogger("dicosa.index.ingest")
 
@@ -59,7 +59,7 @@ def new_or_changed(listed: list[str], table) -> list[str]:
     for path in listed:
         if path not in known:
             todo.append(path)
-        elif _changed(known[path], file_stamp(path)):
+        elif file_changed(known[path], file_stamp(path)):
             todo.append(path)
             changed += 1
     if changed:
@@ -68,7 +68,7 @@ def new_or_changed(listed: list[str], table) -> list[str]:
     return todo
 
 
-def _changed(recorded: tuple, now: tuple[float, float]) -> bool:
+def file_changed(recorded: tuple, now: tuple[float, float]) -> bool:
     """A file changed when its size or mtime differs from the recorded ones (an index
     that recorded none cannot tell: unchanged)."""
     try:

@@ -437,11 +437,12 @@ def segment_policy(segments: SegmentPolicy | dict | bool | None,
 def open_index(directory: str | os.PathLike, model: DiCoSA | None = None, *,
                device: torch.device | str | None = None, strict: bool = True,
                skip: Iterable[str] = (), lock_timeout: float | None = None,
-               towers: str = "all") -> VideoIndex:
+               towers: str = "all", verify: bool | None = None) -> VideoIndex:
     """An index ready to search as it was recorded: the model its manifest names (unless
     ``model`` is given) and every plugin it recorded (but those in ``skip``).
     ``towers="text"`` loads that model without CLIP's image tower: a process that only
-    searches (adding videos then says it needs the whole model)."""
+    searches (adding videos then says it needs the whole model). ``verify``: as
+    :meth:`VideoIndex.load`'s."""
     if model is None:
         from ..loading import model_from_source
 
@@ -451,4 +452,4 @@ def open_index(directory: str | os.PathLike, model: DiCoSA | None = None, *,
                              "model (dicosa search --checkpoint CKPT)")
         model = model_from_source(source, towers)
     return VideoIndex.load(directory, model, device=device, strict=strict, skip=skip,
-                           lock_timeout=lock_timeout)
+                           lock_timeout=lock_timeout, verify=verify)
