@@ -228,6 +228,12 @@ def test_demo_quick(tmp_path):
     assert (tmp_path / "demo" / "factors.png").read_bytes()[:4] == b"\x89PNG"
     search = json.loads((tmp_path / "demo" / "search.json").read_text())
     assert len(search["results"]) == 5
+    # the pair is the test split's first caption, said so; where its video ranked, said
+    assert "the test split's first caption" in search["rule"] and search["rule"] in text
+    rank = search["expected_rank"]["exhaustive"]
+    assert 1 <= rank <= 10  # 8 test and 2 long videos
+    assert f"{Path(search['expected']).name} ranks {rank} of 10 videos" in text
+    assert f"test R@1 is {search['model_test_t2v']['R@1']:.1f}%" in text
     exclusion = json.loads((tmp_path / "demo" / "exclusion.json").read_text())
     assert exclusion["results"] and all("shows_b" in r for r in exclusion["results"])
     assert "R@1" in text and str(tmp_path / "demo" / "factors.png") in text
