@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..model import DiCoSA
 from ..search.store import FrameStore, StoreError, finite_rows
 from .manifest import MANIFEST, RESERVED, Manifest, ManifestError
 
@@ -83,7 +84,8 @@ class CheckReport:
         return out
 
 
-def check_index(directory: str | Path, repair: bool = False, model=None) -> CheckReport:
+def check_index(directory: str | Path, repair: bool = False,
+                model: DiCoSA | None = None) -> CheckReport:
     """Check (and with ``repair``, repair) the index in ``directory``; see the module doc.
     ``model``: what a repair encodes damaged rows with, where the index records no model of
     its own (an index built in Python without ``meta={"model": ...}``)."""
@@ -142,14 +144,14 @@ def _paths(store: FrameStore, ids: np.ndarray) -> str:
 
 
 def _repair(directory: Path, store: FrameStore, damaged: list[tuple[str, np.ndarray]],
-            report: CheckReport, model) -> None:
+            report: CheckReport, model: DiCoSA | None) -> None:
     """Every damaged row's video removed and encoded again where it can be, in one
     transaction (:func:`dicosa.index.repair.repair_rows`); what was done, said."""
     from .repair import repair_rows
 
+    done = repair_rows(directory, np.concatenate([ids for _, ids in damaged]), model)
     for what, ids in damaged:
         report.repaired.append(f"{what} ({_paths(store, ids)}): their videos' rows removed")
-    done = repair_rows(directory, np.concatenate([ids for _, ids in damaged]), model)
     if done.encoded:
         report.repaired.append(f"{len(done.encoded)} video(s) encoded again from their files"
                                f" ({', '.join(done.encoded[:3])}"
