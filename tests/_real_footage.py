@@ -8,6 +8,8 @@ imageio-ffmpeg, a dependency) makes the rest from them, each with what a test ca
 - :meth:`Footage.join`: real parts joined into one file, with the exact time of every cut;
 - :meth:`Footage.portrait`: pixels turned 90 degrees and a display matrix that turns them back
   (what a phone writes);
+- :meth:`Footage.rotated`: the same pixels with another display rotation (180, 270);
+- :meth:`Footage.anamorphic`: non-square pixels (a sample aspect ratio) that a player stretches;
 - :meth:`Footage.avi`: AVIs in the codecs browsers cannot play (XviD, DIV3, Cinepak);
 - :meth:`Footage.burned`: words drawn into the pictures over a time range (``drawtext``);
 - :meth:`Footage.with_subtitles`: a SubRip track muxed into an MKV;
@@ -148,6 +150,26 @@ class Footage:
             run_ffmpeg("-display_rotation:v:0", "90", "-i", str(turned), "-c", "copy",
                        str(path))
             turned.unlink()
+        return path
+
+    def rotated(self, degrees: int, name: str | None = None) -> Path:
+        """:meth:`portrait`'s stored pixels with a display matrix that turns them ``degrees``
+        counter-clockwise (90: upright, the landscape original; 180, 270: other turns)."""
+        path, made = self._out(name or f"rotated-{degrees}.mp4")
+        if not made:
+            run_ffmpeg("-display_rotation:v:0", str(degrees), "-i", str(self.portrait()),
+                       "-c", "copy", str(path))
+        return path
+
+    def anamorphic(self, name: str = "anamorphic.mp4") -> Path:
+        """Bikes' first 4 s stored as 480x272 pixels that are 4/3 as wide as tall (sample
+        aspect ratio 4:3, ``setsar``): shown at its display aspect, 640x272, it is the
+        original."""
+        path, made = self._out(name)
+        if not made:
+            run_ffmpeg("-i", str(self.bikes), "-t", "4", "-vf", "scale=480:272,setsar=4/3",
+                       "-c:v", "libx264", "-preset", "ultrafast", "-crf", "18",
+                       "-pix_fmt", "yuv420p", "-an", str(path))
         return path
 
     def avi(self, codec: str, name: str | None = None, *, seconds: float = 4.0) -> Path:

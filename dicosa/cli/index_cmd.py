@@ -191,6 +191,11 @@ def _report(index, report, out: str) -> None:
           + (f"; skipped {len(index.skipped)} unreadable file(s):" if index.skipped else ""))
     for path, reason in index.skipped:
         print(f"  {path}: {reason}")
+    if index.partial:
+        print(f"{len(index.partial)} partial video(s), indexed from what decodes "
+              "('dicosa check' lists every partial video of the index):")
+    for path, damage in index.partial:
+        print(f"  {path}: {damage}")
 
 
 def _model(args: argparse.Namespace):

@@ -33,10 +33,12 @@ class Adding:
 
         Files that cannot be decoded are logged, counted in :attr:`skipped` and left out,
         unless ``titles`` gives them a title: then they are indexed text-only (no frame in
-        the mask; :attr:`text_only`). Each full shard is one transaction: stored, given to
-        every first stage, committed. ``only_new=False`` encodes every listed video (each
-        process of a multi-process build has decided itself what is new). The writer lock
-        is held from the listing to the end, so two writers never encode the same video.
+        the mask; :attr:`text_only`); those whose decode lost part of them are indexed from
+        what decodes and listed in :attr:`partial`. Each full shard is one transaction:
+        stored, given to every first stage, committed. ``only_new=False`` encodes every
+        listed video (each process of a multi-process build has decided itself what is new).
+        The writer lock is held from the listing to the end, so two writers never encode the
+        same video.
         """
         from ..search.fusion import normalise_titles
 
@@ -62,6 +64,7 @@ class Adding:
             with self.transaction():
                 self.skipped += report.skipped
                 self.text_only += report.text_only
+                self.partial += report.partial
                 if self.directory is not None:
                     self._stages.save(self.directory)
         if report.skipped:

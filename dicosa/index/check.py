@@ -16,6 +16,10 @@ What is checked, in order:
    rows only (lines of rows a write never committed are never searched; reported);
 6. files in the folder that no commit names (left by a write that never committed).
 
+It also lists the partial videos (a decode that lost part of the file: cut short, damaged
+stretches; each row's ``damage``, :mod:`dicosa.data.damage`): not a problem of the index, which
+holds what decoded, but what a user should know of their files.
+
 ``repair``, in one transaction, removes the damaged rows' videos (every row of each; ids
 are never reused) and encodes again those whose files are still there and unchanged
 (:mod:`dicosa.index.repair`), saying which it could not and why; then it deletes derived
@@ -70,6 +74,7 @@ class CheckReport:
     repaired: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what a repair could not do, and why
+    partial: list[tuple[str, str]] = field(default_factory=list)  # (path, damage)
 
     @property
     def ok(self) -> bool:
@@ -80,6 +85,7 @@ class CheckReport:
         out += [f"problem: {p}" for p in self.problems]
         out += [f"repaired: {r}" for r in self.repaired]
         out += [f"note: {n}" for n in self.notes]
+        out += [f"partial video: {path}: {damage}" for path, damage in self.partial]
         out.append("ok" if self.ok else f"{len(self.problems)} problem(s) left")
         return out
 
@@ -106,6 +112,7 @@ def check_index(directory: str | Path, repair: bool = False,
     _derived(directory, repair, report)
     _text(directory, store, repair, report)
     _uncommitted(directory, manifest, repair, report)
+    _partial(store, report)
     report.checked.append(f"first stage synced: {_synced(manifest, store)}")
     return report
 
@@ -118,7 +125,7 @@ def _open(directory: Path) -> tuple[Manifest, FrameStore]:
 def _damaged_rows(store: FrameStore) -> list[tuple[str, np.ndarray]]:
     """``(what, live row ids)`` of each damage: shards that fail their checksums, then the
     other rows whose stored features are not finite."""
-    damaged = [(damage.sentence(), damage.ids) for damage in store.damage()]
+    damaged = [(failure.sentence(), failure.ids) for failure in store.checksum_failures()]
     seen = np.concatenate([np.zeros(0, np.int64)] + [ids for _, ids in damaged])
     bad = _non_finite_rows(store, seen)
     if len(bad):
@@ -207,6 +214,14 @@ def _uncommitted(directory: Path, manifest: Manifest, repair: bool,
             report.repaired.append(f"{path}: no commit names it; deleted")
         else:
             report.checked.append(f"uncommitted file {name} (harmless; --repair deletes it)")
+
+
+def _partial(store: FrameStore, report: CheckReport) -> None:
+    videos = store.video_metadata()
+    damaged = videos[videos["damage"].fillna("").astype(str).str.len() > 0]
+    report.partial = list(zip(damaged["path"].tolist(), damaged["damage"].tolist(),
+                              strict=True))
+    report.checked.append(f"{len(report.partial)} partial video(s)")
 
 
 def _synced(manifest: Manifest, store: FrameStore) -> bool:

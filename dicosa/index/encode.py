@@ -65,6 +65,7 @@ class Encoder:
         self.batch_size = batch_size
         self.skipped: list[tuple[str, str]] = []  # (path, reason)
         self.text_only: list[tuple[str, str]] = []
+        self.partial: list[tuple[str, str]] = []  # (path, what its decode lost)
         self._clips: list[dict] = []
         self._open: dict[int, _Streaming] = {}
         self._done: dict[int, Clip | VideoRun | None] = {}
@@ -84,10 +85,8 @@ class Encoder:
                 log.warning("indexing %s from its title alone: %s", item["path"],
                             item["text_only"])
                 self.text_only.append((item["path"], item["text_only"]))
-            elif 0 < item["row"]["frames_lost"] < 1:
-                log.warning("%s: %.0f%% of the sampled frames did not decode; indexed from the "
-                            "rest (metadata frames_lost)", item["path"],
-                            100 * item["row"]["frames_lost"])
+            else:
+                self._partial(item)
             self._clips.append(item)
             if len(self._clips) >= self.batch_size:
                 self.flush()
@@ -97,6 +96,7 @@ class Encoder:
             state.features.append(self.model.encode_frames(images).float().cpu())
             state.times.append(np.asarray(item["times"], dtype=np.float64))
         elif kind == "end":
+            self._partial(item)
             self._done[seq] = self._finish(self._open.pop(seq, _Streaming()), item)
         else:
             raise ValueError(f"unknown ingest item {kind!r}")
@@ -218,10 +218,10 @@ class Encoder:
     def _log_decode(self, path: str, report) -> None:
         if report.detector_error:
             log.warning("%s: %s; cut into windows alone", path, report.detector_error)
-        if report.lost:
-            ranges = ", ".join(f"{a:.1f}-{b:.1f} s" for a, b in report.lost[:5])
-            log.warning("%s: %.1f s did not decode (%s%s); indexed the rest", path,
-                        report.lost_seconds, ranges, ", ..." if len(report.lost) > 5 else "")
-        if report.ended_early:
-            log.warning("%s: decoding stopped at %.1f s (%s); indexed what came before", path,
-                        report.duration, report.ended_early)
+
+    def _partial(self, item: dict) -> None:
+        """Log and list a video whose decode lost part of it (its row's ``damage``)."""
+        damage = item["row"].get("damage")
+        if damage:
+            log.warning("%s is partial: %s; indexed the rest", item["path"], damage)
+            self.partial.append((item["path"], damage))

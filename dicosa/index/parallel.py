@@ -180,7 +180,7 @@ def build_index(
         assigned = set(mine)
         reports = launch.gather({"encoded": encoded,
                                  "skipped": [s for s in part.skipped if s[0] in assigned],
-                                 "text_only": part.text_only})
+                                 "text_only": part.text_only, "partial": part.partial})
     finally:  # the merge below is the main process's alone
         if owned:
             launch.close()
@@ -266,6 +266,7 @@ def _merge(top: VideoIndex, out: Path, pending: list[str], reports: list[dict],
     top.skipped = ([s for s in top.skipped if s[0] not in retried]
                    + [tuple(s) for r in reports for s in r["skipped"]])
     top.text_only = [tuple(t) for r in reports for t in r["text_only"]]
+    top.partial = [tuple(t) for r in reports for t in r["partial"]]
     top.meta.update(meta or {})
     top.save(out)  # builds and saves the first stage over every row, then the manifest
     log.info("merged %d shard(s) from %d process(es): %d videos in %s", len(shards),

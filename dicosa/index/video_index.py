@@ -111,6 +111,7 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
         self.directory: Path | None = None
         self.skipped: list[tuple[str, str]] = []
         self.text_only: list[tuple[str, str]] = []  # undecodable, indexed from the title
+        self.partial: list[tuple[str, str]] = []  # (path, damage) of this object's adds
         self.meta: dict = {}
         self.store = FrameStore(frame_dtype=frame_dtype or "float16")
         self.hooks: list[RerankHook] = []

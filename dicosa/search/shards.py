@@ -63,13 +63,15 @@ from .row_checksums import CRC_TENSOR, video_crcs
 __all__ = ["COLUMNS", "ClipShard", "RunShard", "StoreError", "VideoRun", "open_shard",
            "populate", "read_rows", "write_shard"]
 
-# path, duration (s), fps, num_frames (in the file), valid_frames (stored frames that are
-# real, the rest padding); title, text_only, frames_lost are reserved for heads that read them
-# (empty until then); size (bytes) and mtime (s) of the file when it was encoded: how a later
-# add notices a changed file (empty in indexes written before they were kept).
+# path, duration (s, as decoded), fps, num_frames (in the file), valid_frames (stored frames
+# that are real, the rest padding); title, text_only, frames_lost are reserved for heads that
+# read them (empty until then); size (bytes) and mtime (s) of the file when it was encoded: how
+# a later add notices a changed file (empty in indexes written before they were kept);
+# expected_duration (s, what the container states) and damage (what the decode lost, in one
+# sentence, dicosa.data.damage; empty for a whole video), empty in indexes written before.
 COLUMNS = ("path", "duration", "fps", "num_frames", "valid_frames", "title", "text_only",
-           "frames_lost", "size", "mtime")
-_NUMERIC = ("duration", "fps", "size", "mtime")
+           "frames_lost", "size", "mtime", "expected_duration", "damage")
+_NUMERIC = ("duration", "fps", "size", "mtime", "expected_duration")
 _DTYPES = {"F16": np.float16, "F32": np.float32, "BOOL": np.bool_, "I64": np.int64,
            "I8": np.int8}
 _REBUILD = "rebuild the index with 'dicosa index'"
@@ -599,7 +601,8 @@ def read_rows(path: Path | io.StringIO) -> pd.DataFrame:
     """A shard's csv (or the same text) as the metadata table, columns :data:`COLUMNS`."""
     # Only the numeric columns may hold NaN; a file may well be called "NA".
     try:
-        table = pd.read_csv(path, dtype={"path": str, "title": str}, keep_default_na=False,
+        table = pd.read_csv(path, dtype={"path": str, "title": str, "damage": str},
+                            keep_default_na=False,
                             na_values={c: ["nan", ""] for c in _NUMERIC})
     except FileNotFoundError:
         raise StoreError(f"{path} is missing; {_REBUILD}") from None

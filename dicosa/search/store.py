@@ -54,8 +54,8 @@ from .shards import (
     write_shard,
 )
 
-__all__ = ["COLUMNS", "ROW_COLUMNS", "Damage", "FrameStore", "StoreError", "VideoRun",
-           "finite_rows"]
+__all__ = ["COLUMNS", "ROW_COLUMNS", "ChecksumFailure", "FrameStore", "StoreError",
+           "VideoRun", "finite_rows"]
 
 # What store.rows() gives per row: the video's metadata, then the row's own: ``video`` (the id
 # of the video's first row: how the rows of one video are told apart from another's) and the
@@ -64,7 +64,7 @@ ROW_COLUMNS = (*COLUMNS, "video", "start", "end")
 
 
 @dataclass
-class Damage:
+class ChecksumFailure:
     """A shard file that differs from its checksum, and the live rows that cannot be trusted
     for it."""
 
@@ -477,9 +477,9 @@ class FrameStore:
         """Read every shard file whose checksum the manifest recorded and compare: one
         sentence per shard whose damage reaches live rows (empty: none does). Reads the whole
         store."""
-        return [damage.sentence() for damage in self.damage()]
+        return [failure.sentence() for failure in self.checksum_failures()]
 
-    def damage(self) -> list[Damage]:
+    def checksum_failures(self) -> list[ChecksumFailure]:
         """Each shard whose files differ from their recorded sha256 in a way that reaches
         live rows: those rows, found by the videos' CRC32s where the shard keeps them (the
         whole shard where it keeps none, its csv differs, or the damage lies outside every
@@ -496,8 +496,9 @@ class FrameStore:
                 ids = ids[np.isin(shard.video_of(ids - shard.first_id), videos)]
             ids = ids[self.is_live(ids)]
             if len(ids):
-                found.append(Damage(shard._directory / f"{shard.name}.{differs[0]}", ids,
-                                    videos is not None and len(videos) > 0, differs))
+                found.append(ChecksumFailure(
+                    shard._directory / f"{shard.name}.{differs[0]}", ids,
+                    videos is not None and len(videos) > 0, differs))
         return found
 
     def _differing_files(self, shard: Shard) -> list[str]:

@@ -44,7 +44,8 @@ __all__ = ["EXPLAINED_AS", "MEDIA_TYPES", "Answer", "Engine", "Ranked", "SearchR
 # The API's name for each plugin's explanation of a hit (the page reads these).
 EXPLAINED_AS = {"lexical": "words", "concepts": "exclusion", "fusion": "fusion"}
 _SCORE_CHUNK = 1024  # videos per DiCoSA.score call of "more like this"
-_FACTS = ("path", "title", "duration", "fps")  # the metadata a hit shows (_row_facts)
+# the metadata a hit shows (_row_facts)
+_FACTS = ("path", "title", "duration", "fps", "expected_duration", "damage")
 TIMELINE_POINTS = 240  # frames a hit's timeline sends at most (a long video's are thinned)
 # Rows (segments) a hit's timeline scores at most by default (``dicosa serve --timeline-rows``):
 # its moments' rows and others spread evenly over the video (dicosa.search.moment.
@@ -470,7 +471,17 @@ def _row_facts(row: dict | pd.Series) -> dict:
     duration = _finite(row["duration"])
     title = row["title"] if isinstance(row["title"], str) else ""
     return {"name": Path(str(row["path"])).name, "title": title, "duration": duration,
-            "fps": _finite(row["fps"])}
+            "fps": _finite(row["fps"]), "partial": _partial(row, duration)}
+
+
+def _partial(row: dict | pd.Series, decoded: float | None) -> dict | None:
+    """What a partial video's decode lost (None: it decoded whole, or an index written
+    before this was recorded)."""
+    damage = row.get("damage")
+    if not isinstance(damage, str) or not damage:
+        return None
+    return {"decoded": decoded, "expected": _finite(row.get("expected_duration")),
+            "damage": damage}
 
 
 def _finite(value) -> float | None:
