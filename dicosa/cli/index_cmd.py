@@ -53,10 +53,10 @@ def add_parser(commands) -> None:
                         "model's N frames (default 1, the released protocol's rate); such a "
                         "video is cut into shots and windows, searched as moments")
     p.add_argument("--detector", choices=("content", "adaptive", "none"), default=None,
-                   help="shot detector for long videos (PySceneDetect; default content); "
+                   help="shot detector for long videos (PySceneDetect; default adaptive); "
                         "none: windows only")
     p.add_argument("--min-shot", type=float, default=None, metavar="SECONDS",
-                   help="a shorter shot is joined to a neighbour (default 2)")
+                   help="a shorter shot is joined to a neighbour (default 1)")
     p.add_argument("--no-segments", action="store_true",
                    help="keep one row of N frames per video, spread over the whole file, "
                         "as indexes before moments did")
