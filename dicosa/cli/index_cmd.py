@@ -86,10 +86,12 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..index.listing import require_videos
     from ..index.parallel import PeerFailed, build_index
     from ..plugins.exclusion import ExclusionPlugin
     from ..plugins.lexical import LexicalPlugin, check_sparse_backend, load_lexical_head
 
+    require_videos(args.videos)
     sparse_options = options(args.sparse_option) if args.sparse_option else None
     if args.head is None and (args.sparse_backend or sparse_options):
         raise ValueError("--sparse-backend and --sparse-option set up the sparse stage of a "
@@ -206,9 +208,9 @@ def _model(args: argparse.Namespace):
 
     out = Path(args.out)
     if args.checkpoint is None and args.config is None and (out / "manifest.json").is_file():
-        from ..index import VideoIndex
+        from ..index.manifest import Manifest
 
-        existing = VideoIndex.load(out, None)
+        existing = Manifest.read(out)  # only its record: the index itself opens once, later
         source = existing.meta.get("model")
         if source:
             model = model_from_source({**source, "overrides": [*source.get("overrides", ()),
