@@ -4,7 +4,8 @@ An index keeps a long video as a run of frames at ``rate`` frames a second
 (:mod:`dicosa.data.segments`). :class:`FrameStream` decodes the file once with PyAV, from the
 first packet to the last, and yields the frames due at that rate in small batches, so a
 ten-hour file never sits in memory (the encoder consumes each batch before the next is
-decoded). Alongside it feeds a :class:`~dicosa.data.shots.ShotDetector` small frames.
+decoded). Alongside it feeds a :class:`~dicosa.data.shots.ShotDetector` a small copy of every
+decoded frame.
 
 Times are the decoder's own: each frame's presentation timestamp (``pts × time_base``)
 minus the stream's start, so variable frame rates and streams that do not start at zero give
@@ -60,6 +61,7 @@ class StreamReport:
     backwards: int = 0  # frames dropped because their time went backwards
     holes: list[int] = field(default_factory=list)  # run positions that follow a lost range
     cuts: list[float] = field(default_factory=list)  # shot starts (s) from the detector
+    cut_changes: list[float] = field(default_factory=list)  # the picture's change at each
     detector_error: str | None = None
     ended_early: str | None = None  # why the decode stopped before the file's end
 
@@ -86,7 +88,7 @@ class FrameStream:
     """
 
     def __init__(self, path: str | Path, rate: float, image_size: int, *,
-                 detector: str | None = "content", threshold: float | None = None,
+                 detector: str | None = "adaptive", threshold: float | None = None,
                  batch: int = 32):
         self.path = Path(path)
         self.rate = float(rate)
@@ -109,6 +111,7 @@ class FrameStream:
             yield from self._run(container, stream, fps, detector)
         if detector is not None:
             self.report.cuts = detector.cuts()
+            self.report.cut_changes = detector.changes()
             self.report.detector_error = detector.error
         if not self.report.taken:
             raise VideoDecodeError(self.path, "no frame decodes" if not self.report.decoded
@@ -146,10 +149,9 @@ class FrameStream:
                 sampler.restart(time)  # no tick inside the lost stretch
             failed_since = False
             last = time
-            if detector is not None:
+            if detector is not None and detector.wants():
                 detector.push(time, frame.to_ndarray(format="bgr24", width=detect_size[0],
-                                                     height=detect_size[1])
-                              if detector.wants() else None)
+                                                     height=detect_size[1]))
             for chosen, chosen_time in sampler.push(frame, time):
                 pending.append(_rgb(chosen, width, height))
                 times.append(chosen_time)

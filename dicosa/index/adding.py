@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..integers import as_int
 from ..model import VideoFeatures
 from ..search.shards import VideoRun
 from .ingest import Clip, ingest, list_videos, new_or_changed
@@ -41,6 +42,10 @@ class Adding:
         """
         from ..search.fusion import normalise_titles
 
+        batch_size, shard_size = _count(batch_size, "batch_size"), _count(shard_size,
+                                                                         "shard_size")
+        if num_workers is not None:
+            num_workers = _count(num_workers, "num_workers", least=0)
         model = self._require_model()
         listed = list(dict.fromkeys(list_videos(videos)))
         with self.writing():
@@ -142,3 +147,10 @@ class Adding:
         wanted = {str(Path(p).resolve()) for p in paths} | {str(p) for p in paths}
         return table.index[table["path"].isin(wanted)].to_numpy(np.int64)
 
+
+def _count(value: object, name: str, least: int = 1) -> int:
+    """``value`` as an int of at least ``least`` (numpy's integers too), else one sentence."""
+    number = as_int(value)
+    if number is None or number < least:
+        raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
+    return number

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..data.protocol import FrameProtocol
-from ..data.segments import SegmentPolicy, chunk_shots, segment_run, segment_spans, shots_of
+from ..data.segments import SegmentPolicy, layout_run
 from ..model import DiCoSA
 from ..search.shards import VideoRun
 
@@ -170,16 +170,15 @@ class Encoder:
         features = torch.cat(state.features)  # [F, D]
         times = np.concatenate(state.times)  # [F]
         self._log_decode(path, report)
-        cuts = np.searchsorted(times, np.asarray(report.cuts, dtype=np.float64) - 1e-6)
-        shots = shots_of(len(times), cuts, report.holes, policy.min_frames)
-        frames = self._contextualise(features, chunk_shots(shots, policy.window))  # [F, D]
+        layout = layout_run(times, report.cuts, report.holes, policy, row["duration"],
+                            report.cut_changes)
+        frames = self._contextualise(features, layout.chunks)  # [F, D]
         if not torch.isfinite(frames).all():
             self._non_finite(path)
             return None
-        segments = segment_run(shots, policy.window, policy.step)
-        spans = segment_spans(segments, times, 1.0 / policy.rate, row["duration"])
         return VideoRun(frames.to(torch.float16).numpy(), np.ones(len(times), dtype=bool),
-                        times.astype(np.float32), segments, spans.astype(np.float32), row)
+                        times.astype(np.float32), layout.segments,
+                        layout.spans.astype(np.float32), row)
 
     def _contextualise(self, features: torch.Tensor, chunks: np.ndarray) -> torch.Tensor:
         """The temporal transformer over each chunk ``(first, count)`` of the run, padded to N

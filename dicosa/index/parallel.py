@@ -205,11 +205,12 @@ def _agree_on_pending(launch: Launch, model: DiCoSA, videos, out: Path, stage: d
     top, agreed, failure = None, None, None
     if launch.is_main:
         try:
+            listed = list_videos(videos)  # a folder that does not exist: nothing written
             top = VideoIndex.create_or_resume(model, out, device=launch.device, **stage)
             done = set(top.paths)
             for _, _, paths in _unlinked(top, out, model):
                 done.update(paths)
-            agreed = ([p for p in dict.fromkeys(list_videos(videos)) if p not in done],
+            agreed = ([p for p in dict.fromkeys(listed) if p not in done],
                       top.frames.as_dict(),
                       top.segments.as_dict() if top.segments is not None else None,
                       top.store.frame_dtype)

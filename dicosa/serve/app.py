@@ -47,16 +47,18 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
+from starlette.routing import Match, Route
 
 from .. import __version__
 from .batching import Batcher
 from .compute import ComputeThread
 from .engine import Answer, Engine, SearchRequest
-from .errors import BAD_REQUESTS, NotReady, ServeError, UnknownVideo
+from .errors import BAD_REQUESTS, NotReady, ServeError, UnknownMoment, UnknownVideo
 from .media import ThumbnailError, Thumbnails, served_type, stream_response
 from .openapi import DOCS_CSP, install_docs, openapi_schema
 from .rankers import RankerError, Rankers
 from .ranking import InProcess
+from .request_schema import IndexFacts, request_fields
 from .schemas import Health, Info, Ready, SearchAnswer, VideoDetails, errors
 from .security import COOKIE, Guard, safe_next
 from .service import Service
@@ -167,11 +169,12 @@ def _checked(limits: Limits, q: str, exclude: list[str], k: int, offset: int, ca
         raise ServeError(f"each thing to leave out is at most {limits.query_chars} characters")
     if not 1 <= k <= limits.page:
         raise ServeError(f"k (results per page) must be between 1 and {limits.page}")
-    if offset < 0 or offset + k > limits.depth:
-        raise ServeError(f"offset + k must be between 1 and {limits.depth}: paging reaches "
+    if not 0 <= offset < limits.depth:
+        raise ServeError(f"offset must be between 0 and {limits.depth - 1}: paging reaches "
                          f"the first {limits.depth} results")
     if not 1 <= candidates <= limits.candidates:
         raise ServeError(f"candidates must be between 1 and {limits.candidates}")
+    k = min(k, limits.depth - offset)  # the last page ends at the depth paging reaches
     return SearchRequest(q, k, offset, candidates, tuple(exclude), mode or None, explain,
                          source or None)
 
@@ -227,14 +230,28 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
     install_docs(app)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
+    published: list = [None, None]  # [the engine it describes, the schema]
+
     def schema() -> dict:
-        if app.openapi_schema is None:
-            app.openapi_schema = openapi_schema(app, api_key=guard.enabled,
-                                                host_check=settings.allowed_hosts is not None)
-        return app.openapi_schema
+        """Made once per engine: a reopened index may have other modes or plugins."""
+        engine = service.current
+        if published[1] is None or published[0] is not engine:
+            fields = request_fields(vars(settings.limits), _facts(engine))
+            published[:] = [engine, openapi_schema(
+                app, api_key=guard.enabled, host_check=settings.allowed_hosts is not None,
+                fields=fields)]
+        return published[1]
 
     app.openapi = schema
     return app
+
+
+def _facts(engine: Engine | None) -> IndexFacts:
+    """What of ``engine``'s index decides which requests it answers (None: not open yet)."""
+    if engine is None:
+        return IndexFacts()
+    return IndexFacts(tuple(engine.index.modes), "concepts" in engine.plugins,
+                      "text" in engine.plugins)
 
 
 def _install_guards(app: FastAPI, settings: Settings, guard: Guard) -> None:
@@ -296,7 +313,8 @@ def _install_errors(app: FastAPI) -> None:
         if exc.status_code == 404:
             return _error(404, "there is nothing at this address")
         if exc.status_code == 405:
-            return _error(405, f"{request.method} is not allowed at this address")
+            return _error(405, f"{request.method} is not allowed at this address",
+                          {"Allow": _allowed(app, request.scope)})
         return _error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
@@ -305,6 +323,10 @@ def _install_errors(app: FastAPI) -> None:
 
     @app.exception_handler(UnknownVideo)
     async def unknown_video(request: Request, exc: UnknownVideo):
+        return _error(404, str(exc))
+
+    @app.exception_handler(UnknownMoment)
+    async def unknown_moment(request: Request, exc: UnknownMoment):
         return _error(404, str(exc))
 
     @app.exception_handler(NotReady)
@@ -325,6 +347,16 @@ def _install_errors(app: FastAPI) -> None:
         return _error(500, "the server could not answer this request; its log says why")
 
 
+def _allowed(app: FastAPI, scope: dict) -> str:
+    """The methods some route answers at the scope's path (a path may have a route per
+    method: GET and POST /api/search), for a 405's ``Allow`` header."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, Route) and route.matches(scope)[0] != Match.NONE:
+            methods |= route.methods or set()
+    return ", ".join(sorted(methods))
+
+
 async def _bad_request(request: Request, exc: Exception):
     return _error(400, str(exc))
 
@@ -335,10 +367,16 @@ def _validation_sentence(exc: RequestValidationError) -> str:
     if not errors:
         return "the request is not valid"
     first = errors[0]
+    if first.get("type") == "json_invalid":  # loc: ("body", character offset)
+        reason = (first.get("ctx") or {}).get("error") or "it does not parse"
+        at = first.get("loc", ())[-1:]
+        where = f" at character {at[0]}" if at and isinstance(at[0], int) else ""
+        return f"the request body is not valid JSON ({reason}{where})"
     where = ".".join(str(part) for part in first.get("loc", ())
                      if part not in ("query", "body", "path"))
     message = str(first.get("msg", "is not valid"))
-    message = message[:1].lower() + message[1:]
+    if message[1:2].islower():  # "Field required" reads on after "k: "; "JSON ..." stays
+        message = message[:1].lower() + message[1:]
     return f"{where}: {message}" if where else message
 
 

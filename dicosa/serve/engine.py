@@ -30,12 +30,13 @@ from torch import Tensor
 
 from ..data.datasets import VIDEO_EXTENSIONS
 from ..index import Hit, SearchResult, VideoIndex, open_index
+from ..integers import as_int
 from ..model import DiCoSA, TextFeatures
 from ..search.moment import video_timelines
 from ..search.query import Query, parse_query
 from ..search.query_text import QueryText
 from ..search.types import EncodedQueries
-from .errors import ServeError, UnknownVideo
+from .errors import ServeError, UnknownMoment, UnknownVideo
 from .machine import available_bytes
 from .spec import TIMELINE_ROWS, EngineSpec
 
@@ -127,9 +128,11 @@ class Engine:
                  query_text: QueryText | None = None, timeline_rows: int = TIMELINE_ROWS):
         if index.model is None:
             raise ValueError("the service needs an index with its model attached")
-        if not (isinstance(timeline_rows, int) and timeline_rows >= 1):
+        rows = as_int(timeline_rows)
+        if rows is None or rows < 1:
             raise ValueError(f"a timeline scores at least 1 row of a video, got "
                              f"{timeline_rows!r}")
+        timeline_rows = rows
         if query_text is not None:  # a reopened snapshot keeps the tower and its cache
             index.query_text = query_text
         self.index = index
@@ -315,7 +318,7 @@ class Engine:
         if row is not None:
             rows = rows[rows == self._row_id(row)]
             if not len(rows):
-                raise ServeError(f"row {row} is not a moment of video {seed}")
+                raise UnknownMoment(self._row_id(row), seed)
         clock = time.perf_counter()
         depth = offset + k
         proxy = torch.from_numpy(store.proxies(rows).mean(0, keepdims=True))  # [1, D]

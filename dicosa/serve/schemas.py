@@ -147,12 +147,13 @@ class MomentBest(_Answer):
 
 
 class TimeRange(_Answer):
-    """A moment: a time range of the video (one of its rows) and its score."""
+    """A moment: a time range of the video (its best row joined with the overlapping rows of
+    its shot that match) and its best row's score."""
 
     start: float | None = Field(description="seconds into the video (null: unknown)")
     end: float | None
     score: float
-    row: int = Field(description="the row (segment) it is: 'more like this' from a moment "
+    row: int = Field(description="its best row (segment): 'more like this' from a moment "
                                  "takes it as row=")
 
 
@@ -178,8 +179,8 @@ class Moment(_Answer):
 
     frames: list[MomentFrame]
     best: MomentBest
-    moments: list[TimeRange] = Field(description="the video's best rows that do not overlap, "
-                                                 "among the rows scored")
+    moments: list[TimeRange] = Field(description="the video's best moments that do not "
+                                                 "overlap, among the rows scored")
     rows: int = Field(description="the video's rows (segments)")
     scored_rows: int = Field(description="the rows scored for this timeline: all of them, or "
                                          "16 of a longer video (--timeline-rows)")

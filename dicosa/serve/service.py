@@ -60,6 +60,11 @@ class Service:
             raise NotReady("the index is not open yet")
         return engine
 
+    @property
+    def current(self) -> Engine | None:
+        """The engine now, or None while the index is still being opened."""
+        return self._engine
+
     def check_reload(self) -> bool:
         """Open the index again if another process finished changing it; True if swapped."""
         with self._lock:
