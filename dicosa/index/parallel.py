@@ -44,13 +44,20 @@ from ..model import DiCoSA
 from .ingest import list_videos
 from .video_index import VideoIndex
 
-__all__ = ["PARTS", "BuildReport", "Launch", "PeerFailed", "build_index"]
+__all__ = ["PARTS", "RAY_PART", "BuildReport", "Launch", "PeerFailed", "build_index",
+           "launch_size", "merge_parts", "open_part", "pending_videos"]
 
 log = logging.getLogger(__name__)
 
 PARTS = "parts"
+RAY_PART = "ray"  # the part a Ray build's workers write into (dicosa/index/ray_build.py)
 # The variables through which launchers (torchrun, accelerate, MPI) give the process count.
 _WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def launch_size() -> int:
+    """The number of processes a launcher says this one belongs to (1: no launcher)."""
+    return max(int(os.environ.get(name, "1") or 1) for name in _WORLD_SIZE_VARIABLES)
 
 
 class PeerFailed(RuntimeError):
@@ -69,7 +76,7 @@ class Launch:
     def detect(cls) -> Launch:
         """The launch this process belongs to. Several processes (a launcher set the world
         size above 1) start Accelerate's process group: NCCL on GPUs, gloo on CPUs."""
-        size = max(int(os.environ.get(name, "1") or 1) for name in _WORLD_SIZE_VARIABLES)
+        size = launch_size()
         if size <= 1:
             return cls()
         from accelerate import PartialState
@@ -168,12 +175,8 @@ def build_index(
         mine = _block(pending, launch.rank, launch.size)
         if num_workers is None:  # the processes share the machine's cores
             num_workers = min(4, max(1, (os.cpu_count() or 1) // launch.size))
-        part = VideoIndex.create_or_resume(model, out / PARTS / f"rank-{launch.rank}",
-                                           device=launch.device, backend=None,
-                                           frame_sampling=frames.sampling,
-                                           frame_padding=frames.padding,
-                                           segments=policy if policy is not None else False,
-                                           frame_dtype=kept)
+        part = open_part(model, out / PARTS / f"rank-{launch.rank}", frames, policy, kept,
+                         launch.device)
         encoded = part.add(mine, batch_size=batch_size, num_workers=num_workers,
                            shard_size=shard_size, progress=progress and launch.is_main,
                            titles=titles, only_new=False)
@@ -188,7 +191,7 @@ def build_index(
     if not launch.is_main:
         return BuildReport(None, launch.size, sum(counts), counts)
     assert top is not None
-    _merge(top, out, pending, reports, meta)
+    merge_parts(top, out, pending, reports, meta)
     return BuildReport(top, launch.size, sum(counts), counts)
 
 
@@ -206,11 +209,7 @@ def _agree_on_pending(launch: Launch, model: DiCoSA, videos, out: Path, stage: d
     if launch.is_main:
         try:
             top = VideoIndex.create_or_resume(model, out, device=launch.device, **stage)
-            done = set(top.paths)
-            for _, _, paths in _unlinked(top, out, model):
-                done.update(paths)
-            agreed = ([p for p in dict.fromkeys(list_videos(videos)) if p not in done],
-                      top.frames.as_dict(),
+            agreed = (pending_videos(top, out, videos), top.frames.as_dict(),
                       top.segments.as_dict() if top.segments is not None else None,
                       top.store.frame_dtype)
         except Exception as exc:
@@ -227,23 +226,44 @@ def _agree_on_pending(launch: Launch, model: DiCoSA, videos, out: Path, stage: d
     return top, pending, frames, policy, kept
 
 
+def pending_videos(top: VideoIndex, out: Path, videos) -> list[str]:
+    """The listed videos neither ``top`` nor an unlinked part shard in ``out`` holds."""
+    done = set(top.paths)
+    for _, _, paths, _ in _unlinked(top, out, top.model):
+        done.update(paths)
+    return [p for p in dict.fromkeys(list_videos(videos)) if p not in done]
+
+
+def open_part(model: DiCoSA, folder: Path, frames: FrameProtocol, policy: dict | None,
+              kept: str, device: torch.device | None = None) -> VideoIndex:
+    """A part of the build (new or resumed): an index without a first stage that decodes as
+    the merged index does (frame protocol, segment policy, how frames are kept)."""
+    return VideoIndex.create_or_resume(model, folder, device=device, backend=None,
+                                       frame_sampling=frames.sampling,
+                                       frame_padding=frames.padding,
+                                       segments=policy if policy is not None else False,
+                                       frame_dtype=kept)
+
+
 def _block(items: list[str], rank: int, size: int) -> list[str]:
     """The ``rank``-th of ``size`` contiguous blocks of ``items`` (sizes differ by at most 1)."""
     return items[len(items) * rank // size: len(items) * (rank + 1) // size]
 
 
 def _part_folders(out: Path) -> list[Path]:
-    """``parts/rank-R`` folders holding a manifest, in rank order."""
+    """``parts/rank-R`` folders holding a manifest, in rank order, then the Ray build's
+    ``parts/ray`` (:mod:`dicosa.index.ray_build`) if it holds one."""
     found = [p for p in (out / PARTS).glob("rank-*")
              if p.name.removeprefix("rank-").isdigit() and (p / "manifest.json").is_file()]
-    return sorted(found, key=lambda p: int(p.name.removeprefix("rank-")))
+    ranks = sorted(found, key=lambda p: int(p.name.removeprefix("rank-")))
+    return ranks + [p for p in [out / PARTS / RAY_PART] if (p / "manifest.json").is_file()]
 
 
 def _unlinked(top: VideoIndex, out: Path, model: DiCoSA
-              ) -> Iterator[tuple[str, int, list[str]]]:
-    """``(name, count, paths)`` of every part shard the index does not list yet, in the
-    order they are linked. A part of another model or frame protocol raises ValueError (as a
-    resume does)."""
+              ) -> Iterator[tuple[str, int, list[str], dict | None]]:
+    """``(name, count, paths, sha256)`` of every part shard the index does not list yet, in
+    the order they are linked. A part of another model or frame protocol raises ValueError
+    (as a resume does)."""
     linked = {shard.name for shard in top.store.shards}
     for folder in _part_folders(out):
         part = VideoIndex.load(folder, model, device=top.device)
@@ -252,15 +272,16 @@ def _unlinked(top: VideoIndex, out: Path, model: DiCoSA
             name = f"{PARTS}/{folder.name}/{shard.name}"
             if name not in linked:
                 ids = np.arange(shard.first_id, shard.first_id + shard.count)
-                yield name, shard.count, sorted(set(part.store.paths(ids)))
+                yield name, shard.count, sorted(set(part.store.paths(ids))), shard.sha256
 
 
-def _merge(top: VideoIndex, out: Path, pending: list[str], reports: list[dict],
+def merge_parts(top: VideoIndex, out: Path, pending: list[str], reports: list[dict],
            meta: dict | None) -> None:
     """Link every unlinked part shard into ``top``, record the skips, write the manifest."""
-    shards = [(name, count) for name, count, _ in _unlinked(top, out, top.model)]
-    for name, count in shards:
-        top.link_shard(name, count)
+    shards = [(name, count, sha256) for name, count, _, sha256 in _unlinked(top, out,
+                                                                             top.model)]
+    if shards:  # one transaction: the first stages take every new row at once
+        top.link_shards(shards)
     retried = set(pending)
     top.skipped = ([s for s in top.skipped if s[0] not in retried]
                    + [tuple(s) for r in reports for s in r["skipped"]])
