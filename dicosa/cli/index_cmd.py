@@ -78,6 +78,18 @@ def add_parser(commands) -> None:
                         "one scale per frame (half the bytes; the rerank's scores stay within a "
                         "stated bound of float16's, docs/index-format.md); an existing index "
                         "keeps its own")
+    p.add_argument("--engine", choices=("processes", "ray"), default="processes",
+                   help="processes: this process, or those of a torchrun/accelerate launch "
+                        "(the default); ray: one Ray Data pipeline, decode tasks and encoder "
+                        "actors on a Ray cluster (pip install 'dicosa[ray]'; docs/search.md)")
+    p.add_argument("--ray-address", metavar="ADDRESS",
+                   help="--engine ray: the cluster to run on (host:6379, as ray start --head "
+                        "prints it); default a local cluster started and stopped with the "
+                        "command")
+    p.add_argument("--ray-encoders", type=positive_int, default=None, metavar="N",
+                   help="--engine ray: encoder actors (default one per GPU; without GPUs, 1)")
+    p.add_argument("--ray-decode-cpus", type=float, default=1.0, metavar="CPUS",
+                   help="--engine ray: CPUs each decode task holds (default 1)")
     p.add_argument("--no-wait", action="store_true",
                    help="fail at once (one sentence) when another process is writing the index, "
                         "instead of waiting for it")
@@ -107,15 +119,18 @@ def run(args: argparse.Namespace) -> int:
         from ..heads import load_head
 
         load_head(args.concepts, model, kind="concepts")
+    common = {"batch_size": args.batch_size, "shard_size": args.shard_size,
+              "meta": {"model": source}, "backend": args.backend or "default", "uri": args.uri,
+              "stage_options": options(args.stage_option) or None, "titles": args.titles,
+              "frame_sampling": frames.sampling, "frame_padding": frames.padding,
+              "segments": _segments(args), "lock_timeout": 0 if args.no_wait else None,
+              "frame_dtype": args.frame_dtype, **summary}
     try:
-        report = build_index(model, args.videos, args.out, batch_size=args.batch_size,
-                             num_workers=args.num_workers, shard_size=args.shard_size,
-                             meta={"model": source}, backend=args.backend or "default",
-                             uri=args.uri, stage_options=options(args.stage_option) or None,
-                             titles=args.titles, frame_sampling=frames.sampling,
-                             frame_padding=frames.padding, segments=_segments(args),
-                             lock_timeout=0 if args.no_wait else None,
-                             frame_dtype=args.frame_dtype, **summary)
+        if args.engine == "ray":
+            report = _build_on_ray(args, model, common)
+        else:
+            report = build_index(model, args.videos, args.out, num_workers=args.num_workers,
+                                 **common)
     except PeerFailed:
         # The main process prints why and exits non-zero, which fails the launch; a non-zero
         # status here could let torchrun stop the main process before it has printed.
@@ -135,6 +150,21 @@ def run(args: argparse.Namespace) -> int:
         _read_text(index, text)
     _report(index, report, args.out)
     return 0
+
+
+def _build_on_ray(args: argparse.Namespace, model, common: dict):
+    from ..index.parallel import launch_size
+    from ..index.ray_build import RaySettings, build_index_on_ray
+
+    if launch_size() > 1:
+        raise ValueError("--engine ray runs one driver: start it with plain 'dicosa index', "
+                         "not under torchrun or accelerate launch")
+    if args.num_workers is not None:
+        raise ValueError("--num-workers sets the decoding processes of --engine processes; "
+                         "on Ray, decode tasks take --ray-decode-cpus each")
+    settings = RaySettings(address=args.ray_address, encoders=args.ray_encoders,
+                           decode_cpus=args.ray_decode_cpus)
+    return build_index_on_ray(model, args.videos, args.out, ray_settings=settings, **common)
 
 
 def _text_plugin(args: argparse.Namespace):
@@ -183,6 +213,10 @@ def _report(index, report, out: str) -> None:
     encoded = ("" if report.encoded is None else
                f" (encoded {report.encoded} now, in {report.processes} process(es): "
                f"{' + '.join(map(str, report.per_process))})")
+    if hasattr(report, "nodes"):  # a Ray build
+        work = ", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in report.seconds.items())
+        encoded = (f" (encoded {report.encoded} now on Ray: {report.nodes} node(s), "
+                   f"{report.encoders} encoder(s); {work})")
     rows = len(index.store)
     moments = f" ({rows} moments to search)" if rows != len(index) else ""
     print(f"indexed {len(index)} videos{moments} into {out}{encoded}"
