@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import psutil
 import pytest
@@ -29,6 +30,7 @@ from dicosa.loading import load_model
 
 from ._ray_cluster import REPO, start_cluster
 from ._slow_ray_index import CRASH
+from ._text_media import have, write_clip
 from ._videos import write_scenes
 
 ray = pytest.importorskip("ray")
@@ -40,13 +42,15 @@ OPTIONS = ["--batch-size", "1", "--shard-size", "1", "--config", CONFIG]
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    """8 clips, a long video (three 3-s scenes: streamed and cut into segments), and bad
-    files: garbage with a title (indexed text-only), an empty file and a text file (skipped)."""
+    """8 clips, a clip with words burnt in, a long video (three 3-s scenes: streamed and cut
+    into segments), and bad files: garbage with a title (indexed text-only), an empty file and
+    a text file (skipped)."""
     root = make_synthetic(tmp_path_factory.mktemp("synthetic"), num_train=0,
                           num_test=NUM_CLIPS, size=32, seconds=1.0, num_workers=1)
     videos = root / "videos"
     write_scenes(videos / "long.mp4", [(200, 30, 30), (30, 200, 30), (20, 20, 90)],
                  seconds=3.0)
+    write_clip(videos / "sign.mp4", 2.0, size=(160, 96), text=("GATE 42", 0.0, 2.0))
     (videos / "broken.mp4").write_bytes(b"\x00" * 64)
     (videos / "empty.mp4").write_bytes(b"")
     (videos / "notes.mp4").write_text("not a video\n")
@@ -143,6 +147,8 @@ def test_a_two_node_build_equals_the_single_process_build(cluster, folder, model
     """Bad files are counted as the single process counts them; a file whose decoder
     crashes on every try is listed as unreadable, and the build goes on."""
     from dicosa.index.ray_build import _FAILED, RaySettings, build_index_on_ray
+    from dicosa.plugins.text import TextPlugin
+    from dicosa.text.ray_reads import ray_reads
 
     from ._slow_ray_index import runtime_env
 
@@ -158,8 +164,19 @@ def test_a_two_node_build_equals_the_single_process_build(cluster, folder, model
             model, [*sorted(map(str, folder.iterdir())), str(crash)], out,
             ray_settings=RaySettings(tries=1), batch_size=2, shard_size=3, progress=False,
             titles=folder.parent / "titles.json")
+        if have("tesseract"):  # on-screen text read by a reader actor, written here
+            with report.index.writing():
+                text = report.index.use(TextPlugin(subtitles=False, ocr=True, ocr_frames=1,
+                                                   reads=ray_reads(ray, readers=1)))
     finally:
         ray.shutdown()
+    if have("tesseract"):
+        sign = report.index.store.metadata().query("path.str.endswith('sign.mp4')").index
+        assert "GATE 42" in " ".join(line["text"] for line in text.lines(int(sign[0])))
+        screen = text.reports["screen"]
+        assert (screen.videos, screen.found) == (len(report.index), 1)
+        held = text.index.held(text.settings.engines())  # every row has its record
+        assert set(report.index.store.live().tolist()) <= set(np.asarray(held).tolist())
     assert report.nodes == 2 and report.encoders == 1
     assert report.index.text_only == reference.text_only  # the titled broken file
     assert report.retried == 1  # the crashing file, run again alone
@@ -182,8 +199,11 @@ def test_a_two_node_build_equals_the_single_process_build(cluster, folder, model
 
 def test_a_worker_killed_mid_build_costs_only_its_unfinished_work(cluster, folder, model,
                                                                  reference, tmp_path):
+    """The command line's build, with on-screen text read in the same job; the encoder
+    actor is SIGKILLed once the first shard is linked."""
     out = tmp_path / "index"
-    proc = _run(_command(folder, out, "--ray-address", cluster.address), cluster.env,
+    ocr = ["--ocr", "--ocr-frames", "1"] if have("tesseract") else []  # read on the cluster
+    proc = _run(_command(folder, out, "--ray-address", cluster.address, *ocr), cluster.env,
                 delay=0.3)
     try:
         linked = _wait_for_shards(out, proc, 1)
@@ -198,6 +218,8 @@ def test_a_worker_killed_mid_build_costs_only_its_unfinished_work(cluster, folde
     assert encoders[0].pid not in {p.pid for p in cluster.workers("ray::MapWorker")}
     assert f"indexed {len(reference)} videos" in stdout and "on Ray: 2 node(s)" in stdout
     assert "indexed from its title alone (undecodable)" in stdout
+    if ocr:
+        assert f"screen (tesseract): 1 of {len(reference)} videos with screen" in stdout
     index = VideoIndex.load(out, model)
     _assert_same_index(index, reference)
     assert check_index(out).ok

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 
 from .common import model_options, options, positive_int
 
@@ -99,8 +101,8 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..index.parallel import PeerFailed, build_index
-    from ..plugins.exclusion import ExclusionPlugin
-    from ..plugins.lexical import LexicalPlugin, check_sparse_backend, load_lexical_head
+    from ..index.ray_build import build_index_on_ray
+    from ..plugins.lexical import check_sparse_backend, load_lexical_head
 
     sparse_options = options(args.sparse_option) if args.sparse_option else None
     if args.head is None and (args.sparse_backend or sparse_options):
@@ -125,19 +127,37 @@ def run(args: argparse.Namespace) -> int:
               "frame_sampling": frames.sampling, "frame_padding": frames.padding,
               "segments": _segments(args), "lock_timeout": 0 if args.no_wait else None,
               "frame_dtype": args.frame_dtype, **summary}
-    try:
-        if args.engine == "ray":
-            report = _build_on_ray(args, model, common)
-        else:
-            report = build_index(model, args.videos, args.out, num_workers=args.num_workers,
-                                 **common)
-    except PeerFailed:
-        # The main process prints why and exits non-zero, which fails the launch; a non-zero
-        # status here could let torchrun stop the main process before it has printed.
-        return 0
-    index = report.index
-    if index is None:  # not the main process: it reports for all
-        return 0
+    with _cluster(args) as ray:  # on Ray, the build and the text sources run in one job
+        try:
+            report = (build_index_on_ray(model, args.videos, args.out,
+                                         ray_settings=_ray_settings(args), **common)
+                      if ray is not None else
+                      build_index(model, args.videos, args.out, num_workers=args.num_workers,
+                                  **common))
+        except PeerFailed:
+            # The main process prints why and exits non-zero, which fails the launch; a
+            # non-zero status here could let torchrun stop the main process before it has
+            # printed.
+            return 0
+        index = report.index
+        if index is None:  # not the main process: it reports for all
+            return 0
+        _attach_heads(args, index, sparse_options)
+        if text is not None:
+            if ray is not None:
+                from ..text.ray_reads import ray_reads
+
+                cpus = int(ray.cluster_resources().get("CPU", 1))
+                text.reads = ray_reads(ray, readers=max(1, cpus - 1))
+            _read_text(index, text)
+    _report(index, report, args.out)
+    return 0
+
+
+def _attach_heads(args: argparse.Namespace, index, sparse_options: dict | None) -> None:
+    from ..plugins.exclusion import ExclusionPlugin
+    from ..plugins.lexical import LexicalPlugin
+
     if args.head is not None:
         lexical = index.use(LexicalPlugin(args.head, args.sparse_backend, sparse_options))
         backend = "" if lexical.stage.backend == "exact" else f" ({lexical.stage.backend})"
@@ -146,15 +166,16 @@ def run(args: argparse.Namespace) -> int:
     if args.concepts is not None:
         index.use(ExclusionPlugin(args.concepts))
         print(f"concept codes of {len(index)} videos, for 'A without B' searches")
-    if text is not None:
-        _read_text(index, text)
-    _report(index, report, args.out)
-    return 0
 
 
-def _build_on_ray(args: argparse.Namespace, model, common: dict):
+@contextlib.contextmanager
+def _cluster(args: argparse.Namespace) -> Iterator:
+    """``ray`` connected to the cluster ``--engine ray`` runs on (None: another engine)."""
+    if args.engine != "ray":
+        yield None
+        return
     from ..index.parallel import launch_size
-    from ..index.ray_build import RaySettings, build_index_on_ray
+    from ..index.ray_build import ray_cluster
 
     if launch_size() > 1:
         raise ValueError("--engine ray runs one driver: start it with plain 'dicosa index', "
@@ -162,9 +183,15 @@ def _build_on_ray(args: argparse.Namespace, model, common: dict):
     if args.num_workers is not None:
         raise ValueError("--num-workers sets the decoding processes of --engine processes; "
                          "on Ray, decode tasks take --ray-decode-cpus each")
-    settings = RaySettings(address=args.ray_address, encoders=args.ray_encoders,
-                           decode_cpus=args.ray_decode_cpus)
-    return build_index_on_ray(model, args.videos, args.out, ray_settings=settings, **common)
+    with ray_cluster(_ray_settings(args)) as ray:
+        yield ray
+
+
+def _ray_settings(args: argparse.Namespace):
+    from ..index.ray_build import RaySettings
+
+    return RaySettings(address=args.ray_address, encoders=args.ray_encoders,
+                       decode_cpus=args.ray_decode_cpus)
 
 
 def _text_plugin(args: argparse.Namespace):

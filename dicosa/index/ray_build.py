@@ -56,7 +56,7 @@ from .parallel import (
 )
 from .video_index import VideoIndex
 
-__all__ = ["RayBuildReport", "RaySettings", "build_index_on_ray"]
+__all__ = ["RayBuildReport", "RaySettings", "build_index_on_ray", "ray_cluster"]
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +107,14 @@ def build_index_on_ray(
 ) -> RayBuildReport:
     """:meth:`VideoIndex.build` into ``out_dir`` on a Ray cluster (module docstring).
 
-    ``batch_size``: videos per encoder call (clips are encoded together); ``shard_size``:
-    rows per shard file. ``stage`` takes :meth:`VideoIndex.create_or_resume`'s options
-    (``backend``, ``uri``, ``stage_options``, ``summary``, ``summary_head``,
-    ``frame_sampling``, ``frame_padding``, ``segments``, ``frame_dtype``), which mean what
-    they mean there. The index's writer lock is held from the listing to the merge.
+    ``batch_size``: videos per encoder call at most (clips are encoded together; fewer
+    where the job is small, see :meth:`_Plan.call_size`); ``shard_size``: videos per shard
+    file (a file also ends at 65,536 frames, and a shard of long videos at ``shard_size``
+    rows, as a single process cuts them). ``stage`` takes the options of
+    :meth:`VideoIndex.create_or_resume` (``backend``, ``uri``, ``stage_options``,
+    ``summary``, ``summary_head``, ``frame_sampling``, ``frame_padding``, ``segments``,
+    ``frame_dtype``), which mean what they mean there. The index's writer lock is held
+    from the listing to the merge.
     """
     from ..search.fusion import normalise_titles
 
@@ -127,10 +130,11 @@ def build_index_on_ray(
         journal, encoders = _Journal(part, pending, progress), 0
         if pending:
             named = normalise_titles(titles)
-            with _cluster(settings) as ray:
+            with ray_cluster(settings) as ray:
                 plan = _Plan.make(ray, settings, model, part, batch_size, shard_size)
                 encoders = plan.encoders
-                journal.run(plan.pipeline(ray, pending, named, batch_size))
+                journal.run(plan.pipeline(ray, pending, named,
+                                          plan.call_size(len(pending), batch_size)))
                 retry = journal.missing()
                 if retry:
                     log.warning("%d video(s) failed on every try in a batch; running them "
@@ -144,7 +148,7 @@ def build_index_on_ray(
 
 
 @contextlib.contextmanager
-def _cluster(settings: RaySettings) -> Iterator:
+def ray_cluster(settings: RaySettings) -> Iterator:
     """``ray``, connected to the cluster the settings name (module docstring)."""
     try:
         import ray
@@ -200,6 +204,12 @@ class _Plan:
         gpus = int(ray.cluster_resources().get("GPU", 0))
         encoders = settings.encoders or max(1, gpus)
         return cls(model, part, encoders, gpus > 0, settings, shard_size)
+
+    def call_size(self, videos: int, batch_size: int) -> int:
+        """Videos per encoder call: ``batch_size``, or fewer, so that each encoder gets at
+        least 4 calls. An encoder call waits until its videos are decoded, so a call of the
+        whole job would leave the encoders idle while every video is decoded."""
+        return max(1, min(batch_size, videos // (4 * self.encoders)))
 
     def pipeline(self, ray, paths: list[str], titles: dict[str, str], batch_size: int):
         """The Dataset of write records over ``paths`` (lazy: iterating it runs the job)."""
