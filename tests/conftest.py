@@ -111,3 +111,13 @@ def real_footage(tmp_path_factory):
     from tests._real_footage import footage
 
     return footage(tmp_path_factory.mktemp("real-footage"))
+
+
+@pytest.fixture(scope="module")
+def cli_model():
+    """The model ``dicosa index --config configs/synthetic.yaml`` builds (seeded), for tests
+    that compare what the command line indexes with an index of their own."""
+    from dicosa.loading import load_model
+
+    return load_model(None, os.path.join(os.path.dirname(__file__), os.pardir, "configs",
+                                         "synthetic.yaml"))[0]

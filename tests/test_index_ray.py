@@ -26,7 +26,6 @@ from dicosa.data.synthetic import make_synthetic
 from dicosa.index import VideoIndex
 from dicosa.index.check import check_index
 from dicosa.index.parallel import PARTS, RAY_PART
-from dicosa.loading import load_model
 
 from ._ray_cluster import REPO, start_cluster
 from ._slow_ray_index import CRASH
@@ -60,14 +59,9 @@ def folder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def model():
-    return load_model(None, CONFIG)[0]  # the model the command line builds (seeded)
-
-
-@pytest.fixture(scope="module")
-def reference(folder, model, tmp_path_factory) -> VideoIndex:
+def reference(folder, cli_model, tmp_path_factory) -> VideoIndex:
     out = tmp_path_factory.mktemp("single") / "index"
-    return VideoIndex.build(model, folder, out, batch_size=1, num_workers=0, progress=False,
+    return VideoIndex.build(cli_model, folder, out, batch_size=1, num_workers=0, progress=False,
                             titles=folder.parent / "titles.json")
 
 
@@ -142,7 +136,7 @@ def _finish(proc: subprocess.Popen) -> str:
     return stdout
 
 
-def test_a_two_node_build_equals_the_single_process_build(cluster, folder, model, reference,
+def test_a_two_node_build_equals_the_single_process_build(cluster, folder, cli_model, reference,
                                                           tmp_path, monkeypatch):
     """Bad files are counted as the single process counts them; a file whose decoder
     crashes on every try is listed as unreadable, and the build goes on."""
@@ -161,7 +155,7 @@ def test_a_two_node_build_equals_the_single_process_build(cluster, folder, model
     ray.init(address=cluster.address, runtime_env=runtime_env(), log_to_driver=False)
     try:  # a process already connected to Ray builds on that cluster
         report = build_index_on_ray(
-            model, [*sorted(map(str, folder.iterdir())), str(crash)], out,
+            cli_model, [*sorted(map(str, folder.iterdir())), str(crash)], out,
             ray_settings=RaySettings(tries=1), batch_size=2, shard_size=3, progress=False,
             titles=folder.parent / "titles.json")
         if have("tesseract"):  # on-screen text read by a reader actor, written here
@@ -180,7 +174,7 @@ def test_a_two_node_build_equals_the_single_process_build(cluster, folder, model
     assert report.nodes == 2 and report.encoders == 1
     assert report.index.text_only == reference.text_only  # the titled broken file
     assert report.retried == 1  # the crashing file, run again alone
-    index = VideoIndex.load(out, model)
+    index = VideoIndex.load(out, cli_model)
     assert (str(crash.resolve()), _FAILED) in index.skipped
     index.skipped.remove((str(crash.resolve()), _FAILED))
     _assert_same_index(index, reference)
@@ -193,11 +187,11 @@ def test_a_two_node_build_equals_the_single_process_build(cluster, folder, model
     hits = index.search("a red circle moves left", k=3, candidates=4)
     assert len(hits) == 3
     # Nothing left to do: no cluster is needed and nothing is encoded.
-    again = build_index_on_ray(model, folder, out, progress=False)
+    again = build_index_on_ray(cli_model, folder, out, progress=False)
     assert again.encoded == 0 and sorted(again.index.paths) == sorted(index.paths)
 
 
-def test_a_worker_killed_mid_build_costs_only_its_unfinished_work(cluster, folder, model,
+def test_a_worker_killed_mid_build_costs_only_its_unfinished_work(cluster, folder, cli_model,
                                                                  reference, tmp_path):
     """The command line's build, with on-screen text read in the same job; the encoder
     actor is SIGKILLed once the first shard is linked."""
@@ -220,13 +214,13 @@ def test_a_worker_killed_mid_build_costs_only_its_unfinished_work(cluster, folde
     assert "indexed from its title alone (undecodable)" in stdout
     if ocr:
         assert f"screen (tesseract): 1 of {len(reference)} videos with screen" in stdout
-    index = VideoIndex.load(out, model)
+    index = VideoIndex.load(out, cli_model)
     _assert_same_index(index, reference)
     assert check_index(out).ok
     assert len(index.search("a blue square", k=2, candidates=4)) == 2
 
 
-def test_a_killed_build_resumes_without_encoding_a_finished_video(cluster, folder, model,
+def test_a_killed_build_resumes_without_encoding_a_finished_video(cluster, folder, cli_model,
                                                                   reference, tmp_path):
     """The driver is SIGKILLed mid-build; the same command, on a local cluster of its own
     this time, encodes only the videos no linked shard holds."""
@@ -249,7 +243,7 @@ def test_a_killed_build_resumes_without_encoding_a_finished_video(cluster, folde
     found = re.search(r"encoded (\d+) now on Ray: 1 node", stdout)
     assert found and int(found.group(1)) == len(reference) - len(kept), stdout
     assert _local_clusters() == before  # the command's own cluster is gone
-    _assert_same_index(VideoIndex.load(out, model), reference)
+    _assert_same_index(VideoIndex.load(out, cli_model), reference)
 
 
 def _local_clusters() -> set[int]:

@@ -108,9 +108,9 @@ def build_index_on_ray(
     """:meth:`VideoIndex.build` into ``out_dir`` on a Ray cluster (module docstring).
 
     ``batch_size``: videos per encoder call at most (clips are encoded together; fewer
-    where the job is small, see :meth:`_Plan.call_size`); ``shard_size``: videos per shard
-    file (a file also ends at 65,536 frames, and a shard of long videos at ``shard_size``
-    rows, as a single process cuts them). ``stage`` takes the options of
+    where the job is small, see :meth:`_Plan.call_size`); ``shard_size``: rows per shard
+    file at most (a file also ends at 65,536 frames, as a single process cuts them).
+    ``stage`` takes the options of
     :meth:`VideoIndex.create_or_resume` (``backend``, ``uri``, ``stage_options``,
     ``summary``, ``summary_head``, ``frame_sampling``, ``frame_padding``, ``segments``,
     ``frame_dtype``), which mean what they mean there. The index's writer lock is held
