@@ -194,6 +194,24 @@ def test_a_merge_that_links_a_runs_shard_first_keeps_the_rows_n_frames_wide(mode
     assert VideoIndex.load(out, model).store.num_frames == 4
 
 
+def test_a_file_changed_since_a_merge_is_encoded_again_and_replaces_its_rows(model, tmp_path):
+    clips = [write_video(tmp_path / "clips" / f"{name}.mp4", 30, fps=10) for name in "ab"]
+    out = tmp_path / "index"
+    part = VideoIndex.create_or_resume(model, out / PARTS / "rank-1", backend=None)
+    part.add(clips[1:], num_workers=0, progress=False)  # a part: the merging path
+    options = {"batch_size": 1, "num_workers": 0, "progress": False}
+    assert build_index(model, clips, out, **options).encoded == 1
+    before = VideoIndex.load(out, model).store.metadata()
+    write_video(clips[0], 20, fps=10)  # another size: changed
+    report = build_index(model, clips, out, **options)
+    assert report.encoded == 1  # the changed file alone
+    index = VideoIndex.load(out, model)
+    table = index.store.metadata()
+    assert sorted(index.paths) == sorted(str(c.resolve()) for c in clips)  # one row each
+    assert table.loc[table["path"].str.endswith("a.mp4"), "num_frames"].item() == 20
+    assert len(before) == len(table) == 2 and index.store.next_id == 3  # the old id is gone
+
+
 @dataclass
 class _Pretend(Launch):
     """One process of a launch, run here in turn with the others and without a process

@@ -7,8 +7,9 @@ process is done, the main one *links* the parts' shards into the folder's ``mani
 (:meth:`VideoIndex.link_shard`: no copy) and builds the dense first stage over all rows, once.
 The result is an ordinary index folder; :meth:`VideoIndex.load` reads it as any other.
 
-- **Split.** The main process lists the videos still to encode (the given ones, less those the
-  index holds and those in part shards not yet linked) and hands the list to every process;
+- **Split.** The main process lists the videos still to encode (the given ones the index does
+  not hold or holds from a file changed since, less those in part shards not yet linked) and
+  hands the list to every process;
   process r of W takes the r-th of W contiguous blocks of it (sizes differ by at most one).
   Blocks of the sorted list keep a clean build's rows in the order one process would give them,
   and splitting only what is left shares a resumed build's work evenly among however many
@@ -41,7 +42,7 @@ import torch
 
 from ..data.protocol import FrameProtocol
 from ..model import DiCoSA
-from .ingest import list_videos
+from .ingest import list_videos, new_or_changed
 from .video_index import VideoIndex
 
 __all__ = ["PARTS", "RAY_PART", "BuildReport", "Launch", "PeerFailed", "build_index",
@@ -227,11 +228,12 @@ def _agree_on_pending(launch: Launch, model: DiCoSA, videos, out: Path, stage: d
 
 
 def pending_videos(top: VideoIndex, out: Path, videos) -> list[str]:
-    """The listed videos neither ``top`` nor an unlinked part shard in ``out`` holds."""
-    done = set(top.paths)
-    for _, _, paths, _ in _unlinked(top, out, top.model):
-        done.update(paths)
-    return [p for p in dict.fromkeys(list_videos(videos)) if p not in done]
+    """The listed videos ``top`` does not hold, or holds from a file changed since
+    (:func:`~dicosa.index.listing.new_or_changed`), less those an unlinked part shard in
+    ``out`` holds."""
+    waiting = {p for _, _, paths, _ in _unlinked(top, out, top.model) for p in paths}
+    listed = [p for p in dict.fromkeys(list_videos(videos)) if p not in waiting]
+    return new_or_changed(listed, top.store.video_metadata())
 
 
 def open_part(model: DiCoSA, folder: Path, frames: FrameProtocol, policy: dict | None,
@@ -276,17 +278,19 @@ def _unlinked(top: VideoIndex, out: Path, model: DiCoSA
 
 
 def merge_parts(top: VideoIndex, out: Path, pending: list[str], reports: list[dict],
-           meta: dict | None) -> None:
-    """Link every unlinked part shard into ``top``, record the skips, write the manifest."""
-    shards = [(name, count, sha256) for name, count, _, sha256 in _unlinked(top, out,
-                                                                             top.model)]
-    if shards:  # one transaction: the first stages take every new row at once
-        top.link_shards(shards)
+                meta: dict | None) -> None:
+    """Link every unlinked part shard into ``top`` (the rows a changed file had before give
+    way to its new ones), record the skips, write the manifest."""
+    found = list(_unlinked(top, out, top.model))
+    if found:  # one transaction: the first stages take every new row at once
+        with top.transaction():
+            top.remove([path for _, _, paths, _ in found for path in paths])
+            top.link_shards([(name, count, sha256) for name, count, _, sha256 in found])
     retried = set(pending)
     top.skipped = ([s for s in top.skipped if s[0] not in retried]
                    + [tuple(s) for r in reports for s in r["skipped"]])
     top.text_only = [tuple(t) for r in reports for t in r["text_only"]]
     top.meta.update(meta or {})
     top.save(out)  # builds and saves the first stage over every row, then the manifest
-    log.info("merged %d shard(s) from %d process(es): %d videos in %s", len(shards),
+    log.info("merged %d shard(s) from %d process(es): %d videos in %s", len(found),
              len(reports), len(top), out)
