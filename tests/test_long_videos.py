@@ -81,7 +81,8 @@ def test_search_ranks_videos_by_their_best_segment_with_moments(index, model):
             assert hit.score == pytest.approx(float(reference.max()), abs=1e-5)
             assert hit.row == rows[int(reference.argmax())]
             spans = index.store.spans(np.array([m.row for m in hit.moments]))
-            assert [m.start for m in hit.moments] == spans[:, 0].tolist()
+            for m, (start, end) in zip(hit.moments, spans, strict=True):  # a range round its row
+                assert m.start <= start + 1e-4 and end <= m.end + 1e-4
             scores = [m.score for m in hit.moments]
             assert scores == sorted(scores, reverse=True) and len(hit.moments) <= 3
             for a in hit.moments:  # no two moments overlap

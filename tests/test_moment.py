@@ -15,7 +15,13 @@ import torch
 from dicosa.data.video import load_video_partial
 from dicosa.index import VideoIndex
 from dicosa.model import TextFeatures, VideoFeatures
-from dicosa.search.moment import frame_times, frame_weights, row_frame_times, timelines
+from dicosa.search.moment import (
+    best_moments,
+    frame_times,
+    frame_weights,
+    row_frame_times,
+    timelines,
+)
 
 from ._videos import level_to_index, write_video
 from .conftest import tiny_config
@@ -111,3 +117,36 @@ def test_timelines_pick_the_heaviest_valid_frame():
     assert not any(isinstance(v, float) and math.isnan(v) for f in parts["frames"]
                    for v in f.values())
 
+
+
+def test_moments_join_the_matching_rows_next_to_their_best_row():
+    """Windows of one long shot (0-12 s, every 2 s) that all match, a shot after it that does
+    not, and one more that matches less: the first moment is the whole matching stretch with
+    the best row's score, the rows below the bar stay apart, and nothing is taken twice."""
+    spans = np.array([[0, 4], [2, 6], [4, 8], [6, 10], [8, 12], [12, 15], [15, 18],
+                      [30, 33]], float)
+    scores = np.array([0.70, 0.90, 0.85, 0.80, 0.75, 0.10, 0.45, 0.60])
+    rows = np.arange(len(scores)) + 100
+    moments = best_moments(rows, spans, scores, limit=3, background=0.1, join=0.8)
+    # bar 0.1 + 0.8 * (0.9 - 0.1) = 0.74: rows 101-104 join (0.70 and below do not)
+    assert [(m.start, m.end, m.score, m.row) for m in moments] == [
+        (2.0, 12.0, 0.9, 101), (30.0, 33.0, 0.6, 107), (15.0, 18.0, 0.45, 106)]
+    # a lower level joins the 0.70 window too; above 1, each moment is one row
+    assert best_moments(rows, spans, scores, 1, 0.1, join=0.7)[0].start == 0.0
+    alone = best_moments(rows, spans, scores, 3, 0.1, join=2.0)
+    assert [(m.start, m.end) for m in alone] == [(2.0, 6.0), (6.0, 10.0), (30.0, 33.0)]
+    # rows that only meet (at a cut) are two moments, however well both match
+    met = best_moments(np.arange(3), np.array([[0, 3.4], [3.4, 7], [9, 12]]),
+                       np.array([0.9, 0.88, 0.89]), 3, background=0.0, join=0.8)
+    assert [(m.start, m.end) for m in met] == [(0.0, 3.4), (9.0, 12.0), (3.4, 7.0)]
+    # unknown times join nothing; unscored rows are never moments
+    unknown = best_moments(np.arange(3), np.array([[np.nan, np.nan], [0, 4], [2, 6]]),
+                           np.array([0.9, 0.8, -np.inf]), 3, background=0.0)
+    assert [(m.start, m.end, m.row) for m in unknown] == [(None, None, 0), (0.0, 4.0, 1)]
+
+
+def test_moments_without_a_background_take_the_median_of_the_scores():
+    spans = np.array([[0, 4], [2, 6], [4, 8], [8, 12]], float)
+    scores = np.array([0.9, 0.8, 0.2, 0.1])  # median 0.5: bar 0.5 + 0.5 * 0.4 = 0.7
+    assert best_moments(np.arange(4), spans, scores, 1)[0].end == 6.0
+    assert best_moments(np.arange(4), spans, scores, 1, join=0.9)[0].end == 4.0

@@ -6,7 +6,14 @@ import itertools
 import numpy as np
 import pytest
 
-from dicosa.data.segments import SegmentPolicy, chunk_shots, segment_run, segment_spans, shots_of
+from dicosa.data.segments import (
+    SegmentPolicy,
+    chunk_shots,
+    layout_run,
+    segment_run,
+    segment_spans,
+    shots_of,
+)
 
 
 def test_shots_from_cuts_holes_and_short_shots():
@@ -64,9 +71,33 @@ def test_segment_spans_from_frame_times():
                                [[8.5, 8.6]])
 
 
+def test_rows_meet_at_the_cut_the_detector_saw():
+    """At 1 frame/s, cuts at 2.4 s and 6.0 s: the rows on either side meet at the cut itself,
+    the frame at 3 s (the first after 2.4) beginning the new row; of two cuts in one gap the
+    stronger is the boundary; a shot joined for being short leaves no boundary."""
+    times = np.arange(12.0)
+    policy = SegmentPolicy(window=4, min_shot=1.0)
+    layout = layout_run(times, [2.4, 6.0], [], policy, duration=12.0)
+    assert layout.shots == [(0, 3), (3, 6), (6, 12)]
+    np.testing.assert_allclose(layout.spans[:2], [[0, 2.4], [2.4, 6.0]])
+    assert layout.spans[2].tolist() == [6.0, 10.0]
+    # two cuts between the frames at 2 s and 3 s: the stronger one bounds the rows
+    for changes, cut in [([90.0, 12.0], 2.2), ([12.0, 90.0], 2.7), (None, 2.2)]:
+        layout = layout_run(times, [2.2, 2.7], [], policy, 12.0, changes)
+        assert layout.spans[0, 1] == layout.spans[1, 0] == cut
+    # a one-frame shot (the frame at 5 s) under min_shot 2 s joins the shorter neighbour:
+    # the cut at 4.5 s is no boundary and moves no row, the one at 5.5 s remains one
+    layout = layout_run(times, [4.5, 5.5], [], SegmentPolicy(window=4, min_shot=2.0), 12.0)
+    assert layout.shots == [(0, 6), (6, 12)]
+    assert 4.5 not in layout.spans and layout.spans[:, 0].tolist().count(5.5) == 1
+    # segment_spans alone: a cut in a segment's gap moves its start (and the previous end)
+    spans = segment_spans(np.array([[0, 3], [3, 3]]), times[:6], 1.0, 6.0, cuts=[2.5])
+    np.testing.assert_allclose(spans, [[0, 2.5], [2.5, 6]])
+
+
 def test_policy_checks_and_round_trips():
     policy = SegmentPolicy(window=12)
-    assert (policy.step, policy.span, policy.min_frames) == (6, 12.0, 2)
+    assert (policy.step, policy.span, policy.min_frames) == (6, 12.0, 1)
     assert SegmentPolicy.from_dict(policy.as_dict()) == policy
     assert SegmentPolicy(window=4, rate=2.0, min_shot=1.5).min_frames == 3
     for bad, message in [({"window": 0}, "window"), ({"window": 4, "rate": 0}, "rate"),

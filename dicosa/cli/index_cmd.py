@@ -55,10 +55,10 @@ def add_parser(commands) -> None:
                         "model's N frames (default 1, the released protocol's rate); such a "
                         "video is cut into shots and windows, searched as moments")
     p.add_argument("--detector", choices=("content", "adaptive", "none"), default=None,
-                   help="shot detector for long videos (PySceneDetect; default content); "
+                   help="shot detector for long videos (PySceneDetect; default adaptive); "
                         "none: windows only")
     p.add_argument("--min-shot", type=float, default=None, metavar="SECONDS",
-                   help="a shorter shot is joined to a neighbour (default 2)")
+                   help="a shorter shot is joined to a neighbour (default 1)")
     p.add_argument("--no-segments", action="store_true",
                    help="keep one row of N frames per video, spread over the whole file, "
                         "as indexes before moments did")
@@ -100,10 +100,12 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..index.listing import require_videos
     from ..index.parallel import PeerFailed, build_index
     from ..index.ray_build import build_index_on_ray
     from ..plugins.lexical import check_sparse_backend, load_lexical_head
 
+    require_videos(args.videos)
     sparse_options = options(args.sparse_option) if args.sparse_option else None
     if args.head is None and (args.sparse_backend or sparse_options):
         raise ValueError("--sparse-backend and --sparse-option set up the sparse stage of a "
@@ -250,6 +252,11 @@ def _report(index, report, out: str) -> None:
           + (f"; skipped {len(index.skipped)} unreadable file(s):" if index.skipped else ""))
     for path, reason in index.skipped:
         print(f"  {path}: {reason}")
+    if index.partial:
+        print(f"{len(index.partial)} partial video(s), indexed from what decodes "
+              "('dicosa check' lists every partial video of the index):")
+    for path, damage in index.partial:
+        print(f"  {path}: {damage}")
 
 
 def _model(args: argparse.Namespace):
@@ -262,9 +269,9 @@ def _model(args: argparse.Namespace):
 
     out = Path(args.out)
     if args.checkpoint is None and args.config is None and (out / "manifest.json").is_file():
-        from ..index import VideoIndex
+        from ..index.manifest import Manifest
 
-        existing = VideoIndex.load(out, None)
+        existing = Manifest.read(out)  # only its record: the index itself opens once, later
         source = existing.meta.get("model")
         if source:
             model = model_from_source({**source, "overrides": [*source.get("overrides", ()),

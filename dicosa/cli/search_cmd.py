@@ -222,10 +222,8 @@ def _print_table(args, index, result, candidates, explained, lines) -> None:
     if result.truncated:
         print(f"note: the query is longer than the {index.model.config.max_words} tokens the "
               "model reads; it was searched as far as the model reads it")
-    how = ("every video scored by DiCoSA" if candidates is None else
-           f"{result.candidates} candidates from the {result.stage} stage ({result.mode} "
-           "mode) reranked by DiCoSA")
-    print(f'top {len(result.hits)} of {len(index)} videos for "{args.query}" ({how})')
+    print(f'top {len(result.hits)} of {len(index)} videos for "{args.query}" '
+          f"({_how(result, candidates)})")
     print(f"{'rank':>4}  {'score':>8}  {'stage':<10}  {'moment':<13}  path")
     for rank, hit in enumerate(result.hits, 1):
         when = format_span(hit.start, hit.end)
@@ -243,3 +241,16 @@ def _print_table(args, index, result, candidates, explained, lines) -> None:
     parts = [e["fusion"] for e in explained if "fusion" in e]
     if parts:
         print(format_parts(parts))
+
+
+def _how(result, candidates: int | None) -> str:
+    """How the hits were found, as the table's header says it: every row scored, or which
+    first stage proposed how many candidates."""
+    if candidates is None:
+        return "every video scored by DiCoSA"
+    if result.stage == "all":  # the collection is no larger than the candidates asked for
+        return f"all {result.candidates} rows reranked by DiCoSA"
+    stage = ("the first stage" if result.stage == "first stage"  # labelled row by row
+             else f"the {result.stage} stage")
+    return (f"{result.candidates} candidates from {stage} ({result.mode} mode) reranked by "
+            "DiCoSA")

@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["DETECTORS", "SegmentPolicy", "chunk_shots", "segment_run", "segment_spans",
-           "shots_of"]
+from ..integers import as_int
+
+__all__ = ["DETECTORS", "RunLayout", "SegmentPolicy", "chunk_shots", "layout_run", "segment_run",
+           "segment_spans", "shots_of"]
 
 DETECTORS = ("content", "adaptive", "none")
 
@@ -49,19 +52,23 @@ class SegmentPolicy:
     window: int  # N: the most frames one segment holds
     rate: float = 1.0  # frames per second decoded from a long video
     stride: int | None = None  # frames between two windows of one long shot (None: ceil(N/2))
-    # Seconds: a shorter shot is joined to a neighbour. 2 s, chosen on a validation collection
-    # (benchmarks/RESULTS.md, "Moments in long videos"): at 1 s the content detector's false
-    # cuts inside moving scenes left one-frame segments.
-    min_shot: float = 2.0
-    detector: str = "content"  # "content" / "adaptive" (PySceneDetect) or "none" (windows)
+    # Seconds: a shorter shot is joined to a neighbour, so that a detector's false cut does
+    # not leave a one-frame segment. 1 s, chosen with the detector on the validation sets of
+    # benchmarks/cuts.py (benchmarks/RESULTS.md, "Shot cuts"): the adaptive detector, seeing
+    # every frame, made no false boundary there, and at 2 s real shots of 1-2 s lost a
+    # boundary.
+    min_shot: float = 1.0
+    detector: str = "adaptive"  # "adaptive" / "content" (PySceneDetect) or "none" (windows)
     threshold: float | None = None  # the detector's threshold (None: its default)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.window, int) or self.window < 1:
+        window = as_int(self.window)
+        if window is None or window < 1:
             raise ValueError(f"the segment window must be a positive number of frames, got "
                              f"{self.window!r}")
-        if not (isinstance(self.rate, (int, float)) and math.isfinite(self.rate)
-                and 0 < self.rate <= 60):
+        object.__setattr__(self, "window", window)  # numpy's integers as Python's
+        if not (isinstance(self.rate, numbers.Real) and not isinstance(self.rate, bool)
+                and math.isfinite(self.rate) and 0 < self.rate <= 60):
             raise ValueError(f"the frame rate must be above 0 and at most 60 frames/s, got "
                              f"{self.rate!r}")
         if self.stride is not None and not (1 <= self.stride <= self.window):
@@ -172,10 +179,17 @@ def chunk_shots(shots: Sequence[tuple[int, int]], window: int) -> np.ndarray:
 
 
 def segment_spans(segments: np.ndarray, times: np.ndarray, frame_span: float,
-                  duration: float | None = None) -> np.ndarray:
+                  duration: float | None = None, cuts: Sequence[float] = ()) -> np.ndarray:
     """``[start, end]`` seconds of each segment ``[S, 2]`` of a run with frame ``times [F]``:
     float64 ``[S, 2]``. A frame stands for ``frame_span`` seconds (1 / rate), cut short by
-    the next frame and by the video's ``duration``."""
+    the next frame and by the video's ``duration``.
+
+    ``cuts``: the times of the shot boundaries (the first frame of each new shot, as the
+    detector saw it at the file's full rate). A segment whose first frame follows a cut
+    starts at the cut, and one whose last frame precedes a cut ends there: at 1 frame/s a cut
+    at 5.3 s is first sampled at 6 s, but the new shot, and its row, begin at 5.3 s. Where two
+    cuts fall between the same two frames (a shot shorter than a frame's span), the row
+    begins at the earlier one, where the previous frame's picture ends."""
     segments = np.asarray(segments, dtype=np.int64).reshape(-1, 2)
     times = np.asarray(times, dtype=np.float64)
     first, last = segments[:, 0], segments[:, 0] + segments[:, 1] - 1
@@ -185,4 +199,52 @@ def segment_spans(segments: np.ndarray, times: np.ndarray, frame_span: float,
     end[following] = np.minimum(end[following], times[last[following] + 1])
     if duration is not None and math.isfinite(duration):
         end = np.minimum(end, max(duration, float(times[-1]) if len(times) else 0.0))
+    cuts = np.sort(np.asarray(cuts, dtype=np.float64))
+    if len(cuts) and len(segments):
+        before = np.where(first > 0, times[np.maximum(first - 1, 0)], -np.inf)
+        j = np.minimum(np.searchsorted(cuts, before, side="right"), len(cuts) - 1)
+        moved = (cuts[j] > before) & (cuts[j] <= start)  # [S] the first cut after the frame
+        start = np.where(moved, cuts[j], start)  # before: two cuts in one gap, the earlier
+        k = np.searchsorted(cuts, times[last], side="right")  # [S] the first cut > last frame
+        stops = (k < len(cuts)) & (cuts[np.minimum(k, len(cuts) - 1)] < end)
+        end = np.where(stops, cuts[np.minimum(k, len(cuts) - 1)], end)
     return np.stack([start, np.maximum(end, start)], axis=1)
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """A long video's run cut up (:func:`layout_run`): each an int64 array of rows."""
+
+    shots: list[tuple[int, int]]  # (first, end) frames, end exclusive
+    chunks: np.ndarray  # [C, 2] (first, count): the temporal transformer's pieces
+    segments: np.ndarray  # [S, 2] (first, count): the rows
+    spans: np.ndarray  # float64 [S, 2] (start, end) seconds of the rows
+
+
+def layout_run(times: np.ndarray, cuts: Sequence[float], holes: Sequence[int],
+               policy: SegmentPolicy, duration: float | None = None,
+               changes: Sequence[float] | None = None) -> RunLayout:
+    """The shots, chunks, segments and spans of a run of frames at ``times [F]`` (seconds)
+    given the detector's ``cuts`` (seconds: a new shot's first frame) and the run positions
+    that follow a lost stretch (``holes``).
+
+    A cut belongs to the first run frame at or after it (the frame a player shows at that
+    tick is already the new shot's); the spans of the rows on either side of a cut that
+    remains a shot boundary meet at the cut's own time (:func:`segment_spans`). Of several
+    cuts between the same two run frames the boundary is the one where the picture changed
+    most (``changes``, one per cut; without them the first): the others bound a shot no
+    run frame shows."""
+    times = np.asarray(times, dtype=np.float64)
+    cuts = np.asarray(cuts, dtype=np.float64)
+    at = np.searchsorted(times, cuts - 1e-6)  # [cuts] each cut's first run frame
+    shots = shots_of(len(times), at, holes, policy.min_frames)
+    strength = -np.arange(len(cuts), dtype=np.float64) if changes is None else np.asarray(
+        changes, dtype=np.float64)
+    chosen: dict[int, int] = {}  # run frame -> the cut that bounds it
+    for i, a in enumerate(at.tolist()):
+        if a not in chosen or strength[i] > strength[chosen[a]]:
+            chosen[a] = i
+    kept = [float(cuts[chosen[first]]) for first, _ in shots[1:] if first in chosen]
+    segments = segment_run(shots, policy.window, policy.step)
+    spans = segment_spans(segments, times, 1.0 / policy.rate, duration, kept)
+    return RunLayout(shots, chunk_shots(shots, policy.window), segments, spans)

@@ -3,10 +3,22 @@
 PySceneDetect (``scenedetect``) is the well-kept open detector of hard cuts: ``content``
 (:class:`scenedetect.ContentDetector`: a jump in the HSV content between consecutive frames)
 and ``adaptive`` (:class:`scenedetect.AdaptiveDetector`: the same score against a rolling
-average, steadier under camera motion). Opening the file again through PySceneDetect's own
+average of the frames around it, steadier under camera motion). ``adaptive`` is the default,
+with a floor of :data:`ADAPTIVE_FLOOR` on the content change (PySceneDetect's is 15): chosen
+on the validation films and long videos of ``benchmarks/cuts.py`` (``benchmarks/RESULTS.md``,
+"Shot cuts"), where it put a row boundary at 19 of 20 real cuts and 45 of 45 synthetic ones
+with no false boundary, against 16 and 44 (and 10 false ones inside moving synthetic scenes)
+for ``content``; the lower floor catches jump cuts (one shot joined to a later moment of
+itself), whose colours barely change. Opening the file again through PySceneDetect's own
 backends would decode it twice; instead :class:`ShotDetector` takes small BGR frames from the
-one streaming decode (:mod:`dicosa.data.stream`), at most :data:`DETECT_FPS` a second, through
-the detectors' documented ``process_frame`` / ``post_process`` interface.
+one streaming decode (:mod:`dicosa.data.stream`), every decoded frame, through the detectors'
+documented ``process_frame`` / ``post_process`` interface.
+
+Every frame, because a cut's time is the time of the first frame of the new shot: a detector
+shown every k-th frame places a cut up to k - 1 frames late, and a run frame taken at the cut
+then stays in the old shot (at 1 frame/s, a row that begins a second late). The frames are
+:data:`DETECT_WIDTH` pixels wide, so the detector costs little beside the decode itself
+(``benchmarks/cuts.py`` measures both).
 
 A detector that cannot be imported or fails on a file is not fatal: :attr:`ShotDetector.error`
 says why and the caller cuts the video into windows alone (and logs it).
@@ -14,15 +26,17 @@ says why and the caller cuts the video into windows alone (and logs it).
 
 from __future__ import annotations
 
-import math
+from array import array
 
 import numpy as np
 
-__all__ = ["DETECT_FPS", "DETECT_WIDTH", "ShotDetector"]
+__all__ = ["ADAPTIVE_FLOOR", "DETECT_WIDTH", "ShotDetector"]
 
-DETECT_FPS = 12.0  # frames a second given to the detector (every frame of slower video)
+ADAPTIVE_FLOOR = 7.0  # the adaptive detector's min_content_val (module docstring)
+
 DETECT_WIDTH = 96  # pixels: the detector's frames are this wide (content scores are global)
 _MIN_SHOT_S = 0.5  # the detector itself reports no two cuts closer than this
+_UNKNOWN_FPS = 30.0  # frame numbers to detector time where the stream states no rate
 
 
 class ShotDetector:
@@ -30,18 +44,18 @@ class ShotDetector:
 
     Args:
         kind: ``"content"`` or ``"adaptive"``.
-        fps: the video's frame rate; frames are thinned to at most :data:`DETECT_FPS`.
+        fps: the video's frame rate (every frame is given to the detector).
         threshold: the detector's threshold (None: PySceneDetect's default).
     """
 
     def __init__(self, kind: str, fps: float, threshold: float | None = None):
         self.kind = kind
-        self.every = max(1, math.ceil(fps / DETECT_FPS)) if fps and fps > 0 else 1
-        self.rate = (fps / self.every) if fps and fps > 0 else DETECT_FPS
+        self.rate = fps if fps and fps > 0 else _UNKNOWN_FPS
         self.error: str | None = None
-        self._times: list[float] = []
+        self._times = array("d")  # [frames] seconds
+        self._change = array("f")  # [frames] mean |difference| from the frame before (0-255)
+        self._previous: np.ndarray | None = None
         self._cuts: list[int] = []
-        self._seen = 0
         self._detector = None
         try:
             self._detector = self._make(kind, threshold)
@@ -56,27 +70,27 @@ class ShotDetector:
             return ContentDetector(min_scene_len=min_len,
                                    **({} if threshold is None else {"threshold": threshold}))
         if kind == "adaptive":
-            return AdaptiveDetector(min_scene_len=min_len,
+            return AdaptiveDetector(min_scene_len=min_len, min_content_val=ADAPTIVE_FLOOR,
                                     **({} if threshold is None
                                        else {"adaptive_threshold": threshold}))
         raise ValueError(f"unknown shot detector {kind!r}")
 
     def wants(self) -> bool:
-        """Whether the next decoded frame should be pushed (the others are skipped)."""
-        return self._detector is not None and self.error is None and (
-            self._seen % self.every == 0)
+        """Whether frames should still be pushed (not after a failure)."""
+        return self._detector is not None and self.error is None
 
     def push(self, time: float, image_bgr: np.ndarray) -> None:
-        """One decoded frame at ``time`` seconds (call for every decoded frame, in order; the
-        frames :meth:`wants` declines may pass None)."""
-        take = self.wants()
-        self._seen += 1
-        if not take:
+        """One decoded frame at ``time`` seconds (every decoded frame, in order)."""
+        if not self.wants():
             return
         from scenedetect.common import FrameTimecode
 
         number = len(self._times)
         self._times.append(time)
+        pixels = image_bgr.astype(np.int16)
+        self._change.append(0.0 if self._previous is None else float(
+            np.abs(pixels - self._previous).mean()))
+        self._previous = pixels
         try:
             found = self._detector.process_frame(FrameTimecode(number, fps=self.rate),
                                                  image_bgr)
@@ -99,4 +113,13 @@ class ShotDetector:
             self._detector = None  # post_process runs once
         if self.error is not None:
             return []
-        return sorted({self._times[n] for n in self._cuts if 0 < n < len(self._times)})
+        return [self._times[n] for n in self._numbers()]
+
+    def changes(self) -> list[float]:
+        """How much the picture changed at each of :meth:`cuts` (the mean absolute difference
+        of the small frames, 0-255): which of two cuts close together is the real one."""
+        return [] if self.error is not None else [float(self._change[n])
+                                                  for n in self._numbers()]
+
+    def _numbers(self) -> list[int]:
+        return sorted({n for n in self._cuts if 0 < n < len(self._times)})

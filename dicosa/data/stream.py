@@ -4,14 +4,17 @@ An index keeps a long video as a run of frames at ``rate`` frames a second
 (:mod:`dicosa.data.segments`). :class:`FrameStream` decodes the file once with PyAV, from the
 first packet to the last, and yields the frames due at that rate in small batches, so a
 ten-hour file never sits in memory (the encoder consumes each batch before the next is
-decoded). Alongside it feeds a :class:`~dicosa.data.shots.ShotDetector` small frames.
+decoded). Alongside it feeds a :class:`~dicosa.data.shots.ShotDetector` a small copy of every
+decoded frame.
 
 Times are the decoder's own: each frame's presentation timestamp (``pts × time_base``)
 minus the stream's start, so variable frame rates and streams that do not start at zero give
 the times a player shows. A frame is taken at the first decoded frame at or after each tick
 ``k / rate`` (half a frame early counts), so at 1 frame/s the run holds the frames shown at
 0 s, 1 s, 2 s, ... A frame without a timestamp is placed one frame interval after the
-previous one; a timestamp that goes backwards is dropped (counted).
+previous one; a timestamp that goes backwards is dropped (counted). An AVI's frames are timed
+by counting them (it has no presentation timestamps), until a packet fails to decode.
+Frames are as a player shows them: square pixels, turned upright (:mod:`.display`).
 
 A packet that fails to decode is skipped; the stretch between the frames decoded on either
 side of it is a *lost range*: reported, a hole in the run that no segment spans.
@@ -29,7 +32,9 @@ import numpy as np
 import torch
 
 from ..errors import VideoDecodeError
+from .display import display_of, upright
 from .shots import DETECT_WIDTH, ShotDetector
+from .unreadable import plain_reason
 from .video import _check_file, _decode_size, _open_container, _resize_crop
 
 __all__ = ["FrameBatch", "FrameStream", "StreamReport"]
@@ -56,6 +61,7 @@ class StreamReport:
     backwards: int = 0  # frames dropped because their time went backwards
     holes: list[int] = field(default_factory=list)  # run positions that follow a lost range
     cuts: list[float] = field(default_factory=list)  # shot starts (s) from the detector
+    cut_changes: list[float] = field(default_factory=list)  # the picture's change at each
     detector_error: str | None = None
     ended_early: str | None = None  # why the decode stopped before the file's end
 
@@ -82,7 +88,7 @@ class FrameStream:
     """
 
     def __init__(self, path: str | Path, rate: float, image_size: int, *,
-                 detector: str | None = "content", threshold: float | None = None,
+                 detector: str | None = "adaptive", threshold: float | None = None,
                  batch: int = 32):
         self.path = Path(path)
         self.rate = float(rate)
@@ -105,6 +111,7 @@ class FrameStream:
             yield from self._run(container, stream, fps, detector)
         if detector is not None:
             self.report.cuts = detector.cuts()
+            self.report.cut_changes = detector.changes()
             self.report.detector_error = detector.error
         if not self.report.taken:
             raise VideoDecodeError(self.path, "no frame decodes" if not self.report.decoded
@@ -114,11 +121,12 @@ class FrameStream:
              ) -> Iterator[FrameBatch]:
         report = self.report
         interval = 1.0 / fps if 1.0 <= fps <= 240.0 else 1.0 / 30  # a plausible frame time
-        width, height = _decode_size(stream.codec_context.width, stream.codec_context.height,
-                                     self.image_size)
+        # Frames are scaled to square pixels by the decoder and turned upright afterwards.
+        width, height = _decode_size(*display_of(stream).unturned_size(), self.image_size)
         detect_size = (DETECT_WIDTH, max(2, round(DETECT_WIDTH * stream.codec_context.height
                                                   / max(1, stream.codec_context.width))))
         origin = _origin(stream)
+        counted = _counted(container)
         sampler = _Ticks(self.rate)
         pending: list[np.ndarray] = []
         times: list[float] = []
@@ -129,7 +137,8 @@ class FrameStream:
                 continue
             if origin is None and frame.pts is not None and frame.time_base is not None:
                 origin = float(frame.pts * frame.time_base)  # no start time: the first frame's
-            time = _frame_time(frame, origin, last, interval)
+            time = _frame_time(frame, origin, last, interval,
+                               counted and not failed_since)
             if last is not None and time <= last:
                 report.backwards += 1
                 continue
@@ -140,10 +149,9 @@ class FrameStream:
                 sampler.restart(time)  # no tick inside the lost stretch
             failed_since = False
             last = time
-            if detector is not None:
+            if detector is not None and detector.wants():
                 detector.push(time, frame.to_ndarray(format="bgr24", width=detect_size[0],
-                                                     height=detect_size[1])
-                              if detector.wants() else None)
+                                                     height=detect_size[1]))
             for chosen, chosen_time in sampler.push(frame, time):
                 pending.append(_rgb(chosen, width, height))
                 times.append(chosen_time)
@@ -165,7 +173,7 @@ class FrameStream:
             except StopIteration:
                 return
             except (av.error.FFmpegError, ValueError) as exc:
-                self.report.ended_early = f"{type(exc).__name__}: {exc}"
+                self.report.ended_early = plain_reason(self.path, exc, "reading")
                 return
             try:
                 decoded = packet.decode()
@@ -181,9 +189,10 @@ class FrameStream:
 
 
 def _rgb(frame, width: int, height: int) -> np.ndarray:
-    """uint8 ``[height, width, 3]`` RGB of a decoded frame, scaled by the decoder (bicubic)."""
-    return frame.to_ndarray(format="rgb24", width=width, height=height,
-                            interpolation="BICUBIC")
+    """uint8 RGB of a decoded frame, scaled by the decoder (bicubic) to ``width`` x
+    ``height`` and turned upright (``[width, height, 3]`` when turned a quarter)."""
+    return upright(frame.to_ndarray(format="rgb24", width=width, height=height,
+                                    interpolation="BICUBIC"), frame.rotation)
 
 
 class _Ticks:
@@ -226,8 +235,19 @@ def _origin(stream) -> float | None:
     return float(stream.start_time * stream.time_base)
 
 
-def _frame_time(frame, origin: float | None, last: float | None, interval: float) -> float:
+def _counted(container) -> bool:
+    """Whether the stream's frames are timed by counting them: an AVI has no presentation
+    timestamps (its packets carry decode-order counters, so with packed B-frames the times
+    PyAV gives go back and forth: an XviD file lost a third of its frames to the backwards
+    rule), and holds one frame per 1 / fps in the decoder's output order."""
+    return container.format.name == "avi"
+
+
+def _frame_time(frame, origin: float | None, last: float | None, interval: float,
+                counted: bool = False) -> float:
     """A frame's time in seconds from the stream's start (see the module docstring)."""
+    if counted:  # the next frame on the grid of frame times (no rounding error builds up)
+        return 0.0 if last is None else (round(last / interval) + 1) * interval
     if frame.pts is None or frame.time_base is None or origin is None:
         return 0.0 if last is None else last + interval
     return float(frame.pts * frame.time_base) - origin

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,8 @@ from torchvision.transforms.v2 import functional as TF
 
 from ..errors import VideoDecodeError
 from ..progress import progress as show_progress
+from .display import Display, display_of, first_rotation, upright
+from .unreadable import plain_reason
 
 if TYPE_CHECKING:
     import decord
@@ -41,9 +44,11 @@ if TYPE_CHECKING:
 __all__ = [
     "DECODERS",
     "SAMPLINGS",
+    "DecodedClip",
     "VideoDecodeError",
     "check_video",
     "check_videos",
+    "load_clip",
     "load_video",
     "load_video_partial",
     "sample_indices",
@@ -139,7 +144,7 @@ def _open_container(path: Path) -> tuple[av.container.InputContainer, av.VideoSt
     try:
         container = av.open(str(path))
     except Exception as exc:
-        raise VideoDecodeError(path, f"cannot open: {exc}") from exc
+        raise VideoDecodeError(path, plain_reason(path, exc)) from exc
     if not container.streams.video:
         container.close()
         raise VideoDecodeError(path, "no video stream")
@@ -189,7 +194,7 @@ def _open_reader(path: Path, width: int, height: int) -> decord.VideoReader:
             str(path), ctx=decord.cpu(0), width=width, height=height, num_threads=1
         )
     except Exception as exc:
-        raise VideoDecodeError(path, f"cannot open: {exc}") from exc
+        raise VideoDecodeError(path, plain_reason(path, exc)) from exc
     if len(reader) <= 0:
         raise VideoDecodeError(path, "no frames")
     return reader
@@ -205,7 +210,7 @@ def _decord_batch(
             return reader.get_batch(indices.tolist()).asnumpy()
         except Exception as exc:
             if _SIZE_MISMATCH not in str(exc) or attempt == 2:
-                raise VideoDecodeError(path, f"decoding failed: {exc}") from exc
+                raise VideoDecodeError(path, plain_reason(path, exc, "decoding")) from exc
         width += 1
         reader = _open_reader(path, width, height)
     raise AssertionError("unreachable")
@@ -248,7 +253,8 @@ def _jpeg_frames(
     frames, so larger MJPEG frames are decoded whole and resized.
 
     With ``partial``, a file holding fewer packets than its header promises (an interrupted
-    write) is sampled over the promised length and the picks past its end count as lost.
+    write) is sampled over the packets it holds, as the other decoders sample what a file
+    holds; a packet cut in the middle is a lost frame.
 
     Returns:
         uint8 ``[n, H, W, 3]`` and the number of picked frames lost, or None when libjpeg
@@ -259,20 +265,14 @@ def _jpeg_frames(
     try:
         packets = [packet for packet in container.demux(stream) if packet.size]
     except Exception as exc:
-        raise VideoDecodeError(path, f"cannot read packets: {exc}") from exc
+        raise VideoDecodeError(path, plain_reason(path, exc, "reading")) from exc
     if not packets:
         raise VideoDecodeError(path, "no frames")
-    total = len(packets)
-    if stream.frames and len(packets) < stream.frames:
-        if not partial:  # decord would fail on the missing tail too; check_video reports it
-            raise VideoDecodeError(path, f"truncated: {len(packets)} of {stream.frames} frames")
-        total = stream.frames
+    if stream.frames and len(packets) < stream.frames and not partial:
+        # decord would fail on the missing tail too; check_video reports it
+        raise VideoDecodeError(path, f"truncated: {len(packets)} of {stream.frames} frames")
     rate = stream.average_rate or stream.guessed_rate
-    picked = pick(total, float(rate) if rate else 0.0)
-    indices = picked[picked < len(packets)]
-    if len(picked) and not len(indices):
-        raise VideoDecodeError(path, f"truncated: none of the sampled frames is in the file "
-                                     f"({len(packets)} of {stream.frames} frames)")
+    indices = pick(len(packets), float(rate) if rate else 0.0)
     height, width = stream.codec_context.height, stream.codec_context.width
     frames = np.empty((len(indices), height, width, 3), dtype=np.uint8)
     ok = np.zeros(len(indices), dtype=bool)
@@ -288,7 +288,30 @@ def _jpeg_frames(
                 return None
     if not ok.any() and len(indices):
         return None
-    return frames[ok], len(picked) - int(ok.sum())
+    display = display_of(stream, _packet_rotation(stream, packets[0]))
+    return _shown(frames[ok], display), len(indices) - int(ok.sum())
+
+
+def _packet_rotation(stream: av.VideoStream, packet: av.Packet) -> int:
+    """The display rotation of the frame ``packet`` decodes to (0 where it does not)."""
+    try:
+        return next((frame.rotation for frame in stream.codec_context.decode(packet)), 0)
+    except (av.FFmpegError, ValueError):
+        return 0
+
+
+def _shown(frames: np.ndarray, display: Display) -> np.ndarray:
+    """Stored uint8 ``[n, h, w, 3]`` frames as a player shows them: stretched to square
+    pixels (bicubic) and turned."""
+    width, height = display.unturned_size()
+    if not len(frames):
+        shown = display.shown_size()
+        return np.zeros((0, shown[1], shown[0], 3), dtype=np.uint8)
+    if (width, height) != (frames.shape[2], frames.shape[1]):
+        stretched = TF.resize(torch.from_numpy(frames).permute(0, 3, 1, 2), [height, width],
+                              interpolation=TF.InterpolationMode.BICUBIC, antialias=True)
+        frames = stretched.permute(0, 2, 3, 1).numpy()
+    return np.ascontiguousarray(upright(frames, display.rotation))
 
 
 def _frame_count(path: Path, stream: av.VideoStream) -> int:
@@ -300,7 +323,7 @@ def _frame_count(path: Path, stream: av.VideoStream) -> int:
             return sum(1 for packet in container.demux(container.streams.video[0])
                        if packet.size)
     except Exception as exc:
-        raise VideoDecodeError(path, f"cannot read packets: {exc}") from exc
+        raise VideoDecodeError(path, plain_reason(path, exc, "reading")) from exc
 
 
 class _Placer:
@@ -328,34 +351,29 @@ def _pyav_frames(path: Path, container: av.container.InputContainer, stream: av.
                  pick: _Picker, size: tuple[int, int], partial: bool
                  ) -> tuple[np.ndarray, int]:
     """Frames at the picked indices (presentation order, as decord counts them), decoded by
-    PyAV from the start of the file and scaled to ``size`` by its scaler.
+    PyAV from the start of the file, scaled to ``size`` (the unturned display size, square
+    pixels) by its scaler and turned upright.
 
     A packet that fails to decode fails the file, or with ``partial`` is skipped (its frame
     lost; the frames after it are then placed by their timestamps, since counting would shift
-    them); picks past the frames the file really holds count as lost (``partial``) or fail.
+    them). A file whose frames end before its header's count (an encoder that never flushed
+    its last frames, a cut download whose last packet is whole) is sampled again over the
+    frames it holds, which is what decord counts.
     """
     rate = stream.average_rate or stream.guessed_rate
-    indices = pick(_frame_count(path, stream), float(rate) if rate else 0.0)
-    width, height = size
+    fps = float(rate) if rate else 0.0
+    total = _frame_count(path, stream)
+    indices = pick(total, fps)
     if len(indices) == 0:
+        turned = display_of(stream, first_rotation(container, stream)).turned
+        width, height = size[::-1] if turned else size
         return np.zeros((0, height, width, 3), dtype=np.uint8), 0
-    wanted, found, seen = set(indices.tolist()), {}, 0
-    place = _Placer(stream)
-    for packet in container.demux(stream):
-        try:
-            frames = packet.decode()
-        except av.FFmpegError as exc:
-            if not partial:
-                raise VideoDecodeError(path, f"decoding failed: {exc}") from exc
-            place.lost_one()
-            continue
-        for frame in frames:
-            seen = place(frame, seen)
-            if seen in wanted:
-                found[seen] = frame.to_ndarray(width=width, height=height, format="rgb24")
-            seen += 1
-        if seen > indices[-1]:
-            break
+    found, seen = _pyav_scan(path, container, stream, indices, size, partial)
+    if seen <= indices[-1] and 0 < seen < total:
+        indices = pick(seen, fps)
+        with av.open(str(path)) as again:
+            found, seen = _pyav_scan(path, again, again.streams.video[0], indices, size,
+                                     partial)
     lost = len(indices) - len(found)
     if lost and not partial:
         raise VideoDecodeError(path, f"truncated: {seen} frames decode, frame {indices[-1]} "
@@ -363,6 +381,33 @@ def _pyav_frames(path: Path, container: av.container.InputContainer, stream: av.
     if not found:
         raise VideoDecodeError(path, f"none of the {len(indices)} sampled frames decodes")
     return np.stack([found[i] for i in indices.tolist() if i in found]), lost
+
+
+def _pyav_scan(path: Path, container: av.container.InputContainer, stream: av.VideoStream,
+               indices: np.ndarray, size: tuple[int, int], partial: bool
+               ) -> tuple[dict[int, np.ndarray], int]:
+    """One pass of :func:`_pyav_frames`: ``({index: upright frame}, frames seen)``, the
+    pass ending after the last of ``indices`` or at the end of the file."""
+    wanted, found, seen = set(indices.tolist()), {}, 0
+    width, height = size
+    place = _Placer(stream)
+    for packet in container.demux(stream):
+        try:
+            frames = packet.decode()
+        except av.FFmpegError as exc:
+            if not partial:
+                raise VideoDecodeError(path, plain_reason(path, exc, "decoding")) from exc
+            place.lost_one()
+            continue
+        for frame in frames:
+            seen = place(frame, seen)
+            if seen in wanted:
+                found[seen] = upright(frame.to_ndarray(width=width, height=height,
+                                                       format="rgb24"), frame.rotation)
+            seen += 1
+        if seen > indices[-1]:
+            break
+    return found, seen
 
 
 def _decode(path: Path, pick: _Picker, short_side: int, decoder: str) -> np.ndarray:
@@ -377,26 +422,46 @@ def _decode(path: Path, pick: _Picker, short_side: int, decoder: str) -> np.ndar
 def _decode_frames(path: Path, pick: _Picker, short_side: int, decoder: str,
                    partial: bool) -> tuple[np.ndarray, int]:
     """:func:`_decode`, and with ``partial`` the frames that decode of a damaged file: the
-    picked frames kept in order, and how many picked frames were lost."""
+    picked frames kept in order, and how many picked frames were lost. Every decoder gives
+    the frames as a player shows them (:mod:`dicosa.data.display`)."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
     _check_file(path)
     container, stream = _open_container(path)
     with container:
-        native = stream.codec_context.width, stream.codec_context.height
         if decoder == "auto" and stream.codec_context.name == "mjpeg":
             decoded = _jpeg_frames(path, container, stream, pick, partial)
             if decoded is not None:
                 return decoded
-        size = _decode_size(*native, short_side)
-        if decoder == "pyav" or (decoder == "auto" and _decord_module() is None):
+        if decoder == "pyav" or (decoder == "auto" and (_decord_module() is None
+                                                        or _timestamps_unusable(container))):
+            size = _decode_size(*display_of(stream).unturned_size(), short_side)
             return _pyav_frames(path, container, stream, pick, size, partial)
+        display = display_of(stream, first_rotation(container, stream))
+    return _decord_frames(path, display, pick, short_side, partial)
+
+
+def _timestamps_unusable(container: av.container.InputContainer) -> bool:
+    """Whether decord would return other frames than the ones asked: it seeks by presentation
+    timestamps, and an AVI has none (its packets carry decode-order counters). With XviD's
+    packed B-frames, decord 0.6 returned frame 0 for frame 12 and frame 1 for frame 55
+    (tests/test_real_media.py); PyAV, counting frames as they come out, gets every one."""
+    return container.format.name == "avi"
+
+
+def _decord_frames(path: Path, display: Display, pick: _Picker, short_side: int,
+                   partial: bool) -> tuple[np.ndarray, int]:
+    """:func:`_decode_frames` by decord, which turns frames itself: the size asked of it is
+    the shown one (square pixels, turned)."""
+    shown = display.shown_size()
+    size = _decode_size(*shown, short_side)
     # Asking decord for the native size still runs its scaler (measured 36 vs 24 ms for 12
     # frames at 398x224), so a size is passed only when it differs.
-    reader = _open_reader(path, *size) if size != native else _open_reader(path, -1, -1)
+    native = size == shown and display.sar == 1.0
+    reader = _open_reader(path, -1, -1) if native else _open_reader(path, *size)
     indices = pick(len(reader), float(reader.get_avg_fps()))
-    if len(indices) == 0:  # at the stored size, which video_info reports
-        return np.zeros((0, native[1], native[0], 3), dtype=np.uint8), 0
+    if len(indices) == 0:  # at the shown size, which video_info reports
+        return np.zeros((0, shown[1], shown[0], 3), dtype=np.uint8), 0
     try:
         return _decord_batch(path, reader, size, indices), 0
     except VideoDecodeError:
@@ -493,10 +558,11 @@ def load_video_partial(
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """:func:`load_video` (evaluation sampling) that keeps what a damaged file still gives.
 
-    The N frames are picked as for a whole file (``sampling`` as for :func:`load_video`);
-    those that do not decode (a damaged stretch, a missing tail) are dropped, the rest keep
-    their order at the front and the mask marks them. For indexing, where a partly damaged
-    video is better found than skipped.
+    The N frames are picked over the frames the file holds (``sampling`` as for
+    :func:`load_video`; a file cut short is sampled over what is left of it, and
+    :func:`load_clip` says how many frames that was); those that do not decode (a damaged
+    stretch, a cut packet) are dropped, the rest keep their order at the front and the mask
+    marks them. For indexing, where a partly damaged video is better found than skipped.
 
     Returns:
         frames: uint8 ``[N, 3, S, S]``; mask: bool ``[N]``; lost: the fraction of the picked
@@ -505,12 +571,44 @@ def load_video_partial(
     Raises:
         VideoDecodeError: no picked frame decodes, or the file cannot be opened at all.
     """
+    clip = load_clip(path, num_frames, image_size, decoder, pad_colour, sampling)
+    return clip.frames, clip.mask, clip.lost
+
+
+@dataclass
+class DecodedClip:
+    """What :func:`load_clip` decoded of a file, and over what it sampled."""
+
+    frames: torch.Tensor  # uint8 [N, 3, S, S]
+    mask: torch.Tensor  # bool [N]
+    lost: float  # fraction of the picked frames that did not decode
+    picked: int  # frames picked
+    num_frames: int  # frames sampled over: those the file holds, as the decoder counts them
+    fps: float  # the stream's frame rate (0: unknown)
+
+    @property
+    def duration(self) -> float:
+        """Seconds decoded: the frames sampled over at the frame rate (NaN: no rate)."""
+        return self.num_frames / self.fps if self.fps > 0 else float("nan")
+
+
+def load_clip(path: str | os.PathLike, num_frames: int, image_size: int,
+              decoder: str = "auto", pad_colour: tuple[int, int, int] = (0, 0, 0),
+              sampling: str = "segments") -> DecodedClip:
+    """:func:`load_video_partial`, with the frame count and rate it sampled over (a video's
+    duration as decoded, and its frames' times, follow from them)."""
     path = Path(path)
-    decoded, lost = _decode_frames(path, _picker(path, num_frames, sampling), image_size,
-                                   decoder, partial=True)
+    pick, seen = _picker(path, num_frames, sampling), {"total": 0, "fps": 0.0}
+
+    def recorded(total: int, fps: float) -> np.ndarray:
+        seen.update(total=total, fps=fps)  # the last call is the one sampled over
+        return pick(total, fps)
+
+    decoded, lost = _decode_frames(path, recorded, image_size, decoder, partial=True)
     picked = len(decoded) + lost
     frames, mask = _pad(_resize_crop(decoded, image_size), num_frames, image_size, pad_colour)
-    return frames, mask, lost / picked if picked else 0.0
+    return DecodedClip(frames, mask, lost / picked if picked else 0.0, picked,
+                       int(seen["total"]), float(seen["fps"]))
 
 
 def _pad(decoded: torch.Tensor, num_frames: int, image_size: int,

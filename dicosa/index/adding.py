@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..integers import as_int
 from ..model import VideoFeatures
 from ..search.shards import VideoRun
 from .encode import clips_as_features
@@ -32,13 +33,19 @@ class Adding:
 
         Files that cannot be decoded are logged, counted in :attr:`skipped` and left out,
         unless ``titles`` gives them a title: then they are indexed text-only (no frame in
-        the mask; :attr:`text_only`). Each full shard is one transaction: stored, given to
-        every first stage, committed. ``only_new=False`` encodes every listed video (each
-        process of a multi-process build has decided itself what is new). The writer lock
-        is held from the listing to the end, so two writers never encode the same video.
+        the mask; :attr:`text_only`); those whose decode lost part of them are indexed from
+        what decodes and listed in :attr:`partial`. Each full shard is one transaction:
+        stored, given to every first stage, committed. ``only_new=False`` encodes every
+        listed video (each process of a multi-process build has decided itself what is new).
+        The writer lock is held from the listing to the end, so two writers never encode the
+        same video.
         """
         from ..search.fusion import normalise_titles
 
+        batch_size, shard_size = _count(batch_size, "batch_size"), _count(shard_size,
+                                                                         "shard_size")
+        if num_workers is not None:
+            num_workers = _count(num_workers, "num_workers", least=0)
         model = self._require_model()
         listed = list(dict.fromkeys(list_videos(videos)))
         with self.writing():
@@ -57,6 +64,7 @@ class Adding:
             with self.transaction():
                 self.skipped += report.skipped
                 self.text_only += report.text_only
+                self.partial += report.partial
                 if self.directory is not None:
                     self._stages.save(self.directory)
         if report.skipped:
@@ -148,3 +156,10 @@ class Adding:
         wanted = {str(Path(p).resolve()) for p in paths} | {str(p) for p in paths}
         return table.index[table["path"].isin(wanted)].to_numpy(np.int64)
 
+
+def _count(value: object, name: str, least: int = 1) -> int:
+    """``value`` as an int of at least ``least`` (numpy's integers too), else one sentence."""
+    number = as_int(value)
+    if number is None or number < least:
+        raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
+    return number

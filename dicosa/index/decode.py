@@ -12,6 +12,9 @@ yields, per file, either
   whole;
 - ``{"kind": "error", ...}``: the file cannot be indexed (the reason).
 
+Each row records the duration the container states (``expected_duration``) and, for a partial
+video, what its decode lost (``damage``, :mod:`dicosa.data.damage`).
+
 Every item carries ``seq``, the file's position in the list, so the encoding side can keep
 the list's order however the workers interleave.
 """
@@ -54,38 +57,37 @@ class VideoItems(IterableDataset):
     def items(self, path: str) -> Iterator[dict]:
         """One file's items (without ``seq``): a clip or an error, or a long video's frame
         batches and its end."""
-        if self.segments is not None and not self._short(path):
-            yield from self._stream(path)
-        else:
-            yield self._clip(path)
+        # What the container states: a decode that ends well before it is recorded as partial.
+        expected = header_duration(path)
+        if self.segments is not None and not (expected is None
+                                              or expected <= self.segments.span):
+            yield from self._stream(path, expected)
+        else:  # no longer than one window, or of unknown length: the clip decoder measures it
+            yield self._clip(path, expected)
 
-    def _short(self, path: str) -> bool:
-        """Whether a file is decoded as one clip: no longer than one window (or of unknown
-        length, which the clip decoders then measure themselves)."""
-        duration = header_duration(path)
-        return duration is None or duration <= self.segments.span
-
-    def _clip(self, path: str) -> dict:
-        from ..data.video import load_video_partial, video_info
+    def _clip(self, path: str, expected: float | None) -> dict:
+        from ..data.damage import damage_sentence
+        from ..data.video import load_clip
         from ..search.moment import row_frame_times
 
         stamp = dict(zip(("size", "mtime"), file_stamp(path), strict=True))
         try:
             # A damaged stretch costs its frames, not the video: the rest is indexed and the
             # row flagged with the fraction lost (fused search weighs its video view by it).
-            frames, mask, lost = load_video_partial(
-                path, self.num_frames, self.image_size, pad_colour=self.frames.pad_colour,
-                sampling=self.frames.sampling)
-            info = video_info(path)
+            clip = load_clip(path, self.num_frames, self.image_size,
+                             pad_colour=self.frames.pad_colour, sampling=self.frames.sampling)
         except Exception as exc:  # any unreadable file is skipped, never fatal
             return self._unreadable(path, getattr(exc, "reason", None) or str(exc), stamp)
-        row = {"path": path, "duration": info["duration"], "fps": info["fps"],
-               "num_frames": info["num_frames"], "valid_frames": int(mask.sum()),
-               "title": self.titles.get(path, ""), "text_only": False, "frames_lost": lost,
-               **stamp}
-        times = row_frame_times(self.frames.sampling, self.num_frames, info["num_frames"],
-                                info["fps"], int(mask.sum()), lost)
-        return {"kind": "clip", "path": path, "frames": frames, "frame_mask": mask,
+        valid = int(clip.mask.sum())
+        damage = damage_sentence(clip.duration, expected, lost_picks=clip.picked - valid,
+                                 picks=clip.picked)
+        row = {"path": path, "duration": clip.duration, "fps": clip.fps,
+               "num_frames": clip.num_frames, "valid_frames": valid,
+               "title": self.titles.get(path, ""), "text_only": False,
+               "frames_lost": clip.lost, **_partial(expected, damage), **stamp}
+        times = row_frame_times(self.frames.sampling, self.num_frames, clip.num_frames,
+                                clip.fps, valid, clip.lost)
+        return {"kind": "clip", "path": path, "frames": clip.frames, "frame_mask": clip.mask,
                 "times": times, "row": row}
 
     def _unreadable(self, path: str, reason: str, stamp: dict) -> dict:
@@ -101,7 +103,8 @@ class VideoItems(IterableDataset):
                 "row": {"path": path, "valid_frames": 0, "title": title, "text_only": True,
                         "frames_lost": 1.0, **stamp}}
 
-    def _stream(self, path: str) -> Iterator[dict]:
+    def _stream(self, path: str, expected: float | None) -> Iterator[dict]:
+        from ..data.damage import damage_sentence
         from ..data.stream import FrameStream
 
         stamp = dict(zip(("size", "mtime"), file_stamp(path), strict=True))
@@ -117,14 +120,23 @@ class VideoItems(IterableDataset):
             if not stream.report.taken:
                 yield self._unreadable(path, getattr(exc, "reason", None) or str(exc), stamp)
                 return
-            stream.report.ended_early = str(exc)  # the frames before it are indexed
+            # the frames before it are indexed
+            stream.report.ended_early = getattr(exc, "reason", None) or type(exc).__name__
         report = stream.report
         lost = report.lost_seconds / report.duration if report.duration > 0 else 0.0
+        damage = damage_sentence(report.duration, expected, lost=report.lost,
+                                 ended_early=report.ended_early, dropped=report.backwards)
         row = {"path": path, "duration": report.duration, "fps": report.fps,
                "num_frames": report.decoded, "valid_frames": report.taken,
                "title": self.titles.get(path, ""), "text_only": False,
-               "frames_lost": round(min(1.0, lost), 6), **stamp}
+               "frames_lost": round(min(1.0, lost), 6), **_partial(expected, damage), **stamp}
         yield {"kind": "end", "path": path, "row": row, "report": report}
+
+
+def _partial(expected: float | None, damage: str) -> dict:
+    """A row's record of what its container states and what its decode lost."""
+    return {"expected_duration": float("nan") if expected is None else expected,
+            "damage": damage}
 
 
 def header_duration(path: str) -> float | None:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..data.protocol import FrameProtocol
-from ..data.segments import SegmentPolicy, chunk_shots, segment_run, segment_spans, shots_of
+from ..data.segments import SegmentPolicy, layout_run
 from ..model import DiCoSA, VideoFeatures
 from ..search.shards import VideoRun
 
@@ -71,6 +71,7 @@ class Encoder:
         self.batch_size = batch_size
         self.skipped: list[tuple[str, str]] = []  # (path, reason)
         self.text_only: list[tuple[str, str]] = []
+        self.partial: list[tuple[str, str]] = []  # (path, what its decode lost)
         self._clips: list[dict] = []
         self._open: dict[int, _Streaming] = {}
         self._done: dict[int, Clip | VideoRun | None] = {}
@@ -90,10 +91,8 @@ class Encoder:
                 log.warning("indexing %s from its title alone: %s", item["path"],
                             item["text_only"])
                 self.text_only.append((item["path"], item["text_only"]))
-            elif 0 < item["row"]["frames_lost"] < 1:
-                log.warning("%s: %.0f%% of the sampled frames did not decode; indexed from the "
-                            "rest (metadata frames_lost)", item["path"],
-                            100 * item["row"]["frames_lost"])
+            else:
+                self._partial(item)
             self._clips.append(item)
             if len(self._clips) >= self.batch_size:
                 self.flush()
@@ -103,6 +102,7 @@ class Encoder:
             state.features.append(self.model.encode_frames(images).float().cpu())
             state.times.append(np.asarray(item["times"], dtype=np.float64))
         elif kind == "end":
+            self._partial(item)
             self._done[seq] = self._finish(self._open.pop(seq, _Streaming()), item)
         else:
             raise ValueError(f"unknown ingest item {kind!r}")
@@ -176,16 +176,15 @@ class Encoder:
         features = torch.cat(state.features)  # [F, D]
         times = np.concatenate(state.times)  # [F]
         self._log_decode(path, report)
-        cuts = np.searchsorted(times, np.asarray(report.cuts, dtype=np.float64) - 1e-6)
-        shots = shots_of(len(times), cuts, report.holes, policy.min_frames)
-        frames = self._contextualise(features, chunk_shots(shots, policy.window))  # [F, D]
+        layout = layout_run(times, report.cuts, report.holes, policy, row["duration"],
+                            report.cut_changes)
+        frames = self._contextualise(features, layout.chunks)  # [F, D]
         if not torch.isfinite(frames).all():
             self._non_finite(path)
             return None
-        segments = segment_run(shots, policy.window, policy.step)
-        spans = segment_spans(segments, times, 1.0 / policy.rate, row["duration"])
         return VideoRun(frames.to(torch.float16).numpy(), np.ones(len(times), dtype=bool),
-                        times.astype(np.float32), segments, spans.astype(np.float32), row)
+                        times.astype(np.float32), layout.segments,
+                        layout.spans.astype(np.float32), row)
 
     def _contextualise(self, features: torch.Tensor, chunks: np.ndarray) -> torch.Tensor:
         """The temporal transformer over each chunk ``(first, count)`` of the run, padded to N
@@ -224,10 +223,10 @@ class Encoder:
     def _log_decode(self, path: str, report) -> None:
         if report.detector_error:
             log.warning("%s: %s; cut into windows alone", path, report.detector_error)
-        if report.lost:
-            ranges = ", ".join(f"{a:.1f}-{b:.1f} s" for a, b in report.lost[:5])
-            log.warning("%s: %.1f s did not decode (%s%s); indexed the rest", path,
-                        report.lost_seconds, ranges, ", ..." if len(report.lost) > 5 else "")
-        if report.ended_early:
-            log.warning("%s: decoding stopped at %.1f s (%s); indexed what came before", path,
-                        report.duration, report.ended_early)
+
+    def _partial(self, item: dict) -> None:
+        """Log and list a video whose decode lost part of it (its row's ``damage``)."""
+        damage = item["row"].get("damage")
+        if damage:
+            log.warning("%s is partial: %s; indexed the rest", item["path"], damage)
+            self.partial.append((item["path"], damage))

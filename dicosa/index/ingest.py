@@ -43,6 +43,7 @@ class IngestReport:
     added: int = 0  # videos stored
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
     text_only: list[tuple[str, str]] = field(default_factory=list)
+    partial: list[tuple[str, str]] = field(default_factory=list)  # (path, what was lost)
     rows: int = 0  # rows stored (a long video's segments each count)
     frames: int = 0  # frames stored
     seconds: float = 0.0  # seconds of video stored (where durations are known)
@@ -91,6 +92,7 @@ def ingest(model: DiCoSA, device: torch.device, todo: list[str], frames: FramePr
         encoder.flush()
         hand_on(force=True)
         report.skipped, report.text_only = encoder.skipped, encoder.text_only
+        report.partial = encoder.partial
     return report
 
 

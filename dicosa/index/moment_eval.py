@@ -26,9 +26,10 @@ __all__ = ["evaluate_split", "moment_ranker"]
 
 
 def moment_ranker(index: VideoIndex, split: MomentSplit, *, candidates: int | None = None,
-                  depth: int | None = None):
+                  depth: int | None = None, join: float | None = None):
     """``rank(captions) -> [[(video_id, start, end, score), ...]]`` over ``index``, whose
-    videos are ``split``'s files: each caption's best ``depth`` moments (None: every row)."""
+    videos are ``split``'s files: each caption's best ``depth`` moments (None: every row),
+    matching rows joined into ranges as ``join`` says (:meth:`SearchResult.top_moments`)."""
     ids_of = {str(Path(p).resolve()): v for v, p in zip(split.video_ids, split.video_paths,
                                                          strict=True)}
     depth = depth or len(index.store)
@@ -37,7 +38,7 @@ def moment_ranker(index: VideoIndex, split: MomentSplit, *, candidates: int | No
         results = index.query(list(captions), k=1, candidates=candidates)
         out = []
         for result in results:
-            found = result.top_moments(depth)
+            found = result.top_moments(depth, join)
             out.append([(ids_of.get(path, path), m.start, m.end, m.score)
                         for path, _, m in found if m.start is not None])
         return out
@@ -49,11 +50,13 @@ def evaluate_split(model: DiCoSA, split: MomentSplit, *, index_dir: str | os.Pat
                    = None, candidates: int | None = None, segments=None,
                    frame_sampling: str | None = None, frame_padding: str | None = None,
                    num_workers: int | None = None, progress: bool = True,
-                   batch_size: int = 64) -> dict:
+                   batch_size: int = 64, join: float | None = None) -> dict:
     """Index ``split``'s videos (into ``index_dir``, resumed when it holds them; None: in
     memory) and measure moment retrieval over them (module docstring). ``segments``: as
-    :class:`VideoIndex` takes it (None: the default policy). Returns the metrics with what was
-    measured: the split, the rows ranked, the candidates and the segment policy."""
+    :class:`VideoIndex` takes it (None: the default policy); ``join``: how moments join rows
+    (:func:`~dicosa.search.moment.best_moments`; None: its default). Returns the metrics
+    with what was measured: the split, the rows ranked, the candidates and the segment
+    policy."""
     from ..moment_metrics import evaluate_moments
 
     missing = [str(p) for p in split.video_paths if not Path(p).is_file()]
@@ -68,7 +71,8 @@ def evaluate_split(model: DiCoSA, split: MomentSplit, *, index_dir: str | os.Pat
         raise ValueError(f"{len(index.skipped)} video(s) of {split.name} could not be "
                          f"decoded (first: {index.skipped[0][0]}: {index.skipped[0][1]})")
     with torch.inference_mode():
-        result = evaluate_moments(moment_ranker(index, split, candidates=candidates),
+        result = evaluate_moments(moment_ranker(index, split, candidates=candidates,
+                                                join=join),
                                   split.captions, split.truths(), batch_size=batch_size)
     rows = len(index.store)
     return {**result, "split": split.name, "videos": len(index), "rows": rows,

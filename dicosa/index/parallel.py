@@ -184,7 +184,7 @@ def build_index(
         assigned = set(mine)
         reports = launch.gather({"encoded": encoded,
                                  "skipped": [s for s in part.skipped if s[0] in assigned],
-                                 "text_only": part.text_only})
+                                 "text_only": part.text_only, "partial": part.partial})
     finally:  # the merge below is the main process's alone
         if owned:
             launch.close()
@@ -209,8 +209,9 @@ def _agree_on_pending(launch: Launch, model: DiCoSA, videos, out: Path, stage: d
     top, agreed, failure = None, None, None
     if launch.is_main:
         try:
+            listed = list_videos(videos)  # a folder that does not exist: nothing written
             top = VideoIndex.create_or_resume(model, out, device=launch.device, **stage)
-            agreed = (pending_videos(top, out, videos), top.frames.as_dict(),
+            agreed = (pending_videos(top, out, listed), top.frames.as_dict(),
                       top.segments.as_dict() if top.segments is not None else None,
                       top.store.frame_dtype)
         except Exception as exc:
@@ -290,6 +291,7 @@ def merge_parts(top: VideoIndex, out: Path, pending: list[str], reports: list[di
     top.skipped = ([s for s in top.skipped if s[0] not in retried]
                    + [tuple(s) for r in reports for s in r["skipped"]])
     top.text_only = [tuple(t) for r in reports for t in r["text_only"]]
+    top.partial = [tuple(t) for r in reports for t in r["partial"]]
     top.meta.update(meta or {})
     top.save(out)  # builds and saves the first stage over every row, then the manifest
     log.info("merged %d shard(s) from %d process(es): %d videos in %s", len(found),

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from ..model import DiCoSA
 from ..progress import progress as show_progress
+from .listing import list_videos
 from .parallel import (
     PARTS,
     RAY_PART,
@@ -121,9 +122,10 @@ def build_index_on_ray(
     settings = ray_settings or RaySettings()
     out = Path(out_dir)
     started = time.perf_counter()
+    listed = list_videos(videos)  # a folder that does not exist: nothing written
     top = VideoIndex.create_or_resume(model, out, lock_timeout=lock_timeout, **stage)
     with top.writing():
-        pending = pending_videos(top, out, videos)
+        pending = pending_videos(top, out, listed)
         part = open_part(model, out / PARTS / RAY_PART, top.frames,
                          top.segments.as_dict() if top.segments is not None else None,
                          top.store.frame_dtype)
@@ -267,6 +269,7 @@ class _Journal:
         self.linked: set[str] = set(part.paths)
         self.skipped: dict[str, str] = {}
         self.text_only: list[tuple[str, str]] = []
+        self.partial: list[tuple[str, str]] = []
         self.encoded = 0
         self.retried = 0
         self.nodes: set[str] = set()
@@ -282,6 +285,7 @@ class _Journal:
                 log.warning("skipping %s: %s", path, reason)
                 self.skipped[path] = reason
             self.text_only += [tuple(t) for t in record["text_only"]]
+            self.partial += [tuple(t) for t in record["partial"]]
             self.nodes.update(record["nodes"])
             for key in self.seconds:
                 self.seconds[key] += float(record[key])
@@ -309,7 +313,7 @@ class _Journal:
     def report(self) -> dict:
         """This job's report as :func:`~dicosa.index.parallel.merge_parts` takes it."""
         return {"encoded": self.encoded, "skipped": list(self.skipped.items()),
-                "text_only": self.text_only}
+                "text_only": self.text_only, "partial": self.partial}
 
     def build_report(self, top: VideoIndex, encoders: int, wall: float) -> RayBuildReport:
         return RayBuildReport(top, encoders, self.encoded, [self.encoded],

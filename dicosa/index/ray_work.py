@@ -11,7 +11,8 @@ per video; a column of Python objects carries what a stage hands on:
   error, or a long video's frame batches at the segment rate and its end);
 - :class:`EncodeVideos` (an actor: the model loaded once): decoded videos -> ``seq, path,
   encoded`` (a :class:`~dicosa.index.encode.Clip` or :class:`~dicosa.search.shards.VideoRun`:
-  features, no frames), ``skipped``/``text_only`` (the reason, or ""), ``pad``, timings;
+  features, no frames), ``skipped``/``text_only``/``partial`` (the reason or what the
+  decode lost, or ""), ``pad``, timings;
 - :func:`write_shards` (a CPU task, up to a shard of videos per call): encoded videos ->
   one record per shard file written into the build's part folder (its name, rows,
   checksums, the paths it holds) and the videos skipped. A file is named at random, so a
@@ -102,12 +103,14 @@ class EncodeVideos:
         encoded = {e.row["path"]: e for e in encoder.ready()}
         pad = encoder.pad() if self.segments is not None else None
         skipped, text_only = dict(encoder.skipped), dict(encoder.text_only)
+        partial = dict(encoder.partial)
         paths = list(batch["path"])
         seconds = (time.perf_counter() - started) / max(1, len(paths))
         return {"seq": batch["seq"], "path": batch["path"],
                 "encoded": _column([encoded.get(p) for p in paths]),
                 "skipped": np.array([skipped.get(p, "") for p in paths], dtype=object),
                 "text_only": np.array([text_only.get(p, "") for p in paths], dtype=object),
+                "partial": np.array([partial.get(p, "") for p in paths], dtype=object),
                 "pad": _column([pad] * len(paths)), "decode_s": batch["decode_s"],
                 "encode_s": np.full(len(paths), seconds), "node": batch["node"],
                 "encoder_node": _column([node_id()] * len(paths))}
@@ -133,6 +136,7 @@ def write_shards(batch: dict[str, np.ndarray], *, folder: str, frame_dtype: str,
         "frames": report.frames, "seconds": report.seconds, "paths": paths,
         "skipped": [(p, r) for p, r in zip(paths, batch["skipped"], strict=True) if r],
         "text_only": [(p, r) for p, r in zip(paths, batch["text_only"], strict=True) if r],
+        "partial": [(p, d) for p, d in zip(paths, batch["partial"], strict=True) if d],
         "decode_s": float(np.sum(batch["decode_s"])),
         "encode_s": float(np.sum(batch["encode_s"])),
         "write_s": time.perf_counter() - started,

@@ -8,8 +8,9 @@ search computed on the way (the encoded queries, the candidates), so that an exp
 query again. It keeps nothing between calls: concurrent searches share no mutable state.
 
 The candidates are rows: whole short videos and segments of long ones. A video ranks by its
-best row, and its hit carries its best rows that do not overlap as moments, time ranges
-with their scores (:func:`dicosa.search.moment.best_moments`).
+best row, and its hit carries its best moments that do not overlap: time ranges, each its
+best row joined with the matching rows next to it, with their scores
+(:func:`dicosa.search.moment.best_moments`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import torch
 from torch import Tensor
 
 from ..data.protocol import FrameProtocol
+from ..integers import as_int
 from ..model import DiCoSA, TextFeatures
-from ..search.moment import Moment, Timeline, best_moments, overlaps, video_timeline
+from ..search.moment import Moment, Timeline, best_moments, video_timeline
 from ..search.query import Query, QueryError, parse_query
 from ..search.query_text import QueryText
 from ..search.rerank import QuantisedVideo, pair_scores
@@ -67,7 +69,7 @@ class Hit:
     # "dense+lexical" (their scales differ); None for "all"/"exhaustive"
     stage_scores: dict[str, float] | None = field(default=None, hash=False)
     row: int | None = None  # the store row that scored best (None: the video's id)
-    # the video's best rows that do not overlap, best first (the first one is ``row``)
+    # the video's best moments that do not overlap, best first (the first one's row is ``row``)
     moments: tuple[Moment, ...] = field(default=(), hash=False)
 
     def __post_init__(self) -> None:
@@ -127,11 +129,12 @@ class SearchResult:
         text = self.encoded.text.text[self.position:self.position + 1]
         return self._searcher().timeline(text, self.hits[i].id)
 
-    def top_moments(self, k: int) -> list[tuple[str, int, Moment]]:
+    def top_moments(self, k: int, join: float | None = None) -> list[tuple[str, int, Moment]]:
         """The ``k`` best moments among the candidates, best first, as ``(path, video id,
-        moment)``: several may come from one video, never two that overlap."""
+        moment)``: several may come from one video, never two that overlap. ``join``: as
+        :func:`~dicosa.search.moment.best_moments` takes it (None: its default)."""
         scores = self.dicosa if self.scores is None else self.scores
-        return self._searcher().top_moments(self.ids, scores.numpy(), k)
+        return self._searcher().top_moments(self.ids, scores.numpy(), k, join)
 
     def _searcher(self) -> Searcher:
         if self.searcher is None:
@@ -191,8 +194,8 @@ class Searcher:
         if mode is not None and mode not in self.modes:
             raise QueryError(f"this index has no '{mode}' search mode (it has "
                              f"{', '.join(self.modes)}); lexical, bow and hybrid need a "
-                             "lexical head: index.use(LexicalPlugin(HEAD)), or 'python -m "
-                             "dicosa index' with --head HEAD.pt")
+                             "lexical head: index.use(LexicalPlugin(HEAD)), or 'dicosa index' "
+                             "with --head HEAD.pt")
 
     # -- the whole path -------------------------------------------------------------------
     @torch.inference_mode()
@@ -229,25 +232,23 @@ class Searcher:
         """Video ``video``'s timeline under the text vector ``text [1, D]``."""
         return video_timeline(self.model, self.store, self.frames, text, video)
 
-    def top_moments(self, ids: np.ndarray, scores: np.ndarray, k: int
-                    ) -> list[tuple[str, int, Moment]]:
-        """The ``k`` best rows of ``ids [C]`` by ``scores [C]`` as moments (see
-        :meth:`SearchResult.top_moments`)."""
+    def top_moments(self, ids: np.ndarray, scores: np.ndarray, k: int,
+                    join: float | None = None) -> list[tuple[str, int, Moment]]:
+        """The ``k`` best moments of the rows ``ids [C]`` scored ``scores [C]``: each video's
+        (:func:`~dicosa.search.moment.best_moments`, the query's background the median of
+        all ``scores``), best first (see :meth:`SearchResult.top_moments`)."""
         usable = (ids >= 0) & np.isfinite(scores)
         rows, values = ids[usable], scores[usable]
         videos, spans = self.store.videos_of(rows), self.store.spans(rows)
+        background = float(np.median(values)) if len(values) else 0.0
+        order = np.argsort(videos, kind="stable")  # the candidates, video by video
+        edges = np.flatnonzero(np.diff(videos[order])) + 1
         picked: list[tuple[int, Moment]] = []
-        by_video: dict[int, list[Moment]] = {}
-        for i in np.argsort(-values, kind="stable").tolist():
-            video = int(videos[i])
-            moment = Moment(*(None if np.isnan(x) else round(float(x), 4) for x in spans[i]),
-                            float(values[i]), int(rows[i]))
-            taken = by_video.setdefault(video, [])
-            if not overlaps(moment, taken):
-                taken.append(moment)
-                picked.append((video, moment))
-                if len(picked) == k:
-                    break
+        for own in np.split(order, edges) if len(order) else []:
+            picked += [(int(videos[own[0]]), m) for m in best_moments(
+                rows[own], spans[own], values[own], k, background, join)]
+        picked.sort(key=lambda vm: -vm[1].score)  # stable: equal scores keep video order
+        picked = picked[:k]
         paths = self.store.paths(np.array([v for v, _ in picked], dtype=np.int64))
         return [(path, video, moment) for path, (video, moment) in zip(paths, picked,
                                                                        strict=True)]
@@ -359,6 +360,9 @@ class Searcher:
         videos = np.full(ids.shape, -1, dtype=np.int64)
         videos[usable] = self.store.videos_of(ids[usable])
         picked = [_best_per_video(ranked[q], videos[q], usable[q], k) for q in range(len(ids))]
+        # [Q] what a row that does not match scores: the median of each query's candidates
+        background = [float(np.median(ranked[q][usable[q]])) if usable[q].any() else 0.0
+                      for q in range(len(ids))]
         # Each hit's scored rows: the candidates of the same video.
         rows = [[np.flatnonzero(usable[q] & (videos[q] == videos[q, c])) for c in row]
                 for q, row in enumerate(picked)]
@@ -377,7 +381,7 @@ class Searcher:
                 parts = (by_stage[q, c] if by_stage is not None
                          else None if first is None else {label: first})
                 moments = best_moments(ids[q, same], next(spans), ranked[q, same],
-                                       MOMENTS_PER_HIT)
+                                       MOMENTS_PER_HIT, background[q])
                 hits.append(Hit(path=next(paths), score=float(ranked[q, c]),
                                 dicosa=float(dicosa[q, c]), id=int(videos[q, c]), stage=label,
                                 stage_score=first, stage_scores=parts, row=int(ids[q, c]),
@@ -448,17 +452,28 @@ def _warn_unhandled_exclusions(queries: list[Query], hooks: Sequence[RerankHook]
                     "to this index", ", ".join(e for q in queries for e in q.exclude))
 
 
-def check_search(text: str | Sequence[str], k: int, candidates: int | None) -> None:
-    """Refuse what has no meaningful answer instead of ranking it anyway."""
+def check_search(text: str | Sequence[str], k: int, candidates: int | None
+                 ) -> tuple[int, int | None]:
+    """Refuse what has no meaningful answer instead of ranking it anyway; ``(k,
+    candidates)`` as Python ints (numpy's integers are whole numbers too)."""
+    if isinstance(text, (bytes, bytearray)):
+        raise QueryError("a query must be text (str), got bytes: decode them first "
+                         "(query.decode('utf-8'))")
     texts = [text] if isinstance(text, str) else list(text)
     if not texts:
         raise QueryError("no query was given")
     for t in texts:
-        if not isinstance(t, str) or not t.strip():
-            raise QueryError(f"a query must be non-empty text, got {t!r}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        if not isinstance(t, str):
+            raise QueryError(f"a query must be text (str), got {type(t).__name__}")
+        if not t.strip():
+            raise QueryError("the query is empty: give the text of what to find")
+    count = as_int(k)
+    if count is None or count < 1:
         raise QueryError(f"k must be a positive number of results, got {k!r}")
-    if candidates is not None and (isinstance(candidates, bool)
-                                   or not isinstance(candidates, int) or candidates < 1):
+    if candidates is None:
+        return count, None
+    rows = as_int(candidates)
+    if rows is None or rows < 1:
         raise QueryError(f"candidates must be a positive number of rows to rerank (or None "
                          f"for exhaustive search), got {candidates!r}")
+    return count, rows

@@ -1,8 +1,17 @@
 """Moments: where in a video a query matches, from DiCoSA's own scores and pooling (Eq. 1).
 
-A **moment** is a time range of a video with a score: a row of the index (a segment of a long
-video, or the whole of a short one, :mod:`dicosa.data.segments`) that the query scored.
-:func:`best_moments` picks a video's best few that do not overlap.
+A **moment** is a time range of a video with a score: the rows of the index (segments of a
+long video, or the whole of a short one, :mod:`dicosa.data.segments`) that the query scored,
+joined where they overlap and match. :func:`best_moments` picks a video's best few that do
+not overlap: the best row not yet taken seeds a moment, and the rows that share time with it
+(the windows of the same shot) whose scores stand out from the query's background as far as
+:data:`JOIN_LEVEL` of the seed's join it, one after the other, so that a shot longer than one
+window, scored by several overlapping windows, is one moment over the whole shot. Rows that
+only meet at a shot boundary are not joined: the detector saw the picture change there, and
+on the validation collection joining across cuts lost more moments than it found. The
+*background* is what a row that does not match scores: the median score of the query's
+scored rows (most rows of a collection do not match a query). A moment keeps the seed's score
+and row.
 
 A **timeline** says, frame by frame over the whole video, how well it matches: each frame
 gets the DiCoSA score S of the best row that holds it and its weight in that row's pooling,
@@ -38,10 +47,19 @@ from ..data.video import sample_indices, sample_indices_released
 from ..functional import matched_pooling_weights
 from ..model import DiCoSA, TextFeatures, VideoFeatures
 
-__all__ = ["Moment", "Timeline", "best_moments", "format_span", "frame_times", "frame_weights",
-           "overlaps",
+__all__ = ["JOIN_LEVEL", "Moment", "Timeline", "best_moments", "format_span", "frame_times",
+           "frame_weights", "overlaps",
            "row_frame_times", "timeline_rows", "timelines", "video_timeline",
            "video_timelines"]
+
+
+# An overlapping row joins a moment when its score is at least this far from the background
+# to the seed's score (module docstring). Chosen on the validation collection of
+# benchmarks/moments.py (seed 1, scenes of 2-12 s; benchmarks/RESULTS.md, "Moments as
+# ranges"): moment R@5 at tIoU >= 0.7 54.0 at 0.5 (0.3-0.8 within a point; 0.9: 46.0; rows
+# alone: 21.0); on scenes of 3 s, one row each, every level gives the same.
+JOIN_LEVEL = 0.5
+_TOUCH = 1e-3  # seconds: rows that share no more than this only meet
 
 
 @torch.inference_mode()
@@ -127,25 +145,61 @@ class Moment:
 
 
 def best_moments(rows: np.ndarray, spans: np.ndarray, scores: np.ndarray,
-                 limit: int = 3) -> list[Moment]:
-    """A video's best ``limit`` moments that do not overlap, best first.
+                 limit: int = 3, background: float | None = None,
+                 join: float | None = None) -> list[Moment]:
+    """A video's best ``limit`` moments that do not overlap, best first: each the best row
+    not yet taken, with the matching rows next to it joined (module docstring).
 
     Args:
         rows: int64 ``[m]`` the video's scored rows.
         spans: ``[m, 2]`` their ``[start, end]`` seconds (NaN: unknown).
         scores: ``[m]`` their scores (``-inf``/NaN: not scored).
+        background: the score of a row that does not match (None: the median of ``scores``).
+        join: the level a neighbour must reach, as a fraction of the seed's height above the
+            background (None: :data:`JOIN_LEVEL`; above 1: rows are never joined).
     """
-    order = np.argsort(-np.nan_to_num(np.asarray(scores, np.float64), nan=-np.inf),
-                       kind="stable")
+    values = np.nan_to_num(np.asarray(scores, np.float64), nan=-np.inf)
+    spans = np.asarray(spans, np.float64).reshape(-1, 2)
+    usable = np.isfinite(values)
+    if background is None:
+        background = float(np.median(values[usable])) if usable.any() else 0.0
+    level = JOIN_LEVEL if join is None else join
+    taken = ~usable  # rows already in a moment, or not scored
     picked: list[Moment] = []
-    for i in order.tolist():
-        score = float(scores[i])
-        if not math.isfinite(score) or len(picked) == limit:
+    for i in np.argsort(-values, kind="stable").tolist():
+        if len(picked) == limit or not usable[i]:
             break
-        moment = Moment(*(_clean(x) for x in spans[i]), score, int(rows[i]))
+        if taken[i]:
+            continue
+        bar = background + level * (values[i] - background)
+        members = _grow(i, spans, values, taken, bar) if level <= 1 else [i]
+        taken[members] = True
+        start, end = np.min(spans[members, 0]), np.max(spans[members, 1])
+        moment = Moment(_clean(start), _clean(end), float(values[i]), int(rows[i]))
         if not overlaps(moment, picked):
             picked.append(moment)
     return picked
+
+
+def _grow(seed: int, spans: np.ndarray, values: np.ndarray, taken: np.ndarray,
+          bar: float) -> list[int]:
+    """The rows of one moment: ``seed`` and, one after the other, the free rows reaching
+    ``bar`` that overlap the range so far (rows of unknown time join nothing)."""
+    members = [seed]
+    lo, hi = spans[seed]
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return members
+    free = np.flatnonzero(~taken & (values >= bar) & np.isfinite(spans).all(1))
+    free = free[free != seed]
+    grew = True
+    while grew and len(free):
+        near = (spans[free, 0] < hi - _TOUCH) & (spans[free, 1] > lo + _TOUCH)
+        grew = bool(near.any())
+        members += free[near].tolist()
+        lo = min(lo, float(spans[free[near], 0].min(initial=lo)))
+        hi = max(hi, float(spans[free[near], 1].max(initial=hi)))
+        free = free[~near]
+    return members
 
 
 def overlaps(moment: Moment, others: list[Moment]) -> bool:
@@ -170,7 +224,7 @@ class Timeline:
     best_frame: int  # the frame of largest weight within the best row
     best_time: float | None
     best_weight: float
-    moments: list[Moment]  # the video's best rows that do not overlap, by S
+    moments: list[Moment]  # the video's best moments that do not overlap, by S
     video_rows: int = 1  # the video's rows (segments)
     scored_rows: int = 1  # those scored: all, or a sample (video_timelines' max_rows)
 

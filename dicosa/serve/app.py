@@ -13,7 +13,8 @@ every answer but media is JSON, described by :mod:`.schemas`; every error
     POST /api/search                mode, explain); the same as a JSON body
     GET  /api/videos/{id}           a video's metadata (never its path)
     GET  /api/videos/{id}/similar   "more like this" (k, offset, candidates)
-    GET  /api/videos/{id}/stream    the file, with HTTP Range
+    GET  /api/videos/{id}/stream    the file (converted where a browser cannot play it), with
+    HEAD                            HTTP Range; HEAD: its headers
     GET  /api/videos/{id}/thumb?t=  a JPEG of the frame shown at t seconds (cached)
 
 Routes that run torch or decode are plain ``def``: FastAPI runs them on its thread pool.
@@ -48,17 +49,20 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
+from starlette.routing import Match, Route
 
 from .. import __version__
 from .batching import Batcher
 from .compute import ComputeThread, freeze_heap
 from .engine import Answer, Engine, SearchRequest
-from .errors import BAD_REQUESTS, NotReady, ServeError, UnknownVideo
-from .media import ThumbnailError, Thumbnails, file_response
+from .errors import BAD_REQUESTS, NotReady, ServeError, UnknownMoment, UnknownVideo
+from .media import ThumbnailError, Thumbnails, served_type, stream_response
 from .openapi import DOCS_CSP, install_docs, openapi_schema
 from .rankers import RankerError, Rankers
+from .request_schema import IndexFacts, request_fields
 from .schemas import Health, Info, Ready, SearchAnswer, VideoDetails, errors
 from .security import COOKIE, Guard, safe_next
+from .transcode import MediaCache, TranscodeError
 
 __all__ = ["Limits", "Service", "Settings", "create_app"]
 
@@ -100,6 +104,8 @@ class Settings:
     freeze_heap: bool = False  # refreeze the collector's objects after each reopening
     workers: int = 1  # processes serving the same index (dicosa serve --workers)
     thumbnail_cache_bytes: int = 64 << 20
+    media_cache: str | None = None  # converted videos' folder (None: the user's cache folder)
+    media_cache_bytes: int = 4 << 30  # 0: never convert, send every file as it is
     token_ttl_s: int = 600
     session_ttl_s: int = 12 * 3600
     secure_cookie: bool = False  # mark the session cookie Secure (behind an HTTPS proxy)
@@ -128,6 +134,11 @@ class Service:
         if engine is None:
             raise NotReady("the index is not open yet")
         return engine
+
+    @property
+    def current(self) -> Engine | None:
+        """The engine now, or None while the index is still being opened."""
+        return self._engine
 
     def check_reload(self) -> bool:
         """Open the index again if another process finished changing it; True if swapped."""
@@ -225,11 +236,12 @@ def _checked(limits: Limits, q: str, exclude: list[str], k: int, offset: int, ca
         raise ServeError(f"each thing to leave out is at most {limits.query_chars} characters")
     if not 1 <= k <= limits.page:
         raise ServeError(f"k (results per page) must be between 1 and {limits.page}")
-    if offset < 0 or offset + k > limits.depth:
-        raise ServeError(f"offset + k must be between 1 and {limits.depth}: paging reaches "
+    if not 0 <= offset < limits.depth:
+        raise ServeError(f"offset must be between 0 and {limits.depth - 1}: paging reaches "
                          f"the first {limits.depth} results")
     if not 1 <= candidates <= limits.candidates:
         raise ServeError(f"candidates must be between 1 and {limits.candidates}")
+    k = min(k, limits.depth - offset)  # the last page ends at the depth paging reaches
     return SearchRequest(q, k, offset, candidates, tuple(exclude), mode or None, explain,
                          source or None)
 
@@ -254,6 +266,7 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
     guard = Guard(settings.api_key, token_ttl_s=settings.token_ttl_s,
                   session_ttl_s=settings.session_ttl_s)
     thumbnails = Thumbnails(settings.thumbnail_cache_bytes)
+    media = media_cache(settings)
     batcher = Batcher(settings.max_batch, settings.batch_wait_s, compute, rankers)
 
     async def lifespan(_: FastAPI):
@@ -270,23 +283,38 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
                   description="Text-video search with DiCoSA: where in each video the query "
                               "matches. Errors are {\"error\": \"one sentence\"}.")
     app.state.service, app.state.guard, app.state.thumbnails = service, guard, thumbnails
-    app.state.batcher, app.state.settings = batcher, settings
+    app.state.batcher, app.state.settings, app.state.media = batcher, settings, media
     _install_guards(app, settings, guard)
     _install_arrivals(app, batcher)
     _install_errors(app)
     _install_pages(app, guard, settings)
     _install_api(app, service, settings, guard, thumbnails, batcher)
+    _install_stream(app, service, media)
     install_docs(app)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
+    published: list = [None, None]  # [the engine it describes, the schema]
+
     def schema() -> dict:
-        if app.openapi_schema is None:
-            app.openapi_schema = openapi_schema(app, api_key=guard.enabled,
-                                                host_check=settings.allowed_hosts is not None)
-        return app.openapi_schema
+        """Made once per engine: a reopened index may have other modes or plugins."""
+        engine = service.current
+        if published[1] is None or published[0] is not engine:
+            fields = request_fields(vars(settings.limits), _facts(engine))
+            published[:] = [engine, openapi_schema(
+                app, api_key=guard.enabled, host_check=settings.allowed_hosts is not None,
+                fields=fields)]
+        return published[1]
 
     app.openapi = schema
     return app
+
+
+def _facts(engine: Engine | None) -> IndexFacts:
+    """What of ``engine``'s index decides which requests it answers (None: not open yet)."""
+    if engine is None:
+        return IndexFacts()
+    return IndexFacts(tuple(engine.index.modes), "concepts" in engine.plugins,
+                      "text" in engine.plugins)
 
 
 def _install_guards(app: FastAPI, settings: Settings, guard: Guard) -> None:
@@ -348,7 +376,8 @@ def _install_errors(app: FastAPI) -> None:
         if exc.status_code == 404:
             return _error(404, "there is nothing at this address")
         if exc.status_code == 405:
-            return _error(405, f"{request.method} is not allowed at this address")
+            return _error(405, f"{request.method} is not allowed at this address",
+                          {"Allow": _allowed(app, request.scope)})
         return _error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
@@ -357,6 +386,10 @@ def _install_errors(app: FastAPI) -> None:
 
     @app.exception_handler(UnknownVideo)
     async def unknown_video(request: Request, exc: UnknownVideo):
+        return _error(404, str(exc))
+
+    @app.exception_handler(UnknownMoment)
+    async def unknown_moment(request: Request, exc: UnknownMoment):
         return _error(404, str(exc))
 
     @app.exception_handler(NotReady)
@@ -377,6 +410,16 @@ def _install_errors(app: FastAPI) -> None:
         return _error(500, "the server could not answer this request; its log says why")
 
 
+def _allowed(app: FastAPI, scope: dict) -> str:
+    """The methods some route answers at the scope's path (a path may have a route per
+    method: GET and POST /api/search), for a 405's ``Allow`` header."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, Route) and route.matches(scope)[0] != Match.NONE:
+            methods |= route.methods or set()
+    return ", ".join(sorted(methods))
+
+
 async def _bad_request(request: Request, exc: Exception):
     return _error(400, str(exc))
 
@@ -387,11 +430,56 @@ def _validation_sentence(exc: RequestValidationError) -> str:
     if not errors:
         return "the request is not valid"
     first = errors[0]
+    if first.get("type") == "json_invalid":  # loc: ("body", character offset)
+        reason = (first.get("ctx") or {}).get("error") or "it does not parse"
+        at = first.get("loc", ())[-1:]
+        where = f" at character {at[0]}" if at and isinstance(at[0], int) else ""
+        return f"the request body is not valid JSON ({reason}{where})"
     where = ".".join(str(part) for part in first.get("loc", ())
                      if part not in ("query", "body", "path"))
     message = str(first.get("msg", "is not valid"))
-    message = message[:1].lower() + message[1:]
+    if message[1:2].islower():  # "Field required" reads on after "k: "; "JSON ..." stays
+        message = message[:1].lower() + message[1:]
     return f"{where}: {message}" if where else message
+
+
+def media_cache(settings: Settings) -> MediaCache | None:
+    """Where videos a browser cannot play are converted (None: ``media_cache_bytes`` 0)."""
+    if settings.media_cache_bytes <= 0:
+        return None
+    folder = settings.media_cache or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dicosa", "media")
+    return MediaCache(folder, settings.media_cache_bytes)
+
+
+def _install_stream(app: FastAPI, service: Service, media: MediaCache | None) -> None:
+    """The stream route, GET and HEAD: the file as the browser can play it (converted into
+    ``media`` where it cannot play the file as it is)."""
+    answers = {200: _MEDIA["video"], 206: {**_MEDIA["video"], "description":
+                                           "the byte range asked for"},
+               304: {"description": "If-None-Match named the current ETag"},
+               **errors(404, 416, 500, 503)}
+
+    def send(video_id: str, request: Request) -> Response:
+        try:
+            return stream_response(service.engine.video(video_id), request.headers, media)
+        except TranscodeError as exc:
+            log.warning("video %s cannot be sent: %s", video_id, exc)
+            return _error(500, f"this video cannot be played in a browser: {exc}")
+
+    @app.get("/api/videos/{video_id}/stream", tags=["videos"], response_class=Response,
+             responses=answers)
+    def stream(video_id: str, request: Request) -> Response:
+        """The video, as the browser can play it: the file, or (AVI, MPEG-2, HEVC, ...)
+        converted to MP4 once and kept (the first request waits for it); ``Range: bytes=...``
+        gets 206 and ``Content-Range``."""
+        return send(video_id, request)
+
+    @app.head("/api/videos/{video_id}/stream", tags=["videos"], response_class=Response,
+              responses=answers)
+    def stream_head(video_id: str, request: Request) -> Response:
+        """The stream's headers, as GET answers them, without the body."""
+        return send(video_id, request)
 
 
 def _install_pages(app: FastAPI, guard: Guard, settings: Settings) -> None:
@@ -440,7 +528,7 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
             hit["video"] = f"/api/videos/{vid}/stream" + (f"?{token}" if token else "")
             hit["thumbnail"] = f"/api/videos/{vid}/thumb?t={t:g}" + (f"&{token}" if token
                                                                         else "")
-            hit["media_type"] = file.media_type
+            hit["media_type"] = served_type(file, app.state.media)
             hit["media_token"] = token or None  # for links to its other moments
         thumbnails.prefetch(wanted)
         return answer.body
@@ -524,15 +612,6 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
                                    offset=request.offset, candidates=request.candidates))
         answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
         return _JSON(answer)
-
-    @app.get("/api/videos/{video_id}/stream", tags=["videos"], response_class=Response,
-             responses={200: _MEDIA["video"], 206: {**_MEDIA["video"], "description":
-                                                     "the byte range asked for"},
-                        304: {"description": "If-None-Match named the current ETag"},
-                        **errors(404, 416, 500, 503)})
-    def stream(video_id: str, request: Request) -> Response:
-        """The video file; ``Range: bytes=...`` gets 206 and ``Content-Range``."""
-        return file_response(service.engine.video(video_id), request.headers)
 
     @app.get("/api/videos/{video_id}/thumb", tags=["videos"], response_class=Response,
              responses={200: _MEDIA["image"], **errors(400, 404, 500, 503)})

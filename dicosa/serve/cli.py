@@ -56,6 +56,12 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--media-root", action="append", default=[], metavar="DIR",
                    help="serve only videos inside DIR (repeatable; default: each video in the "
                         "folder its index row names, links out of it refused)")
+    p.add_argument("--media-cache", default=None, metavar="DIR",
+                   help="where videos a browser cannot play (AVI, MPEG-2, HEVC, ...) are kept "
+                        "once converted to MP4 for the page (default: ~/.cache/dicosa/media)")
+    p.add_argument("--media-cache-size", type=float, default=4.0, metavar="GB",
+                   help="the converted videos kept at most, least recently used out first "
+                        "(default 4; 0: never convert, send every file as it is)")
     p.add_argument("--device", default=None, help="where to search (default: CUDA if present)")
     p.add_argument("--max-batch", type=int, default=8,
                    help="concurrent searches ranked together (1: no batching)")
@@ -142,16 +148,25 @@ def run_serve(args: argparse.Namespace) -> int:
             timeline_rows=args.timeline_rows, threads=threads, api_key=key,
             allowed_hosts=None if hosts is None else list(hosts),
             max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000,
-            reload_interval_s=args.reload_interval, workers=args.workers),
+            reload_interval_s=args.reload_interval, workers=args.workers,
+            media_cache=args.media_cache, media_cache_bytes=_gigabytes(args.media_cache_size)),
             args.host, args.port)
         return 0
     settings = Settings(api_key=key, allowed_hosts=hosts, max_batch=args.max_batch,
                         batch_wait_s=args.batch_wait_ms / 1000,
-                        reload_interval_s=args.reload_interval, freeze_heap=True)
+                        reload_interval_s=args.reload_interval, freeze_heap=True,
+                        media_cache=args.media_cache,
+                        media_cache_bytes=_gigabytes(args.media_cache_size))
     freeze_heap()  # the open index out of the collector's walks (compute.py)
     uvicorn.run(create_app(engine, settings, compute, rankers), host=args.host,
                 port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     return 0
+
+
+def _gigabytes(value: float) -> int:
+    if not value >= 0:
+        raise ValueError(f"--media-cache-size must be 0 or more gigabytes, got {value}")
+    return int(value * (1 << 30))
 
 
 def _start_rankers(args: argparse.Namespace) -> Rankers | None:

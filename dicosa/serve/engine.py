@@ -30,12 +30,13 @@ from torch import Tensor
 
 from ..data.datasets import VIDEO_EXTENSIONS
 from ..index import Hit, SearchResult, VideoIndex, open_index
+from ..integers import as_int
 from ..model import DiCoSA, TextFeatures
 from ..search.moment import video_timelines
 from ..search.query import Query, parse_query
 from ..search.query_text import QueryText
 from ..search.types import EncodedQueries
-from .errors import ServeError, UnknownVideo
+from .errors import ServeError, UnknownMoment, UnknownVideo
 
 __all__ = ["EXPLAINED_AS", "MEDIA_TYPES", "Answer", "Engine", "Ranked", "SearchRequest",
            "VideoFile", "rank_requests"]
@@ -43,7 +44,8 @@ __all__ = ["EXPLAINED_AS", "MEDIA_TYPES", "Answer", "Engine", "Ranked", "SearchR
 # The API's name for each plugin's explanation of a hit (the page reads these).
 EXPLAINED_AS = {"lexical": "words", "concepts": "exclusion", "fusion": "fusion"}
 _SCORE_CHUNK = 1024  # videos per DiCoSA.score call of "more like this"
-_FACTS = ("path", "title", "duration", "fps")  # the metadata a hit shows (_row_facts)
+# the metadata a hit shows (_row_facts)
+_FACTS = ("path", "title", "duration", "fps", "expected_duration", "damage")
 TIMELINE_POINTS = 240  # frames a hit's timeline sends at most (a long video's are thinned)
 # Rows (segments) a hit's timeline scores at most by default (``dicosa serve --timeline-rows``):
 # its moments' rows and others spread evenly over the video (dicosa.search.moment.
@@ -131,9 +133,11 @@ class Engine:
                  query_text: QueryText | None = None, timeline_rows: int = TIMELINE_ROWS):
         if index.model is None:
             raise ValueError("the service needs an index with its model attached")
-        if not (isinstance(timeline_rows, int) and timeline_rows >= 1):
+        rows = as_int(timeline_rows)
+        if rows is None or rows < 1:
             raise ValueError(f"a timeline scores at least 1 row of a video, got "
                              f"{timeline_rows!r}")
+        timeline_rows = rows
         if query_text is not None:  # a reopened snapshot keeps the tower and its cache
             index.query_text = query_text
         self.index = index
@@ -317,7 +321,7 @@ class Engine:
         if row is not None:
             rows = rows[rows == self._row_id(row)]
             if not len(rows):
-                raise ServeError(f"row {row} is not a moment of video {seed}")
+                raise UnknownMoment(self._row_id(row), seed)
         clock = time.perf_counter()
         depth = offset + k
         proxy = torch.from_numpy(store.proxies(rows).mean(0, keepdims=True))  # [1, D]
@@ -467,7 +471,17 @@ def _row_facts(row: dict | pd.Series) -> dict:
     duration = _finite(row["duration"])
     title = row["title"] if isinstance(row["title"], str) else ""
     return {"name": Path(str(row["path"])).name, "title": title, "duration": duration,
-            "fps": _finite(row["fps"])}
+            "fps": _finite(row["fps"]), "partial": _partial(row, duration)}
+
+
+def _partial(row: dict | pd.Series, decoded: float | None) -> dict | None:
+    """What a partial video's decode lost (None: it decoded whole, or an index written
+    before this was recorded)."""
+    damage = row.get("damage")
+    if not isinstance(damage, str) or not damage:
+        return None
+    return {"decoded": decoded, "expected": _finite(row.get("expected_duration")),
+            "damage": damage}
 
 
 def _finite(value) -> float | None:

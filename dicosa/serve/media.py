@@ -1,5 +1,8 @@
 """Video files over HTTP with byte ranges (so ``<video>`` can seek), and moment thumbnails.
 
+A file the browser cannot play is sent converted (:mod:`.transcode`, :func:`stream_response`),
+with the same byte serving; HEAD answers as GET does, without the body.
+
 Files are sent by Starlette's ``FileResponse``, which does the byte serving (one range: 206
 with ``Content-Range``; HEAD; the file read in chunks and closed when the client leaves).
 What it is asked for is decided here first, because three of its own answers differ from
@@ -13,7 +16,8 @@ JSON error; anything else (several ranges, another unit, bad syntax, an ``If-Ran
 longer matches) gets the whole file, which RFC 9110 allows a server to send instead.
 
 Thumbnails: the frame shown at a time ``t`` (the last frame that starts at or before it) as a
-JPEG, decoded with PyAV from the nearest earlier keyframe. Each is decoded once and kept in a
+JPEG, decoded with PyAV from the nearest earlier keyframe, upright and with square pixels as a
+player shows it (:mod:`dicosa.data.display`). Each is decoded once and kept in a
 bounded LRU cache keyed by the file's identity and ``t`` in milliseconds; :meth:`Thumbnails.
 prefetch` decodes a result page's best moments on a background thread while the page is sent,
 so the browser's requests usually find them made.
@@ -21,6 +25,7 @@ so the browser's requests usually find them made.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -35,11 +40,13 @@ import numpy as np
 import simplejpeg
 from starlette.responses import FileResponse, Response
 
+from ..data.display import display_of, upright
 from .engine import VideoFile
 from .errors import UnknownVideo
+from .transcode import MediaCache
 
 __all__ = ["RangeNotSatisfiable", "ThumbnailError", "Thumbnails", "decode_thumbnail",
-           "file_response", "parse_range"]
+           "file_response", "parse_range", "served_type", "stream_response"]
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +101,16 @@ class _FileRange(FileResponse):
         await super().__call__({**scope, "headers": headers}, receive, send)
 
 
-def file_response(file: VideoFile, headers: dict[str, str]) -> Response:
-    """The response to a GET of ``file`` with request ``headers`` (lower-case names)."""
+def file_response(file: VideoFile, headers: dict[str, str], etag: str | None = None
+                  ) -> Response:
+    """The response to a GET or HEAD of ``file`` with request ``headers`` (lower-case
+    names); ``etag``: the file's version where its size and modification time do not say
+    it (a converted file, whose modification time marks its last use)."""
     try:
         stat = os.stat(file.path)  # now: the file may have changed since it was checked
     except OSError:  # removed or made unreadable since it was checked
         raise UnknownVideo(file.id) from None
-    etag = f'"{stat.st_size:x}-{int(stat.st_mtime * 1000):x}"'
+    etag = etag or f'"{stat.st_size:x}-{int(stat.st_mtime * 1000):x}"'
     common = {"Accept-Ranges": "bytes", "ETag": etag, "Cache-Control": "private, no-cache",
               "Last-Modified": formatdate(stat.st_mtime, usegmt=True)}
     if headers.get("if-none-match") == etag:
@@ -118,9 +128,34 @@ def file_response(file: VideoFile, headers: dict[str, str]) -> Response:
                       stat_result=stat)
 
 
+def stream_response(file: VideoFile, headers: dict[str, str], cache: MediaCache | None
+                    ) -> Response:
+    """:func:`file_response` of the file as the browser can play it: as it is, or converted
+    by ``cache`` (None: always as it is). Raises TranscodeError."""
+    if cache is None:
+        return file_response(file, headers)
+    path, media_type, converted = cache.get(file.path, file.size, file.mtime)
+    served = dataclasses.replace(file, path=path, media_type=media_type)
+    return file_response(served, headers, etag=f'"{path.stem}"' if converted else None)
+
+
+def served_type(file: VideoFile, cache: MediaCache | None) -> str:
+    """The media type :func:`stream_response` will most likely send ``file`` as, from its
+    name alone (a search answer's links probe no file): a WebM as it is, anything else as
+    MP4, as it is or converted (WebM where the cache converts to WebM)."""
+    if cache is None or file.path.suffix.lower() == ".webm":
+        return file.media_type
+    known = cache.known_plan(file.path, file.size, file.mtime)
+    if known is not None:
+        return known.media_type
+    return "video/mp4" if file.path.suffix.lower() in (".mp4", ".m4v", ".mov") else (
+        f"video/{cache.target}")
+
+
 def decode_thumbnail(path: str | Path, t: float, width: int = 320, quality: int = 80) -> bytes:
     """JPEG of the frame shown at ``t`` seconds into ``path`` (the last frame starting at or
-    before ``t``; the last frame for a time past the end), at most ``width`` pixels wide."""
+    before ``t``; the last frame for a time past the end), upright, its longer side at most
+    ``width`` pixels."""
     try:
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
@@ -133,13 +168,24 @@ def decode_thumbnail(path: str | Path, t: float, width: int = 320, quality: int 
                 chosen = frame
             if chosen is None:
                 raise ThumbnailError(f"{path}: no frame decodes at {t:.3f} s")
-            scaled = min(width, chosen.width)
-            height = max(2, round(scaled * chosen.height / chosen.width / 2) * 2)
-            image = chosen.to_ndarray(width=scaled, height=height, format="rgb24")
+            image = _upright_image(stream, chosen, width)
     except (av.FFmpegError, OSError, IndexError) as exc:
         raise ThumbnailError(f"{path}: {exc}") from None
     return simplejpeg.encode_jpeg(np.ascontiguousarray(image), quality=quality,
                                   colorspace="RGB")
+
+
+def _upright_image(stream: av.VideoStream, frame: av.VideoFrame, width: int) -> np.ndarray:
+    """``frame`` as a player shows it (square pixels, turned), its longer side at most
+    ``width`` pixels."""
+    display = display_of(stream, frame.rotation)
+    shown_width, shown_height = display.shown_size()
+    scale = min(1.0, width / max(shown_width, shown_height))
+    scaled = max(2, round(shown_width * scale / 2) * 2)
+    height = max(2, round(shown_height * scale / 2) * 2)
+    size = (height, scaled) if display.turned else (scaled, height)  # before turning
+    return upright(frame.to_ndarray(width=size[0], height=size[1], format="rgb24"),
+                   display.rotation)
 
 
 class Thumbnails:
@@ -147,7 +193,7 @@ class Thumbnails:
 
     Args:
         max_bytes: the cache's budget; the least recently used thumbnails leave first.
-        width: thumbnails' largest width in pixels.
+        width: thumbnails' longer side in pixels, at most.
         workers: decoding threads (decodes run there, never more at once).
     """
 

@@ -15,8 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["ERROR_RESPONSES", "ErrorBody", "Health", "Hit", "Info", "Limits", "Moment",
-           "MomentBest", "MomentFrame", "QueryEcho", "Ready", "SearchAnswer", "VideoDetails",
-           "errors"]
+           "MomentBest", "MomentFrame", "Partial", "QueryEcho", "Ready", "SearchAnswer",
+           "VideoDetails", "errors"]
 
 
 class _Answer(BaseModel):
@@ -110,12 +110,21 @@ class Info(_Answer):
     server: ServerInfo
 
 
+class Partial(_Answer):
+    """What the decode of a partial video lost: it was indexed from the rest."""
+
+    decoded: float | None = Field(description="seconds decoded (the video's duration here)")
+    expected: float | None = Field(description="seconds its container states (null: unknown)")
+    damage: str = Field(description="what was lost, as one sentence")
+
+
 class VideoDetails(_Answer):
     id: int
     name: str = Field(description="the file's name (never its path)")
     title: str
     duration: float | None = Field(description="seconds")
     fps: float | None
+    partial: Partial | None = Field(description="null for a video that decoded whole")
 
 
 class MomentFrame(_Answer):
@@ -134,12 +143,13 @@ class MomentBest(_Answer):
 
 
 class TimeRange(_Answer):
-    """A moment: a time range of the video (one of its rows) and its score."""
+    """A moment: a time range of the video (its best row joined with the overlapping rows of
+    its shot that match) and its best row's score."""
 
     start: float | None = Field(description="seconds into the video (null: unknown)")
     end: float | None
     score: float
-    row: int = Field(description="the row (segment) it is: 'more like this' from a moment "
+    row: int = Field(description="its best row (segment): 'more like this' from a moment "
                                  "takes it as row=")
 
 
@@ -165,8 +175,8 @@ class Moment(_Answer):
 
     frames: list[MomentFrame]
     best: MomentBest
-    moments: list[TimeRange] = Field(description="the video's best rows that do not overlap, "
-                                                 "among the rows scored")
+    moments: list[TimeRange] = Field(description="the video's best moments that do not "
+                                                 "overlap, among the rows scored")
     rows: int = Field(description="the video's rows (segments)")
     scored_rows: int = Field(description="the rows scored for this timeline: all of them, or "
                                          "16 of a longer video (--timeline-rows)")
@@ -179,6 +189,7 @@ class Hit(_Answer):
     title: str
     duration: float | None
     fps: float | None
+    partial: Partial | None = Field(description="null for a video that decoded whole")
     score: float | None = Field(description="the final score (null where not finite)")
     dicosa: float | None = Field(description="DiCoSA's score of the pair")
     stage: str = Field(description="the first stage that proposed the video")

@@ -49,6 +49,8 @@ class WorkerSettings:
     batch_wait_s: float = 0.002
     reload_interval_s: float = 2.0
     workers: int = 1
+    media_cache: str | None = None
+    media_cache_bytes: int = 4 << 30
 
 
 def app():
@@ -74,7 +76,9 @@ def app():
                                       max_batch=given.max_batch,
                                       batch_wait_s=given.batch_wait_s,
                                       reload_interval_s=given.reload_interval_s,
-                                      workers=given.workers, freeze_heap=True), compute)
+                                      workers=given.workers, freeze_heap=True,
+                                      media_cache=given.media_cache,
+                                      media_cache_bytes=given.media_cache_bytes), compute)
     freeze_heap()  # the open index out of the collector's walks (compute.py)
     return app
 

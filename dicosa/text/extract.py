@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..integers import as_int
 from .fts import Done
 from .lines import SourceReport, SourceUnavailable, TextLine, assign
 from .ocr import screen_lines
@@ -53,10 +54,11 @@ class TextSettings:
     def __post_init__(self) -> None:
         if self.speech is not None:
             make_recognizer(self.speech)  # an unknown engine is one sentence now
-        if isinstance(self.ocr_frames, bool) or not isinstance(self.ocr_frames, int) or (
-                self.ocr_frames < 0):
+        frames = as_int(self.ocr_frames)
+        if frames is None or frames < 0:
             raise ValueError(f"ocr_frames must be a number of frames >= 0, got "
                              f"{self.ocr_frames!r}")
+        object.__setattr__(self, "ocr_frames", frames)  # numpy's integers as Python's
 
     def engines(self) -> dict[str, str]:
         """Each source read, and the engine its rows are recorded with."""

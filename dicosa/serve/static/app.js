@@ -16,6 +16,7 @@ const el = {
 };
 let info = null;
 let current = 0; // the request in flight: older answers are dropped
+let shown = { text: "", kind: "" }; // what the status said before a player's error
 
 function clock(seconds) {
   // m:ss, with tenths where the time is not a whole second; h:mm:ss past an hour
@@ -30,8 +31,21 @@ function clock(seconds) {
 }
 
 function say(text, kind = "") {
+  delete el.status.dataset.player;
+  shown = { text, kind };
   el.status.textContent = text;
   el.status.className = `status ${kind}`;
+}
+
+function sayPlayer(text) {
+  // a player's error: shown until a video plays, then what the status said before
+  el.status.textContent = text;
+  el.status.className = "status error";
+  el.status.dataset.player = "1";
+}
+
+function clearPlayer() {
+  if (el.status.dataset.player) say(shown.text, shown.kind);
 }
 
 function state() {
@@ -199,16 +213,28 @@ function card(hit, answer) {
   const thumb = node.querySelector(".thumb");
   const img = thumb.querySelector("img");
   const best = hit.moment ? hit.moment.best : null;
+  img.addEventListener("load", () =>  // a portrait picture is shown whole, not cropped
+    thumb.classList.toggle("tall", img.naturalHeight > img.naturalWidth));
   if (hit.thumbnail) img.src = hit.thumbnail;
   else thumb.classList.add("missing");
   img.alt = `${hit.name}${best && best.time !== null ? " at " + clock(best.time) : ""}`;
   thumb.querySelector(".when").textContent = best && best.time !== null ? clock(best.time) : "";
   thumb.addEventListener("click", () => play(hit, best ? best.time : 0, node));
+  partial(node, hit);
   timeline(node, hit);
   chips(node, hit, answer);
   node.querySelector(".like").addEventListener("click",
     () => go({ like: String(hit.id), row: node.dataset.row || "", page: 1 }));
   return node;
+}
+
+function partial(node, hit) {
+  // a video whose decode lost part of it: indexed from the rest, and said so
+  const note = node.querySelector(".partial");
+  if (!hit.partial) return;
+  note.hidden = false;
+  note.textContent = `Partial: ${hit.partial.damage}`;
+  note.title = "indexed from what decodes; the rest of the file could not be read";
 }
 
 function timeline(node, hit) {
@@ -338,13 +364,15 @@ function chips(node, hit, answer) {
 }
 
 function play(hit, time, node) {
-  if (!hit.video) { say(`${hit.name} cannot be played: its file is not available.`, "error");
+  if (!hit.video) { sayPlayer(`${hit.name} cannot be played: its file is not available.`);
                     return; }
   if (hit.media_type && el.player.canPlayType(hit.media_type) === "") {
-    say(`This browser cannot play ${hit.name} (${hit.media_type}); the thumbnails still ` +
-        "show the moment.", "error");
+    sayPlayer(`This browser cannot play ${hit.name} (${hit.media_type}); the thumbnails ` +
+              "still show the moment.");
     return;
   }
+  clearPlayer();
+  el.player.dataset.name = hit.name;
   const start = time || 0;
   el.playerBox.hidden = false;
   el.nowPlaying.textContent = `${hit.title || hit.name} · from ${clock(start)}`;
@@ -386,6 +414,12 @@ el.form.addEventListener("submit", (event) => {
 el.prev.addEventListener("click", () => go({ ...state(), page: state().page - 1 }));
 el.next.addEventListener("click", () => go({ ...state(), page: state().page + 1 }));
 el.closePlayer.addEventListener("click", closePlayer);
+el.player.addEventListener("playing", clearPlayer);
+el.player.addEventListener("error", () => {
+  if (!el.player.getAttribute("src")) return;
+  sayPlayer(`${el.player.dataset.name || "This video"} cannot be played: the server could ` +
+            "not send it in a form this browser plays.");
+});
 window.addEventListener("popstate", show);
 document.addEventListener("keydown", (event) => {
   const typing = ["INPUT", "SELECT", "TEXTAREA"].includes(document.activeElement.tagName);
