@@ -29,12 +29,14 @@ from dicosa.index.parallel import PARTS, RAY_PART
 
 from ._ray_cluster import REPO, start_cluster
 from ._slow_ray_index import CRASH
-from ._text_media import have, write_clip
+from ._system import reason
+from ._text_media import write_clip
 from ._videos import write_scenes
 
 ray = pytest.importorskip("ray")
 
 CONFIG = str(REPO / "configs" / "synthetic.yaml")
+OCR = reason("tesseract", "fonts") is None  # words burnt into a clip, read by Tesseract
 NUM_CLIPS = 8
 OPTIONS = ["--batch-size", "1", "--shard-size", "1", "--config", CONFIG]
 
@@ -49,7 +51,8 @@ def folder(tmp_path_factory) -> Path:
     videos = root / "videos"
     write_scenes(videos / "long.mp4", [(200, 30, 30), (30, 200, 30), (20, 20, 90)],
                  seconds=3.0)
-    write_clip(videos / "sign.mp4", 2.0, size=(160, 96), text=("GATE 42", 0.0, 2.0))
+    if OCR:
+        write_clip(videos / "sign.mp4", 2.0, size=(160, 96), text=("GATE 42", 0.0, 2.0))
     (videos / "broken.mp4").write_bytes(b"\x00" * 64)
     (videos / "empty.mp4").write_bytes(b"")
     (videos / "notes.mp4").write_text("not a video\n")
@@ -158,13 +161,13 @@ def test_a_two_node_build_equals_the_single_process_build(cluster, folder, cli_m
             cli_model, [*sorted(map(str, folder.iterdir())), str(crash)], out,
             ray_settings=RaySettings(tries=1), batch_size=2, shard_size=3, progress=False,
             titles=folder.parent / "titles.json")
-        if have("tesseract"):  # on-screen text read by a reader actor, written here
+        if OCR:  # on-screen text read by a reader actor, written here
             with report.index.writing():
                 text = report.index.use(TextPlugin(subtitles=False, ocr=True, ocr_frames=1,
                                                    reads=ray_reads(ray, readers=1)))
     finally:
         ray.shutdown()
-    if have("tesseract"):
+    if OCR:
         sign = report.index.store.metadata().query("path.str.endswith('sign.mp4')").index
         assert "GATE 42" in " ".join(line["text"] for line in text.lines(int(sign[0])))
         screen = text.reports["screen"]
@@ -196,7 +199,7 @@ def test_a_worker_killed_mid_build_costs_only_its_unfinished_work(cluster, folde
     """The command line's build, with on-screen text read in the same job; the encoder
     actor is SIGKILLed once the first shard is linked."""
     out = tmp_path / "index"
-    ocr = ["--ocr", "--ocr-frames", "1"] if have("tesseract") else []  # read on the cluster
+    ocr = ["--ocr", "--ocr-frames", "1"] if OCR else []  # read on the cluster
     proc = _run(_command(folder, out, "--ray-address", cluster.address, *ocr), cluster.env,
                 delay=0.3)
     try:
