@@ -113,6 +113,16 @@ def real_footage(tmp_path_factory):
     return footage(tmp_path_factory.mktemp("real-footage"))
 
 
+@pytest.fixture(scope="module")
+def cli_model():
+    """The model ``dicosa index --config configs/synthetic.yaml`` builds (seeded), for tests
+    that compare what the command line indexes with an index of their own."""
+    from dicosa.loading import load_model
+
+    return load_model(None, os.path.join(os.path.dirname(__file__), os.pardir, "configs",
+                                         "synthetic.yaml"))[0]
+
+
 def pytest_sessionstart(session) -> None:
     """Said before the tests (``-q`` too): what this machine lacks, which tests will not run."""
     from tests._system import not_run

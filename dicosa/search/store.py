@@ -456,16 +456,18 @@ class FrameStore:
         store.removed = set(manifest.get("removed", []))
         return store
 
-    def link(self, name: str, count: int) -> np.ndarray:
+    def link(self, name: str, count: int, sha256: dict | None = None) -> np.ndarray:
         """Append a shard file already in :attr:`directory` (``name`` relative to it, e.g.
         ``parts/rank-1/shard-00000``: a shard one process of a multi-process build wrote) as
-        the next rows, without copying it; returns their new ids [count]."""
+        the next rows, without copying it; returns their new ids [count]. ``sha256``: the
+        checksums its writer recorded, kept for :meth:`verify`."""
         if self.directory is None:
             raise ValueError("only a store with a directory can link shard files")
-        shard = open_shard(self.directory, name, count, self.next_id)
+        shard = open_shard(self.directory, name, count, self._first_new())
+        shard.sha256 = sha256
         num_frames, dim = shard.shape
-        if self.num_frames is None:
-            self.num_frames, self.dim = num_frames, dim
+        self.num_frames = num_frames if self.num_frames is None else self.num_frames
+        self.dim = dim if self.dim is None else self.dim
         if dim != self.dim or (isinstance(shard, ClipShard) and num_frames != self.num_frames):
             raise StoreError(f"{self.directory}: shard {name} holds features of another "
                              "shape than the index; rebuild the index")

@@ -11,6 +11,7 @@ each line to the rows that hold it (:func:`~dicosa.text.lines.assign`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,11 +23,22 @@ from .ocr import screen_lines
 from .speech import Recognizer, make_recognizer, merge_spans, speech_lines
 from .subtitles import subtitle_lines
 
-__all__ = ["DEFAULT_OCR_FRAMES", "TextReader", "TextSettings"]
+__all__ = ["DEFAULT_OCR_FRAMES", "ReadElsewhere", "ReadJob", "ReadOutcome", "TextReader",
+           "TextSettings",
+           "read_jobs"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_OCR_FRAMES = 3  # frames read by OCR per row
+
+# TextReader.read's arguments: row ids [n], their videos' paths, spans start/end [n], and
+# the rows each source must read (source -> bool [n])
+ReadJob = tuple[np.ndarray, list[str], np.ndarray, np.ndarray, dict[str, np.ndarray]]
+# One job's outcome: (row, line) pairs, (row, Done) records, the reports, the sources that
+# could not run (source -> why)
+ReadOutcome = tuple[list, list, dict[str, SourceReport], dict[str, str]]
+# Runs jobs somewhere else (a cluster's workers), giving back each one's outcome
+ReadElsewhere = Callable[["TextSettings", list[ReadJob]], Iterable[ReadOutcome]]
 
 
 @dataclass(frozen=True)
@@ -143,3 +155,13 @@ class TextReader:
             done.append((row, Done(report.source, engine, int(count[position]),
                                    float(report.seconds * share[position]),
                                    round(report.frames * share[position]), note)))
+
+
+def read_jobs(settings: TextSettings, jobs: Iterable[ReadJob],
+              recognizer: Recognizer | None = None) -> Iterator[ReadOutcome]:
+    """Each job read by a fresh :class:`TextReader` sharing ``recognizer`` (loaded once by
+    the caller): what a worker that reads for another process runs."""
+    for job in jobs:
+        reader = TextReader(settings, recognizer)
+        lines, done = reader.read(*job)
+        yield lines, done, reader.reports, reader.unavailable
