@@ -21,11 +21,11 @@ Routes that run torch or decode are plain ``def``: FastAPI runs them on its thre
 Videos are named by their row id only; a file is served only when the engine finds it where
 its row says (:meth:`Engine.video`). Nothing on the server fetches a URL.
 
-:class:`Service` holds the current engine and, every ``reload_interval_s``, looks whether
-another process changed the index (``dicosa index`` into the same folder); once the
-change is complete (the manifest's first stage is in step with its store) it opens the index
-again beside the old one and swaps the whole engine in, so each search sees the old
-collection or the new one.
+Every search goes through one :class:`~dicosa.serve.batching.Batcher` to the service's
+:class:`~dicosa.serve.ranking.Ranking` (this process, or ranker processes: its
+:class:`~dicosa.serve.topology.Topology`), which ranks it and cuts its page. A
+:class:`~dicosa.serve.service.Service` holds the current engine and swaps in a new snapshot
+after another process changed the index.
 """
 
 from __future__ import annotations
@@ -34,15 +34,13 @@ import asyncio
 import logging
 import math
 import os
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote
 
-import torch
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
@@ -53,15 +51,18 @@ from starlette.routing import Match, Route
 
 from .. import __version__
 from .batching import Batcher
-from .compute import ComputeThread, freeze_heap
+from .compute import ComputeThread
 from .engine import Answer, Engine, SearchRequest
 from .errors import BAD_REQUESTS, NotReady, ServeError, UnknownMoment, UnknownVideo
 from .media import ThumbnailError, Thumbnails, served_type, stream_response
 from .openapi import DOCS_CSP, install_docs, openapi_schema
 from .rankers import RankerError, Rankers
+from .ranking import InProcess
 from .request_schema import IndexFacts, request_fields
 from .schemas import Health, Info, Ready, SearchAnswer, VideoDetails, errors
 from .security import COOKIE, Guard, safe_next
+from .service import Service
+from .topology import Topology
 from .transcode import MediaCache, TranscodeError
 
 __all__ = ["Limits", "Service", "Settings", "create_app"]
@@ -102,82 +103,14 @@ class Settings:
     max_batch: int = 8  # searches ranked together (1: no batching)
     batch_wait_s: float = 0.002  # longest a batch waits for searches already on their way
     freeze_heap: bool = False  # refreeze the collector's objects after each reopening
-    workers: int = 1  # processes serving the same index (dicosa serve --workers)
+    topology: Topology | None = None  # why searches rank where they do (/api/info; None:
+    # as create_app's ``rankers`` say, given by the caller)
     thumbnail_cache_bytes: int = 64 << 20
     media_cache: str | None = None  # converted videos' folder (None: the user's cache folder)
     media_cache_bytes: int = 4 << 30  # 0: never convert, send every file as it is
     token_ttl_s: int = 600
     session_ttl_s: int = 12 * 3600
     secure_cookie: bool = False  # mark the session cookie Secure (behind an HTTPS proxy)
-
-
-class Service:
-    """The engine requests use now, and the reopening of the index after a change."""
-
-    def __init__(self, engine: Engine, reload_interval_s: float = 2.0,
-                 compute: ComputeThread | None = None, freeze_heap: bool = False):
-        self._engine = engine
-        self.compute = compute  # where the index is reopened (None: the watching thread)
-        self.reload_interval_s = reload_interval_s
-        self.freeze_heap = freeze_heap  # compute.freeze_heap after a reopening (a service
-        # process that froze its heap once the index was open)
-        self.reloads = 0
-        self.last_reload: str | None = None
-        self.reload_error: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def engine(self) -> Engine:
-        engine = self._engine  # one read: a request keeps the snapshot it started with
-        if engine is None:
-            raise NotReady("the index is not open yet")
-        return engine
-
-    @property
-    def current(self) -> Engine | None:
-        """The engine now, or None while the index is still being opened."""
-        return self._engine
-
-    def check_reload(self) -> bool:
-        """Open the index again if another process finished changing it; True if swapped."""
-        with self._lock:
-            old = self._engine
-            if not old.outdated():
-                return False
-            started = time.perf_counter()
-            try:
-                new = old.reopen() if self.compute is None else self.compute.run(old.reopen)
-            except Exception as exc:  # keep serving the old snapshot; try again later
-                self.reload_error = f"{type(exc).__name__}: {exc}"
-                log.warning("could not reopen the index (still serving the previous one): %s",
-                            exc)
-                return False
-            self._engine, self.reloads, self.reload_error = new, self.reloads + 1, None
-            self.last_reload = new.opened_at.isoformat(timespec="seconds")
-            log.info("reopened the index: %d videos (was %d), in %.1f s", len(new.index),
-                     len(old.index), time.perf_counter() - started)
-            del old
-            if self.freeze_heap:
-                freeze_heap(again=True)
-            return True
-
-    def start(self) -> None:
-        if self.reload_interval_s > 0 and self._thread is None:
-            self._thread = threading.Thread(target=self._watch, name="dicosa-reload",
-                                            daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self.reload_interval_s):
-            try:
-                self.check_reload()
-            except Exception:  # never let the watcher die silently
-                log.exception("checking the index for changes failed")
 
 
 class _JSON(JSONResponse):
@@ -258,6 +191,10 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
     (:mod:`dicosa.serve.rankers`) searches are ranked and their pages cut in those processes
     instead, which the application stops when it stops."""
     settings = settings or Settings()
+    if settings.topology is None:  # as the caller gave them
+        count = 0 if rankers is None else len(rankers)
+        settings = replace(settings, topology=Topology(
+            count, why=f"{count} ranker processes" if count else "this process"))
     if isinstance(service, Engine):
         service = Service(service, settings.reload_interval_s,
                           freeze_heap=settings.freeze_heap)
@@ -267,7 +204,8 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
                   session_ttl_s=settings.session_ttl_s)
     thumbnails = Thumbnails(settings.thumbnail_cache_bytes)
     media = media_cache(settings)
-    batcher = Batcher(settings.max_batch, settings.batch_wait_s, compute, rankers)
+    ranking = rankers if rankers is not None else InProcess(compute)
+    batcher = Batcher(settings.max_batch, settings.batch_wait_s, ranking)
 
     async def lifespan(_: FastAPI):
         service.start()
@@ -275,8 +213,7 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
         service.stop()
         batcher.close()
         thumbnails.close()
-        if rankers is not None:
-            rankers.close()
+        ranking.close()
 
     app = FastAPI(title="dicosa", version=__version__, lifespan=lifespan, docs_url=None,
                   redoc_url=None, default_response_class=_JSON,
@@ -537,12 +474,7 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         started = time.perf_counter()
         engine = service.engine
         engine.check(request)
-        ticket = getattr(http.state, "ticket", None)
-        if batcher.rankers is not None:
-            answer = links(batcher.answer(engine, request, ticket))
-        else:
-            ranked = batcher.rank(engine, request, ticket)
-            answer = links(compute.run(engine.answer, request, ranked))
+        answer = links(batcher.answer(engine, request, getattr(http.state, "ticket", None)))
         answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
         return _JSON(answer)  # as it is: FastAPI's encoder pass over it costs milliseconds
 
@@ -567,10 +499,8 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         """What is being searched: videos, model, heads, search modes, backend, limits."""
         return {**service.engine.info(), "limits": vars(limits), "version": __version__,
                 "api_key": guard.enabled,
-                "server": {"pid": os.getpid(), "workers": settings.workers,
-                           "threads": compute.run(torch.get_num_threads),
-                           "max_batch": settings.max_batch,
-                           "rankers": 0 if batcher.rankers is None else len(batcher.rankers)}}
+                "server": {"pid": os.getpid(), "threads": batcher.ranking.threads,
+                           "max_batch": settings.max_batch, **settings.topology.as_dict()}}
 
     searched = {200: {"model": SearchAnswer}, **errors(400, 500, 503)}
 
