@@ -28,9 +28,14 @@ demo: $(STAMP) clean-demo
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# First the Debian programs a few tests drive (Chromium and its driver, Tesseract, espeak-ng,
+# DejaVu fonts): installed with apt-get where this user may (root, or passwordless sudo),
+# else said, with the tests that will not run, before the tests and in their summary
+# (tests/_system.py; DICOSA_SYSTEM_PACKAGES=never leaves the system alone).
 # The tests marked "paths" compare two code paths, batch sizes or thread counts; they run a
 # second time on one thread, because CPU kernels change their blocking with both.
 test: $(STAMP) lint
+	$(PY) tests/_system.py install
 	$(PY) -m pytest -q -rs
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -m paths
 

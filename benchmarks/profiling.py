@@ -3,7 +3,7 @@ and (optionally) py-spy's samples of the server's Python stacks.
 
 :class:`Window` is started and stopped at the edges of a measured window. It reads the CPU
 time (user + system, ``/proc/PID/stat``) of the server process, of its child processes (the
-workers of ``dicosa serve --workers N``) and of this process (the load's client threads), so
+rankers of ``dicosa serve --rankers N``) and of this process (the load's client threads), so
 that the clients' share of the machine is a figure beside the server's. With ``profile`` it
 runs ``py-spy record`` on the server (and its children) for the window and summarises the
 samples: the functions most often on the CPU (``self``: the innermost Python frame, which is

@@ -26,14 +26,15 @@ client first (the single-client latency), then ``--clients`` at once; for each `
 value (batching of concurrent searches, ``dicosa/serve/batching.py``; 1 = off) a fresh server.
 Latency is measured by the client (request sent to answer parsed); the server's own per-stage
 medians come from the answers' ``times_ms``. Resident memory is the server process's (and its
-workers', ``/proc/PID/status``) after the concurrent phase. Clients and server share the
+rankers', ``/proc/PID/status``) after the concurrent phase. Clients and server share the
 machine's cores, as they would on a 2-core box; each phase also reports the CPU seconds the
 server and the clients used in its measured window (``benchmarks/profiling.py``).
 
 The service's options, each compared in one run where it takes several values (every
 combination is a fresh server): ``--max-batch``, ``--text-tower`` (float, packed, int8),
-``--workers`` (server processes), ``--rankers`` (ranking processes behind one server),
-``--threads`` (torch threads per process), ``--device`` (where the server encodes and
+``--rankers`` (ranking processes behind one server; ``auto``, the default: no option, the
+server picks from the machine, and the run records what it picked and why), ``--threads``
+(torch threads of whoever ranks), ``--device`` (where the server encodes and
 reranks: ``cpu``, the default, or ``cuda``; the index is built on the CPU either way),
 ``--batch-wait-ms``, ``--query-cache`` (off by default here: the clients cycle through a
 few hundred captions, so a cache would answer most of them from memory, which is not what a
@@ -44,7 +45,7 @@ slower: take the timings from a run without it).
 
     python benchmarks/serve.py --videos 100000 1000000 --keep      # the lead, alone
     python benchmarks/serve.py --videos 1000000 --reuse            # again, on the kept index
-    python benchmarks/serve.py --videos 100000 --reuse --text-tower float packed --workers 1 2
+    python benchmarks/serve.py --videos 100000 --reuse --text-tower float packed --rankers 0 2
     python benchmarks/serve.py --videos 100000 --reuse --profile --max-batch 8
     python benchmarks/serve.py --hours 1000 --keep --frame-dtype int8 --rankers 0 2
     python benchmarks/serve.py --videos 100000 --frame-dtype int8 --device cuda   # a GPU
@@ -92,8 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batch", type=int, nargs="+", default=[8, 1])
     p.add_argument("--text-tower", nargs="+", default=["auto"],
                    choices=("auto", "float", "packed", "int8"), help="dicosa serve --text-tower")
-    p.add_argument("--workers", type=int, nargs="+", default=[1], help="dicosa serve --workers")
-    p.add_argument("--rankers", type=int, nargs="+", default=[0], help="dicosa serve --rankers")
+    p.add_argument("--rankers", type=_rankers, nargs="+", default=["auto"],
+                   help="dicosa serve --rankers N (auto: no option, the server's own pick)")
     p.add_argument("--threads", type=int, default=None, help="dicosa serve --threads")
     p.add_argument("--device", default="cpu", help="dicosa serve --device (cpu or cuda)")
     p.add_argument("--batch-wait-ms", type=float, default=None,
@@ -201,14 +202,15 @@ def free_port() -> int:
 
 def start_server(directory: Path, port: int, setup: dict, args) -> subprocess.Popen:
     """``dicosa serve`` on ``directory`` with the run's ``setup`` (max_batch, text_tower,
-    workers) and the options every run shares."""
+    rankers) and the options every run shares."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     command = [sys.executable, "-m", "dicosa.serve", str(directory.resolve()), "--port",
                str(port), "--max-batch", str(setup["max_batch"]), "--reload-interval", "0",
-               "--device", args.device, "--text-tower", setup["text_tower"], "--workers",
-               str(setup["workers"]), "--rankers", str(setup["rankers"]), "--query-cache",
+               "--device", args.device, "--text-tower", setup["text_tower"], "--query-cache",
                str(args.query_cache)]
+    if setup["rankers"] != "auto":
+        command += ["--rankers", str(setup["rankers"])]
     if args.threads:
         command += ["--threads", str(args.threads)]
     if args.batch_wait_ms is not None:
@@ -244,15 +246,17 @@ def resident(pid: int) -> dict[str, float]:
             (("anon_gib", "RssAnon"), ("file_gib", "RssFile"), ("peak_gib", "VmHWM"))}
 
 
-def server_memory(pid: int, workers: set[int]) -> dict:
-    """The server's memory (:func:`resident`); with worker (or ranker) processes, each one's,
-    and their anonymous memory summed (their mapped store pages are the same page cache)."""
-    if not workers - {pid}:
+def server_memory(pid: int, rankers: list[int]) -> dict:
+    """The server's memory (:func:`resident`); with ranker processes, the server's and each
+    ranker's, their anonymous memory summed (their mapped store pages are the same page
+    cache)."""
+    if not rankers:
         return resident(pid)
-    each = [resident(w) for w in workers]
-    return {"anon_gib": round(sum(w["anon_gib"] for w in each), 3),
-            "file_gib_max": max(w["file_gib"] for w in each), "workers": each,
-            "supervisor": resident(pid)}
+    each = [resident(r) for r in rankers]
+    server = resident(pid)
+    return {"anon_gib": round(server["anon_gib"] + sum(r["anon_gib"] for r in each), 3),
+            "file_gib_max": max(r["file_gib"] for r in [server, *each]), "rankers": each,
+            "server": server}
 
 
 # -- the load ---------------------------------------------------------------------------------
@@ -363,9 +367,8 @@ def _slowest(good: list[tuple], ms: np.ndarray) -> dict | None:
 
 def setups(args) -> list[dict]:
     """Every combination of the compared service options: one fresh server each."""
-    return [{"max_batch": b, "text_tower": t, "workers": w, "rankers": r}
-            for b in args.max_batch for t in args.text_tower for w in args.workers
-            for r in args.rankers if not (w > 1 and r)]
+    return [{"max_batch": b, "text_tower": t, "rankers": r}
+            for b in args.max_batch for t in args.text_tower for r in args.rankers]
 
 
 def serve_and_load(args, directory: Path, setup: dict) -> dict:
@@ -376,14 +379,14 @@ def serve_and_load(args, directory: Path, setup: dict) -> dict:
     raw = Path(args.out).with_name(f"{Path(args.out).stem}.{directory.name}.{label}.pyspy.txt")
     try:
         ready_s = wait_ready(base, server)
-        workers = wait_workers(base, setup["workers"])  # every worker up, not only the first
+        picked = _info(base)["server"]
         single = load(base, 1, args.single_seconds, args.warmup, args, seed=0,
                       window=Window(server.pid))
         concurrent = load(base, args.clients, args.seconds, args.warmup, args, seed=1,
                           window=Window(server.pid, args.profile, args.profile_rate,
                                         args.profile_native, raw))
-        memory = server_memory(server.pid, workers | set(children(server.pid))
-                               if setup["rankers"] else workers)
+        memory = server_memory(server.pid, _rankers_of(server.pid) if picked["rankers"]
+                               else [])
         info = _info(base)
     finally:
         server.terminate()
@@ -391,7 +394,8 @@ def serve_and_load(args, directory: Path, setup: dict) -> dict:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
-    return {**setup, "threads": info["server"]["threads"], "query_cache": args.query_cache,
+    return {**setup, "rankers": picked["rankers"], "chosen": picked["chosen"],
+            "why": picked["why"], "threads": picked["threads"], "query_cache": args.query_cache,
             "indexed_videos": info["videos"], "timeline_rows": info["timeline_rows"],
             "text": info["text"], "open_s": round(ready_s, 1), "single_client": single,
             "concurrent": concurrent, "server_memory_gib": memory}
@@ -403,14 +407,15 @@ def _info(base: str) -> dict:
     return httpx.get(base + "/api/info", timeout=30).json()
 
 
-def wait_workers(base: str, workers: int, timeout: float = 1800.0) -> set[int]:
-    """The process ids of the server's ``workers``, once each has answered /api/info."""
-    seen, started = set(), time.perf_counter()
-    while len(seen) < workers:
-        if time.perf_counter() - started > timeout:
-            raise TimeoutError(f"only {len(seen)} of {workers} workers answered")
-        seen.add(_info(base)["server"]["pid"])
-    return seen
+def _rankers(value: str) -> int | str:
+    return value if value == "auto" else int(value)
+
+
+def _rankers_of(pid: int) -> list[int]:
+    """The server's ranker processes: its children that run dicosa (not multiprocessing's
+    resource tracker)."""
+    return [child for child in children(pid)
+            if b"resource_tracker" not in Path(f"/proc/{child}/cmdline").read_bytes()]
 
 
 def met(size: dict, run: dict) -> bool:
@@ -444,7 +449,7 @@ def serve_collection(args, what: dict, directory: Path, build) -> dict:
     runs = [serve_and_load(args, directory, setup) for setup in setups(args)]
     size = {**what, **shape, **built, "store_gib": round(store, 2), "runs": runs}
     size["targets_met"] = {",".join(f"{k}={r[k]}" for k in
-                                    ("max_batch", "text_tower", "workers", "rankers")):
+                                    ("max_batch", "text_tower", "rankers", "chosen")):
                            met(size, r) for r in runs}
     if not args.keep:
         shutil.rmtree(directory)

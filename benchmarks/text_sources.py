@@ -106,9 +106,23 @@ def choose(index: VideoIndex, table: pd.DataFrame) -> tuple[dict, list]:
     return {"rrf_k": best["rrf_k"], "text_weight": best["text_weight"]}, grid
 
 
+def _unavailable(*needs: str) -> dict | None:
+    """``{"skipped": why}`` where a Debian program a cost needs is missing (the tests that
+    need it are skipped there too, for the same reason: tests/_system.py), else None."""
+    _media()  # puts the repository on the path
+    from tests._system import reason
+
+    why = reason(*needs)
+    if why is not None:
+        logging.warning("skipped: %s", why)
+    return None if why is None else {"skipped": why}
+
+
 def speech_cost(folder: Path, count: int) -> dict:
     """PocketSphinx on ``count`` clips of espeak-ng speech (6 s each, the sentence from 1 s):
     seconds per hour of audio, the names it heard, its word error rate."""
+    if skipped := _unavailable("espeak-ng"):
+        return skipped
     media = _media()
     recognizer = make_recognizer("pocketsphinx")
     errors = words = heard = 0
@@ -132,6 +146,8 @@ def speech_cost(folder: Path, count: int) -> dict:
 def ocr_cost(folder: Path, count: int) -> dict:
     """Tesseract on :data:`OCR_FRAMES` frames of ``count`` 6 s clips (320x180) with the name
     shown from 1 s: seconds per frame and per hour at one row per clip, names read."""
+    if skipped := _unavailable("tesseract", "fonts"):
+        return skipped
     media = _media()
     spent = frames = read = 0
     for i in range(count):

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -18,14 +17,11 @@ from pathlib import Path
 import av
 import numpy as np
 
-FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf")
+from ._system import FONT
+
 RATE = 16000
 # PocketSphinx reads espeak-ng's klatt2 variant at 140 words a minute best of the voices tried
 VOICE, SPEED = "en-us+klatt2", "140"
-
-
-def have(program: str) -> bool:
-    return shutil.which(program) is not None
 
 
 def say(text: str) -> np.ndarray:

@@ -111,3 +111,33 @@ def real_footage(tmp_path_factory):
     from tests._real_footage import footage
 
     return footage(tmp_path_factory.mktemp("real-footage"))
+
+
+@pytest.fixture(scope="module")
+def cli_model():
+    """The model ``dicosa index --config configs/synthetic.yaml`` builds (seeded), for tests
+    that compare what the command line indexes with an index of their own."""
+    from dicosa.loading import load_model
+
+    return load_model(None, os.path.join(os.path.dirname(__file__), os.pardir, "configs",
+                                         "synthetic.yaml"))[0]
+
+
+def pytest_sessionstart(session) -> None:
+    """Said before the tests (``-q`` too): what this machine lacks, which tests will not run."""
+    from tests._system import not_run
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for line in not_run() if reporter is not None else ():
+        reporter.write_line(f"not run here: {line}")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Said again after them, so that a green run without them is not taken for a full one."""
+    from tests._system import not_run
+
+    lines = not_run()
+    if lines:
+        terminalreporter.section("not run on this machine")
+        for line in lines:
+            terminalreporter.write_line(line)

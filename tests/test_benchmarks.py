@@ -13,13 +13,14 @@ ROOT = Path(__file__).parents[1]
 SCRIPTS = ["train_step.py", "score.py", "data.py", "ablation.py",
            "first_stage.py", "exclusion.py", "mul2vec.py", "search.py", "lexical.py",
            "summary_head.py", "sparse.py", "serve.py", "moments.py", "search_long.py",
-           "ingest_long.py", "text_sources.py", "media.py", "cuts.py", "ocr.py"]
+           "ingest_long.py", "ingest_ray.py", "text_sources.py", "media.py", "cuts.py",
+           "ocr.py"]
 
 
 @pytest.mark.parametrize("script", [*SCRIPTS, "search.py --summary distilled --quality-videos 0",
                                     "search.py --summary frames --quality-videos 0",
                                     "search.py --frame-dtype int8 --text-tower packed",
-                                    "serve.py --frame-dtype int8 --text-tower packed --workers 2 "
+                                    "serve.py --frame-dtype int8 --text-tower packed --rankers 0 "
                                     "--query-cache 16 --profile"])
 def test_benchmark_smoke(script, tmp_path):
     script, *extra = script.split()

@@ -105,6 +105,81 @@ def test_search_table(index_dir, capsys, monkeypatch):
     assert all(Path(line.split()[4]).is_file() for line in lines[2:])
 
 
+def test_the_table_says_which_stage_proposed_in_plain_words(index_dir, capsys, monkeypatch):
+    out, _ = index_dir
+    monkeypatch.chdir(REPO)
+    said = {}
+    for name, args in (("two stages", ["--candidates", "2"]), ("all", []),
+                       ("exhaustive", ["--exhaustive"])):
+        assert main(["search", str(out), "a blue square", "-k", "2", *args, *TINY]) == 0
+        said[name] = capsys.readouterr().out.splitlines()[0]
+    head = 'top 2 of 5 videos for "a blue square" '
+    assert said["two stages"] == head + ("(2 candidates from the first stage (dense mode) "
+                                         "reranked by DiCoSA)")
+    assert said["all"] == head + "(all 5 rows reranked by DiCoSA)"
+    assert said["exhaustive"] == head + "(every video scored by DiCoSA)"
+
+
+def test_a_damaged_first_stage_is_rebuilt_with_one_warning_naming_its_file(
+        index_dir, tmp_path, caplog, monkeypatch):
+    out, _ = index_dir
+    copy = Path(shutil.copytree(out, tmp_path / "index"))
+    removed = copy / "frames" / "dense.removed.npy"
+    removed.write_bytes(removed.read_bytes()[:10])
+    monkeypatch.chdir(REPO)
+    with caplog.at_level(logging.WARNING, logger="dicosa"):
+        assert main(["search", str(copy), "a blue square", "-k", "2", "--candidates", "2",
+                     *TINY]) == 0
+    (warning,) = [r.getMessage() for r in caplog.records if "rebuilding" in r.getMessage()]
+    assert f"{removed} cannot be read" in warning
+
+
+def test_the_python_api_takes_numpy_integers_and_refuses_bytes_as_bytes(index_dir):
+    import numpy as np
+
+    from dicosa.index import open_index
+    from dicosa.search.query import QueryError
+
+    out, _ = index_dir
+    index = open_index(out)
+    hits = index.search("a red circle", k=np.int64(3), candidates=np.int32(4))
+    assert [h.id for h in hits] == [h.id for h in index.search("a red circle", k=3,
+                                                                candidates=4)]
+    for bad, said in ((b"a red circle", "a query must be text (str), got bytes: decode them "
+                                        "first (query.decode('utf-8'))"),
+                      ([b"a"], "a query must be text (str), got bytes"),
+                      ("   ", "the query is empty: give the text of what to find")):
+        with pytest.raises(QueryError) as refused:
+            index.search(bad, k=2)
+        assert str(refused.value) == said
+    with pytest.raises(QueryError, match="what to exclude must be text"):
+        index.search("a red circle", k=2, exclude=[b"a dog"])
+    for k in (True, 2.0, np.float32(2)):
+        with pytest.raises(QueryError, match="k must be a positive number of results"):
+            index.search("a red circle", k=k)
+
+
+def test_numpy_integers_are_whole_numbers_wherever_ints_are(index_dir, folder):
+    import numpy as np
+
+    from dicosa.data.moments import didemo_range
+    from dicosa.data.segments import SegmentPolicy
+    from dicosa.index import open_index
+    from dicosa.text.extract import TextSettings
+
+    policy = SegmentPolicy(window=np.int64(4), rate=np.int32(2))
+    assert policy.window == 4 and type(policy.window) is int and policy.step == 2
+    assert TextSettings(ocr_frames=np.uint8(3)).ocr_frames == 3
+    assert didemo_range(np.int64(1), np.int64(2)) == (5, 15)
+    out, _ = index_dir
+    index = open_index(out)
+    assert index.add(folder, batch_size=np.int64(2), num_workers=np.int64(0),
+                     shard_size=np.int32(2), progress=False) == 0  # all indexed already
+    with pytest.raises(ValueError, match="batch_size must be a whole number of at least 1, "
+                                         "got 0"):
+        index.add(folder, batch_size=0, progress=False)
+
+
 def test_search_with_another_model_fails_clearly(index_dir, capsys, tmp_path):
     out, _ = index_dir
     code = main(["search", str(out), "a dog", "--config", str(REPO / "configs/synthetic.yaml"),
@@ -153,6 +228,12 @@ def test_demo_quick(tmp_path):
     assert (tmp_path / "demo" / "factors.png").read_bytes()[:4] == b"\x89PNG"
     search = json.loads((tmp_path / "demo" / "search.json").read_text())
     assert len(search["results"]) == 5
+    # the pair is the test split's first caption, said so; where its video ranked, said
+    assert "the test split's first caption" in search["rule"] and search["rule"] in text
+    rank = search["expected_rank"]["exhaustive"]
+    assert 1 <= rank <= 10  # 8 test and 2 long videos
+    assert f"{Path(search['expected']).name} ranks {rank} of 10 videos" in text
+    assert f"test R@1 is {search['model_test_t2v']['R@1']:.1f}%" in text
     exclusion = json.loads((tmp_path / "demo" / "exclusion.json").read_text())
     assert exclusion["results"] and all("shows_b" in r for r in exclusion["results"])
     assert "R@1" in text and str(tmp_path / "demo" / "factors.png") in text
@@ -213,3 +294,33 @@ def test_bad_search_arguments_in_python(index_dir):
             index.search(text, k=k)
     with pytest.raises(ValueError, match="candidates must be a positive number"):
         index.search("a dog", candidates=0)
+
+
+def _message_text(node) -> str | None:
+    """A string literal's text (an f-string's literal parts joined), or None."""
+    import ast
+
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value for v in node.values if isinstance(v, ast.Constant))
+    return None
+
+
+def test_messages_name_the_command_by_its_console_script():
+    """What dicosa says (errors, warnings, help) names a command as 'dicosa check', never
+    'python -m dicosa check': every string literal of the package, docstrings aside."""
+    import ast
+
+    found = []
+    for path in sorted((REPO / "dicosa").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        documented = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                           ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            text = _message_text(node)
+            if text is not None and id(node) not in documented and "-m dicosa" in text:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not found

@@ -310,16 +310,16 @@ def test_sigkill_at_each_write_point(model, clips, copy_built, tmp_path, action)
             assert index.meta["fusion"]["beta_title"] == 0.3
 
 
-def _corrupt_row(index: VideoIndex, row_id: int) -> None:
-    """Overwrite the frames of row ``row_id`` with NaN bytes, in place in its shard file
-    (a ``clips`` shard: the row's [N, D] block; a ``runs`` shard: the frames its segment
+def _row_frames(index: VideoIndex, row_id: int) -> tuple[Path, int, int]:
+    """``(shard file, first byte, end byte)`` of the float16 frames row ``row_id`` reads (a
+    ``clips`` shard: the row's [N, D] block; a ``runs`` shard: the frames its segment
     views)."""
     number, rows = index.store._locate(np.array([row_id]))
     shard, row = index.store.shards[int(number[0])], int(rows[0])
     path = index.directory / f"{shard.name}.safetensors"
-    data = bytearray(path.read_bytes())
-    (length,) = struct.unpack("<Q", data[:8])
-    info = json.loads(data[8:8 + length])["frames"]
+    with path.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        info = json.loads(f.read(length))["frames"]
     start = 8 + length + info["data_offsets"][0]
     frame_bytes = int(info["shape"][-1]) * 2  # float16
     if hasattr(shard, "segment"):
@@ -327,8 +327,22 @@ def _corrupt_row(index: VideoIndex, row_id: int) -> None:
     else:
         count = int(info["shape"][1])
         first = row * count
-    nan = np.full(count * frame_bytes // 2, np.nan, dtype=np.float16).tobytes()
-    data[start + first * frame_bytes:start + (first + count) * frame_bytes] = nan
+    return path, start + first * frame_bytes, start + (first + count) * frame_bytes
+
+
+def _corrupt_row(index: VideoIndex, row_id: int) -> None:
+    """Overwrite the frames of row ``row_id`` with NaN bytes, in place in its shard file."""
+    path, start, end = _row_frames(index, row_id)
+    data = bytearray(path.read_bytes())
+    data[start:end] = np.full((end - start) // 2, np.nan, dtype=np.float16).tobytes()
+    path.write_bytes(bytes(data))
+
+
+def _flip_byte(index: VideoIndex, row_id: int) -> None:
+    """Flip one bit of one byte in the middle of row ``row_id``'s frames, in its shard file."""
+    path, start, end = _row_frames(index, row_id)
+    data = bytearray(path.read_bytes())
+    data[(start + end) // 2] ^= 0x04
     path.write_bytes(bytes(data))
 
 
@@ -349,11 +363,110 @@ def test_a_nan_corrupted_row_is_refused_by_checksum_and_never_ranked_first(model
         assert all(np.isfinite(h.score) for h in hits)
     assert "whose DiCoSA score is NaN" in caplog.text
     report = check_index(folder)
-    assert not report.ok and "does not match its checksum" in report.problems[0]
+    assert not report.ok and "fails its own checksum" in report.problems[0]
     repaired = check_index(folder, repair=True)
     assert repaired.repaired and check_index(folder).ok
-    after = VideoIndex.load(folder, model)  # the damaged shard's rows are gone, to re-add
-    assert last.path not in after.paths
+    # this index records no model (built in Python without meta): the row is only removed
+    assert repaired.notes[0].startswith(f"{last.path} was not encoded again: the index "
+                                        "records no model")
+    after = VideoIndex.load(folder, model)
+    assert last.id not in after.ids and last.path not in after.paths
+
+
+def _generation(folder: Path) -> int:
+    return json.loads((folder / "manifest.json").read_text())["generation"]
+
+
+@pytest.mark.paths  # the video is encoded again in another batch than the first time
+def test_one_flipped_byte_costs_its_row_only_and_repair_encodes_it_again(model, clips,
+                                                                         tmp_path, capsys):
+    """``dicosa index`` (segments, text lines), then one bit flipped in one row of three
+    shards: ``check`` names exactly those rows; ``check --repair``, in one commit, encodes
+    again the video whose file is there and unchanged, and says why not for the one whose
+    file is gone and the one that changed; every other row keeps its id."""
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    for clip in clips["a"]:
+        shutil.copy(clip, videos / clip.name)
+    folder = tmp_path / "index"
+    assert main(["index", str(videos), "--out", str(folder), *FAST]) == 0
+    index = VideoIndex.load(folder, model)
+    assert len(index.store.shards) == 3  # shards of 2 videos
+    ids = {path: int(i) for path, i in zip(index.paths, index.ids, strict=True)}
+    kept, gone, changed = (sorted(ids)[i] for i in (0, 2, 4))  # one per shard
+    clean = index.store.gather(np.array([ids[kept]]), torch.float32).frames
+    for path in (kept, gone, changed):
+        _flip_byte(index, ids[path])
+    capsys.readouterr()
+    assert main(["check", str(folder)]) == 1
+    said = capsys.readouterr().out
+    problems = [line for line in said.splitlines() if line.startswith("problem: ")]
+    assert [p.split("shard-")[1][:5] for p in problems] == ["00000", "00001", "00002"]
+    for line, path in zip(problems, (kept, gone, changed), strict=True):
+        assert f"its row {ids[path]} fails its own checksum ({path})" in line
+        assert line.endswith("'dicosa check --repair' encodes them again from their videos")
+    assert "does not hold" not in said and said.strip().endswith("3 problem(s) left")
+    with pytest.raises(StoreError, match=rf"its row {ids[kept]} fails its own checksum"):
+        VideoIndex.load(folder, model)
+    Path(gone).unlink()
+    os.utime(changed, (1e9, 1e9))
+    generation = _generation(folder)
+    assert main(["check", str(folder), "--repair"]) == 0
+    said = capsys.readouterr().out
+    assert f"repaired: 1 video(s) encoded again from their files ({kept})" in said
+    assert f"note: {gone} was not encoded again: the file is gone" in said
+    assert (f"note: {changed} was not encoded again: the file changed since it was indexed "
+            "(size or modification time)") in said
+    assert _generation(folder) == generation + 1  # one transaction
+    expected = [p for p in ids if p not in (gone, changed)]
+    after = _assert_consistent(folder, model, expected)  # stages, text lines, check ok
+    again = dict(zip(after.paths, after.ids.tolist(), strict=True))
+    assert again[kept] >= index.store.next_id  # a new row; ids are never reused
+    assert all(again[p] == ids[p] for p in expected if p != kept)
+    torch.testing.assert_close(after.store.gather(np.array([again[kept]]), torch.float32)
+                               .frames, clean, atol=2e-3, rtol=1e-2)
+
+
+def _without_row_checksums(folder: Path, shard: str) -> None:
+    """Rewrite ``shard``'s file as dicosa wrote it before per-video checksums, and its
+    sha256 in the manifest."""
+    import hashlib
+
+    from safetensors.numpy import load_file, save
+
+    path = folder / f"{shard}.safetensors"
+    tensors = load_file(str(path))
+    del tensors["video_crc32"]
+    data = save(tensors)
+    path.write_bytes(data)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for entry in manifest["shards"]:
+        if entry["name"] == shard:
+            entry["sha256"]["safetensors"] = hashlib.sha256(data).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_shard_written_before_row_checksums_is_checked_and_repaired_whole(model, clips,
+                                                                           tmp_path):
+    """Clips (one row per video): a flipped byte costs its row in a shard with per-video
+    checksums, the whole shard in one written before them; repair encodes all of them
+    again from their files."""
+    folder = tmp_path / "index"
+    VideoIndex.build(model, clips["a"][:4], folder, shard_size=2, batch_size=2,
+                     num_workers=0, progress=False, segments=False, backend="exact")
+    _without_row_checksums(folder, "shard-00001")
+    index = VideoIndex.load(folder, model)
+    assert index.store.shards[1].video_crc is None and index.store.shards[0].video_crc.size
+    _flip_byte(index, 1)
+    _flip_byte(index, 2)
+    report = check_index(folder)
+    assert len(report.problems) == 2
+    assert "its row 1 fails its own checksum" in report.problems[0]
+    assert "does not match its checksum (rows 2, 3: the whole shard)" in report.problems[1]
+    repaired = check_index(folder, repair=True, model=model)  # it records no model itself
+    assert repaired.ok and "3 video(s) encoded again" in repaired.repaired[-1]
+    after = _assert_consistent(folder, model, _paths(clips["a"][:4]))
+    assert after.ids.tolist() == [0, 4, 5, 6]
 
 
 def test_non_finite_features_are_refused_at_write_time(model, tmp_path):
@@ -408,9 +521,13 @@ def test_resume_options_that_cannot_apply_and_a_missing_folder(model, clips, tmp
         assert err.startswith("error: the index at") and "another first stage" in err
         assert "\n" not in err
     assert main(["index", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x"), *FAST]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == f"error: {tmp_path / 'nowhere'} does not exist: give a folder of videos or " \
-                  "a video file"
+    captured = capsys.readouterr()
+    assert captured.err.strip() == f"error: {tmp_path / 'nowhere'} does not exist: give a " \
+                                   "folder of videos or a video file"
+    assert not captured.out and not (tmp_path / "x").exists()  # said first, nothing left
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        VideoIndex.build(model, tmp_path / "nowhere", tmp_path / "y", progress=False)
+    assert not (tmp_path / "y").exists()
 
 
 @pytest.mark.parametrize("errno_name", ["ENOSPC", "EROFS", "EACCES"])

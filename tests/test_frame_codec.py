@@ -245,14 +245,15 @@ def test_checksums_and_repair_cover_int8_shards(plain, tmp_path):
     assert check_index(tmp_path / "index").ok
     shard = tmp_path / "index" / "shard-00001.safetensors"
     data = bytearray(shard.read_bytes())
-    data[-64:] = b"\x7f" * 64  # the end of the file: the proxies' last bytes
+    data[-64:] = b"\x7f" * 64  # the end of the file: the last videos' proxies
     shard.write_bytes(bytes(data))
     with pytest.raises(StoreError, match="does not match its checksum"):
         VideoIndex.load(tmp_path / "index", plain, verify=True)
     report = check_index(tmp_path / "index")
     assert not report.ok and "shard-00001.safetensors does not match" in report.problems[0]
-    repaired = check_index(tmp_path / "index", repair=True)
-    assert repaired.repaired and "20 row(s)" in repaired.repaired[0]
-    reopened = VideoIndex.load(tmp_path / "index", plain, verify=False)
-    assert len(reopened) == 20 and reopened.store.frame_dtype == "int8"
-    assert {h.id for h in reopened.search(QUERIES[0], k=20)} == set(range(20))
+    assert "its rows 24..39 fail their own checksums" in report.problems[0]
+    repaired = check_index(tmp_path / "index", repair=True)  # no files: removed
+    assert repaired.repaired and "rows 24..39" in repaired.repaired[0]
+    reopened = VideoIndex.load(tmp_path / "index", plain, verify=True)  # sound again
+    assert len(reopened) == 24 and reopened.store.frame_dtype == "int8"
+    assert {h.id for h in reopened.search(QUERIES[0], k=24)} == set(range(24))

@@ -26,7 +26,7 @@ from dicosa.index.parallel import PARTS, Launch, _block, build_index
 from dicosa.loading import load_model
 
 from ._ranks import free_port
-from ._videos import write_video
+from ._videos import write_scenes, write_video
 from .conftest import spy_encoder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -178,6 +178,38 @@ def test_a_relaunch_with_another_process_count_takes_over_the_parts(folder, mode
     # A relaunch after the merge links nothing new and encodes only the unreadable file again.
     again = build_index(model, folder, out, batch_size=1, num_workers=0, progress=False)
     assert again.encoded == 0 and again.index.paths == report.index.paths
+
+
+def test_a_merge_that_links_a_runs_shard_first_keeps_the_rows_n_frames_wide(model, tmp_path):
+    """A long video of 3-s scenes: its runs shard's rows hold 3 frames of the model's N = 4.
+    Linked into an empty index, the index still gathers rows of N slots (padding after)."""
+    long = write_scenes(tmp_path / "long.mp4", [(200, 30, 30), (30, 200, 30)], seconds=3.0)
+    out = tmp_path / "index"
+    part = VideoIndex.create_or_resume(model, out / PARTS / "rank-0", backend=None)
+    part.add([long], num_workers=0, progress=False)
+    index = build_index(model, [long], out, num_workers=0, progress=False).index
+    frames = index.store.gather(index.store.live())  # one row per scene
+    assert index.store.num_frames == model.config.num_frames == frames.frames.shape[1] == 4
+    assert frames.frame_mask.sum(1).tolist() == [3, 3]
+    assert VideoIndex.load(out, model).store.num_frames == 4
+
+
+def test_a_file_changed_since_a_merge_is_encoded_again_and_replaces_its_rows(model, tmp_path):
+    clips = [write_video(tmp_path / "clips" / f"{name}.mp4", 30, fps=10) for name in "ab"]
+    out = tmp_path / "index"
+    part = VideoIndex.create_or_resume(model, out / PARTS / "rank-1", backend=None)
+    part.add(clips[1:], num_workers=0, progress=False)  # a part: the merging path
+    options = {"batch_size": 1, "num_workers": 0, "progress": False}
+    assert build_index(model, clips, out, **options).encoded == 1
+    before = VideoIndex.load(out, model).store.metadata()
+    write_video(clips[0], 20, fps=10)  # another size: changed
+    report = build_index(model, clips, out, **options)
+    assert report.encoded == 1  # the changed file alone
+    index = VideoIndex.load(out, model)
+    table = index.store.metadata()
+    assert sorted(index.paths) == sorted(str(c.resolve()) for c in clips)  # one row each
+    assert table.loc[table["path"].str.endswith("a.mp4"), "num_frames"].item() == 20
+    assert len(before) == len(table) == 2 and index.store.next_id == 3  # the old id is gone
 
 
 @dataclass

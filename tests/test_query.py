@@ -29,3 +29,43 @@ def test_empty_parts_are_one_sentence_errors(text):
     with pytest.raises(QueryError) as exc:
         parse_query(text)
     assert "\n" not in str(exc.value)
+
+
+def test_empty_query_and_a_marker_alone_are_said_plainly():
+    with pytest.raises(QueryError, match=r"^the query is empty: give the text of what to find$"):
+        parse_query("  ")
+    with pytest.raises(QueryError) as exc:
+        parse_query("Without  a dog")
+    assert str(exc.value) == ("the query 'Without a dog' has nothing before 'Without': give "
+                              "the text of what to find first")
+
+
+def _accepted(text: str) -> bool:
+    try:
+        parse_query(text)
+    except QueryError:
+        return False
+    return True
+
+
+def test_the_published_pattern_accepts_exactly_the_queries_parse_query_accepts():
+    """QUERY_PATTERN (the service's schema for q) against parse_query itself, on the grammar's
+    edge cases and on 3,000 random texts of words, markers and whitespace."""
+    import random
+    import re
+
+    from dicosa.search.query import QUERY_PATTERN
+
+    pattern = re.compile(QUERY_PATTERN)
+    cases = ["", " ", "a", "without", "a without", "a without b", "without b", "a withoutb",
+             "awithout b", "a BUT\tNOT b", "a but not", "a but  not\n", "a but nota",
+             "exceptional", "a except", "a except b except", "é without b", "a\nwithout\nb",
+             "a without b without", "a without without b", "\u00a0a", "a\u00a0without\u00a0b"]
+    pieces = ["a", "dog", "without", "WithOut", "but", "not", "but not", "excluding",
+              "except", "excepting", "é", "-", " ", "  ", "\t", "\n", "\u00a0"]
+    rng = random.Random(0)
+    cases += ["".join(rng.choice(pieces) + rng.choice(["", " "]) for _ in range(rng.randint(0, 7)))
+              for _ in range(3000)]
+    assert sum(_accepted(t) for t in cases) > 1000  # both kinds are well represented
+    for text in cases:
+        assert bool(pattern.search(text)) == _accepted(text), repr(text)

@@ -8,6 +8,7 @@ opened the way ``dicosa serve`` opens it: from the model its manifest recorded.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import shutil
 import subprocess
@@ -32,9 +33,10 @@ from dicosa.loading import load_model
 from dicosa.model import TextFeatures
 from dicosa.serve.app import _JSON, Limits, Service, Settings, create_app
 from dicosa.serve.cli import allowed_hosts, binding_warnings
-from dicosa.serve.engine import Engine
+from dicosa.serve.engine import Answer, Engine
 from dicosa.serve.media import RangeNotSatisfiable, parse_range
 from dicosa.serve.security import COOKIE, Guard
+from dicosa.serve.spec import EngineSpec
 
 from ._serve import free_port, wait_for
 from ._videos import level_to_index, write_video
@@ -432,26 +434,40 @@ def test_serve_command_reports_a_bad_index_in_one_sentence(tmp_path, capsys):
     assert err.startswith("error: ") and "is not a video index" in err and err.count("\n") == 1
 
 
-def test_serve_command_listens_on_loopback_only(built):
+def test_serve_command_listens_on_loopback_only_and_picks_its_topology(built):
+    """``dicosa serve INDEX`` with no option: loopback only, and where searches rank picked
+    from the machine (dicosa/serve/topology.py), said on start and in /api/info, with as many
+    ranker processes running as it says."""
+    import httpx
+
     port = free_port()
     server = run_cli("serve", str(built), "--port", str(port))
     try:
-        wait_for(f"http://127.0.0.1:{port}/api/ready", timeout=120)
+        wait_for(f"http://127.0.0.1:{port}/api/ready", timeout=180)
         listening = Path("/proc/net/tcp").read_text().splitlines()[1:]
         local = {line.split()[1] for line in listening if line.split()[3] == "0A"}  # LISTEN
         assert f"0100007F:{port:04X}" in local  # 127.0.0.1, not 0.0.0.0
         assert f"00000000:{port:04X}" not in local
+        picked = httpx.get(f"http://127.0.0.1:{port}/api/info", timeout=30).json()["server"]
+        children = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
     finally:
         server.terminate()
         out, _ = server.communicate(timeout=30)
     assert f"http://127.0.0.1:{port}/" in out
+    assert picked["chosen"] == "machine" and f"searches rank in {picked['why']}\n" in out
+    if picked["rankers"]:  # the machine has the cores and the memory for them
+        assert picked["why"].startswith(f"{picked['rankers']} ranker processes: ")
+        assert picked["threads"] == max(1, len(os.sched_getaffinity(0)) // picked["rankers"])
+    else:
+        assert picked["why"].startswith("this process: ")
+    assert len(children) >= picked["rankers"]  # spawn's resource tracker may be one more
 
 
 def test_the_text_tower_and_query_cache_are_set_and_shown(built):
     """--text-tower packed --query-cache N: the same ranking, and /api/info counts the cache's
     hits (a second page of a query is not encoded again)."""
-    engine = Engine.open(built, text_tower="packed", query_cache=4)
-    plain = Engine.open(built, query_cache=0)
+    engine = Engine.open(EngineSpec(built, text_tower="packed", query_cache=4))
+    plain = Engine.open(EngineSpec(built, query_cache=0))
     with TestClient(create_app(engine, Settings(reload_interval_s=0))) as c:
         before = c.get("/api/info").json()["text"]
         pages = [c.get("/api/search", params={"q": "a blue square", "k": 3, "offset": o}).json()
@@ -462,7 +478,8 @@ def test_the_text_tower_and_query_cache_are_set_and_shown(built):
     assert before["tower"] == "packed" and before["cache"]["capacity"] == 4
     assert info["text"]["cache"]["hits"] == before["cache"]["hits"] + 1
     assert info["text"]["cache"]["misses"] == before["cache"]["misses"] + 1
-    assert info["frame_dtype"] == "float16" and info["server"]["workers"] == 1
+    assert info["frame_dtype"] == "float16" and info["server"]["rankers"] == 0
+    assert info["server"]["chosen"] == "options" and info["server"]["why"] == "this process"
     assert info["server"]["max_batch"] == Settings().max_batch
 
 
@@ -480,60 +497,12 @@ def test_the_service_maps_its_store_in_when_it_opens_and_reopens(built, monkeypa
     with open("/proc/meminfo") as f:
         available = next(int(line.split()[1]) * 1024 for line in f
                          if line.startswith("MemAvailable:"))
-    engine = Engine.open(built, populate=True)
+    engine = Engine.open(EngineSpec(built, populate=True))
     reopened = engine.reopen()
     assert engine.populated and reopened.populated and len(budgets) == 2
+    assert reopened.spec == engine.spec  # a reopened snapshot opens what the first did
     assert all(0.3 * available < b < 0.7 * available for b in budgets)
     assert not Engine.open(built).populated and len(budgets) == 2
-
-
-@pytest.mark.slow
-def test_several_worker_processes_serve_and_each_reloads(built, tmp_path):
-    """dicosa serve --workers 2: two processes answer on one port, each searches the index,
-    and each reopens it after another process adds videos."""
-    import httpx
-
-    folder = shutil.copytree(built, tmp_path / "index")
-    port = free_port()
-    server = run_cli("serve", str(folder), "--port", str(port), "--workers", "2",
-                     "--reload-interval", "0.5")
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(base + "/api/ready", timeout=180)
-
-        def seen(videos: int, timeout: float = 120) -> set[int]:
-            """Worker pids answering with ``videos`` videos, until both have (new
-            connections each time, which the kernel hands to either process)."""
-            pids, deadline = set(), time.monotonic() + timeout
-            while len(pids) < 2 and time.monotonic() < deadline:
-                with ThreadPoolExecutor(4) as pool:
-                    infos = list(pool.map(lambda _: httpx.get(base + "/api/info",
-                                                              timeout=30).json(), range(4)))
-                pids |= {i["server"]["pid"] for i in infos if i["videos"] == videos}
-            return pids
-
-        workers = seen(len(CLIPS))
-        assert len(workers) == 2 and server.pid not in workers
-        with ThreadPoolExecutor(4) as pool:
-            answers = list(pool.map(lambda q: httpx.get(base + "/api/search", timeout=60,
-                                                        params={"q": q, "k": 3}), QUERIES))
-        assert all(a.status_code == 200 and len(a.json()["hits"]) == 3 for a in answers)
-        new = tmp_path / "new"
-        for i in range(2):
-            write_video(new / f"added{i}.mp4", 15 + i, fps=10)
-        model, source, _ = load_model(None, TINY[1], TINY[3:])
-        VideoIndex.build(model, new, folder, meta={"model": source}, num_workers=0,
-                         progress=False)
-        assert seen(len(CLIPS) + 2) == workers  # both reopened it
-    finally:
-        server.terminate()
-        out, err = server.communicate(timeout=60)
-    assert server.returncode == 0, err[-2000:]
-    assert "in 2 processes" in out
-    deadline = time.monotonic() + 30
-    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
 
 
 def test_videos_added_by_another_writer_are_searched_after_a_reload(built, tmp_path):
@@ -582,7 +551,8 @@ def test_videos_added_by_another_writer_are_searched_after_a_reload(built, tmp_p
 
 
 class _StubEngine:
-    """Ranks instantly, remembering each batch of texts; "bad" fails its batch."""
+    """Ranks instantly, remembering each batch of texts; "bad" fails its batch. Its page is
+    the ranking's stage and batch, as Engine.answer cuts one."""
 
     def __init__(self):
         self.calls = []
@@ -595,6 +565,12 @@ class _StubEngine:
             raise ValueError("no good")
         return [Ranked([], torch.zeros(1, 2), np.zeros(0, np.int64), {}, t, batch=len(texts))
                 for t in texts]
+
+    def answer(self, request, ranked):
+        return Answer({"stage": ranked.stage, "batch": ranked.batch, "times_ms": {}}, [])
+
+    def search(self, request):
+        return self.answer(request, self.rank([request.text], depth=1, candidates=1)[0])
 
 
 def test_a_failed_batch_is_run_again_one_search_at_a_time():
@@ -617,7 +593,7 @@ def test_a_failed_batch_is_run_again_one_search_at_a_time():
     def ask(text):
         barrier.wait()
         try:
-            return batcher.rank(stub, _request(text), tickets[text]).stage
+            return batcher.answer(stub, _request(text), tickets[text]).body["stage"]
         except ValueError as exc:
             return str(exc)
 
@@ -638,25 +614,25 @@ def test_a_batch_waits_only_for_searches_on_their_way():
 
     stub, batcher = _StubEngine(), Batcher(max_batch=4, max_wait_s=1.0)
     started = time.perf_counter()
-    alone = batcher.rank(stub, _request("one"))
-    assert time.perf_counter() - started < 0.5 and alone.times["queue_s"] < 0.5
-    assert alone.batch == 1 and batcher.coming == 0
+    alone = batcher.answer(stub, _request("one")).body
+    assert time.perf_counter() - started < 0.5 and alone["times_ms"]["queue"] < 500
+    assert alone["batch"] == 1 and batcher.coming == 0
 
     ticket = batcher.expect()  # "two" has arrived and is being parsed
 
     def late():
         time.sleep(0.2)
-        return batcher.rank(stub, _request("two"), ticket)
+        return batcher.answer(stub, _request("two"), ticket).body
 
     with ThreadPoolExecutor(1) as pool:
         second = pool.submit(late)
-        first = batcher.rank(stub, _request("three"))
-        assert first.batch == second.result().batch == 2 and ["three", "two"] in stub.calls
+        first = batcher.answer(stub, _request("three")).body
+        assert first["batch"] == second.result()["batch"] == 2 and ["three", "two"] in stub.calls
     assert batcher.coming == 0
 
     lost = batcher.expect()  # received, then never queued (its request failed elsewhere)
     started = time.perf_counter()
-    assert batcher.rank(stub, _request("four")).batch == 1
+    assert batcher.answer(stub, _request("four")).body["batch"] == 1
     assert 0.9 < time.perf_counter() - started < 5
     lost.settle()
     lost.settle()  # settling twice is settling once

@@ -2,7 +2,8 @@
 
 A uvicorn server on a free loopback port serves scenes of coloured shapes (``_scene_clips.py``)
 as VP9 clips, with a concepts head ("without") and a lexical head (word chips). Skipped, with
-the reason, where Chromium or its driver is not installed; ``.ci/run`` installs both.
+the reason, where Chromium or its driver is not installed; ``make test`` installs both where
+it may (``tests/_system.py``).
 
 ``DICOSA_SCREENSHOT=docs/serve.png`` writes the page's screenshot there (the one in the docs).
 """
@@ -10,7 +11,6 @@ the reason, where Chromium or its driver is not installed; ``.ci/run`` installs 
 from __future__ import annotations
 
 import os
-import shutil
 import urllib.parse
 from pathlib import Path
 
@@ -32,12 +32,10 @@ from dicosa.serve.engine import Engine
 
 from ._scene_clips import SLOTS, A, B, scene_index
 from ._serve import served
+from ._system import NEEDS, needs
 
-DRIVER = Path("/usr/bin/chromedriver")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(
-    not (DRIVER.is_file() and CHROMIUM),
-    reason="needs Chromium and chromedriver (Debian: apt-get install chromium chromium-driver)")
+DRIVER = NEEDS["chromedriver"].found()
+pytestmark = needs("chromium", "chromedriver")
 
 PAGE = 12  # the page's results per page (app.js)
 WAIT = 30  # seconds: a loaded 2-core machine is slow

@@ -23,7 +23,9 @@ from dicosa.loading import load_model
 from dicosa.serve.app import Settings, create_app
 from dicosa.serve.batching import Batcher
 from dicosa.serve.engine import Answer, Engine, SearchRequest
-from dicosa.serve.rankers import Rankers, RankerSettings, _answers
+from dicosa.serve.rankers import Rankers
+from dicosa.serve.ranking import answers, fair_share
+from dicosa.serve.spec import EngineSpec
 
 from ._serve import free_port, wait_for
 from ._videos import write_video
@@ -41,9 +43,9 @@ def engine(built) -> Engine:
 
 
 def _rankers(built: Path, count: int) -> Rankers:
-    # the float tower, as the engine fixture opens it: the same vectors, not only the ranking
-    return Rankers(count, RankerSettings(index=str(built), text_tower="float",
-                                         reload_interval_s=0))
+    # the spec's defaults, as the engine fixture opens it: the same vectors, not only the
+    # ranking
+    return Rankers(count, EngineSpec(built), reload_interval_s=0)
 
 
 def _running(pid: int) -> bool:
@@ -127,7 +129,7 @@ class _Pages:
 
 def test_a_ranker_ranks_a_failed_batch_again_one_search_at_a_time():
     pages = _Pages()
-    outcomes = _answers(pages, [SearchRequest(text=t) for t in ("one", "bad", "two")])
+    outcomes = answers(pages, [SearchRequest(text=t) for t in ("one", "bad", "two")])
     assert pages.ranked == [["one", "bad", "two"], ["one"], ["bad"], ["two"]]
     assert [ok for ok, _ in outcomes] == [True, False, True]
     assert outcomes[0][1].body == {"q": "one"} and outcomes[2][1].body == {"q": "two"}
@@ -147,10 +149,13 @@ class _TwoRankers:
     def acquire(self):
         return self._free.get()
 
+    def share(self, waiting: int, max_batch: int) -> int:
+        return fair_share(waiting, self.busy, 2, max_batch)
+
     def free(self) -> None:
         self._free.put(object())
 
-    def submit(self, ranker, requests, done, quiet=False) -> None:
+    def submit(self, ranker, engine, requests, done, quiet=False) -> None:
         self.batches.append(len(requests))
         done([(True, Answer({"times_ms": {}}, [])) for _ in requests])
 
@@ -159,7 +164,7 @@ def test_a_free_ranker_takes_its_share_of_the_searches_not_all_that_wait():
     """Six searches wait while the other ranker ranks two: the free ranker takes four (the
     eight divided by two), and the two left go to the next free one, not six at once."""
     rankers = _TwoRankers(busy=2)
-    batcher = Batcher(max_batch=8, rankers=rankers)
+    batcher = Batcher(max_batch=8, ranking=rankers)
     engine = object()  # the batcher only names the snapshot; the rankers rank
     with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(batcher.answer, engine, SearchRequest(text=f"q{i}"))
@@ -178,12 +183,14 @@ def test_a_free_ranker_takes_its_share_of_the_searches_not_all_that_wait():
     assert rankers.batches == [4, 2]
 
 
-def test_rankers_with_workers_or_no_timeline_rows_are_one_sentence(built, capsys):
+def test_workers_or_no_timeline_rows_are_one_sentence(built, capsys):
+    """--workers is refused with one sentence that names --rankers, which stays."""
     from dicosa.cli import main
 
-    assert main(["serve", str(built), "--rankers", "2", "--workers", "2"]) == 2
+    assert main(["serve", str(built), "--workers", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "give one of them" in err and err.count("\n") == 1
+    assert err.startswith("error: --workers is no longer an option: give --rankers N")
+    assert err.count("\n") == 1
     assert main(["serve", str(built), "--timeline-rows", "0"]) == 2
     err = capsys.readouterr().err
     assert err == "error: --timeline-rows must be at least 1, got 0\n"
@@ -233,13 +240,8 @@ def test_serve_with_rankers_searches_in_them_and_each_reloads(built, tmp_path):
     assert len(rankers) >= 2 and _gone(rankers)
 
 
-def test_the_batcher_needs_rankers_to_answer():
-    with pytest.raises(RuntimeError, match="no rankers"):
-        Batcher().answer(object(), SearchRequest(text="a"))
-
-
 def test_rankers_that_cannot_open_the_index_say_why_to_each_search(engine, tmp_path):
-    rankers = Rankers(1, RankerSettings(index=str(tmp_path / "missing"), reload_interval_s=0))
+    rankers = Rankers(1, EngineSpec(tmp_path / "missing"), reload_interval_s=0)
     app = create_app(engine, Settings(reload_interval_s=0), rankers=rankers)
     with TestClient(app, raise_server_exceptions=False) as c:
         for _ in range(2):  # the batcher keeps answering

@@ -9,6 +9,9 @@ says 422), whose body breaks its model, or that carries a field the model does n
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from urllib.parse import urlsplit
 
 import httpx
@@ -20,7 +23,8 @@ openapi_core = pytest.importorskip("openapi_core")
 from openapi_core import OpenAPI  # noqa: E402
 from openapi_core.testing import MockRequest, MockResponse  # noqa: E402
 
-from dicosa.serve.app import Settings, create_app  # noqa: E402
+from dicosa.search.query import QUERY_PATTERN  # noqa: E402
+from dicosa.serve.app import Limits, Settings, create_app  # noqa: E402
 from dicosa.serve.engine import Engine  # noqa: E402
 
 from ._serve import served  # noqa: E402
@@ -108,3 +112,83 @@ def test_the_api_key_is_a_security_scheme_and_401_is_declared(engine):
         assert "token=" in hit["video"]
         # the Host check answers any route with 400, which every operation then lists
         check("GET", "/api/health", headers={"Host": "elsewhere.example"}, expect=400)
+
+
+def _parameters(schema: dict, path: str) -> dict[str, dict]:
+    return {p["name"]: p["schema"] for p in schema["paths"][path]["get"]["parameters"]}
+
+
+def test_the_schema_states_every_limit_the_server_enforces(engine):
+    """Lengths, the query's grammar, ranges, the index's modes; ``exclude`` takes nothing
+    where the index has no concepts head (the test index has none); a boundary request the
+    schema allows is answered, the first one past it is refused."""
+    limits = Limits()
+    app = create_app(engine, Settings(reload_interval_s=0))
+    with served(app) as base:
+        check = Checked(base)
+        search = _parameters(check.schema, "/api/search")
+        assert search["q"] == {**search["q"], "minLength": 1, "maxLength": limits.query_chars,
+                               "pattern": QUERY_PATTERN}
+        assert (search["k"]["minimum"], search["k"]["maximum"]) == (1, limits.page)
+        assert (search["offset"]["minimum"], search["offset"]["maximum"]) == (
+            0, limits.depth - 1)
+        assert search["candidates"]["maximum"] == limits.candidates
+        assert set(search["mode"]["enum"]) == {*engine.index.modes, ""}
+        assert search["exclude"]["maxItems"] == 0  # no concepts head here
+        body = check.schema["components"]["schemas"]["SearchBody"]["properties"]
+        assert body["q"]["pattern"] == QUERY_PATTERN and body["k"]["maximum"] == limits.page
+        assert {"type": "null"} in body["mode"]["anyOf"]  # a JSON body may say null
+        similar = _parameters(check.schema, "/api/videos/{video_id}/similar")
+        assert similar["row"]["pattern"] == similar["video_id"]["pattern"] == r"^[0-9]{1,18}$"
+        thumb = _parameters(check.schema, "/api/videos/{video_id}/thumb")
+        assert (thumb["t"]["minimum"], thumb["t"]["maximum"]) == (0, 86_400)
+        # the last page allowed ends at the depth paging reaches: it is cut, not refused
+        last = check("GET", f"/api/search?q=a&k={limits.page}&offset={limits.depth - 1}",
+                     expect=200).json()
+        assert last["query"]["k"] == 1 and last["query"]["offset"] == limits.depth - 1
+        check("GET", f"/api/search?q=a&offset={limits.depth}", expect=400)
+        check("GET", "/api/search?q=a&source=visual", expect=200)
+        check("GET", "/api/videos/0/thumb?t=86400", expect=200)
+        # a row id that is not one of the video's moments does not exist: 404
+        missing = check("GET", "/api/videos/0/similar?row=5", expect=404).json()
+        assert missing == {"error": "row 5 is not a moment of video 0"}
+
+
+def test_a_method_not_allowed_says_which_are(engine):
+    app = create_app(engine, Settings(reload_interval_s=0))
+    with served(app) as base:
+        for method, path, allowed in (("TRACE", "/api/search", "GET, POST"),
+                                      ("DELETE", "/api/videos/0", "GET"),
+                                      ("PUT", "/api/health", "GET")):
+            answer = httpx.request(method, base + path, timeout=30)
+            assert answer.status_code == 405 and answer.headers["allow"] == allowed
+            assert answer.json() == {"error": f"{method} is not allowed at this address"}
+
+
+def test_a_body_that_is_not_json_is_one_sentence(engine):
+    app = create_app(engine, Settings(reload_interval_s=0))
+    with served(app) as base:
+        answer = httpx.post(base + "/api/search", content=b'{"q": "a", "k": }', timeout=30,
+                            headers={"Content-Type": "application/json"})
+    assert answer.status_code == 400
+    assert answer.json() == {"error": "the request body is not valid JSON (Expecting value "
+                                      "at character 16)"}
+
+
+def test_schemathesis_finds_no_valid_request_refused_and_no_failure(engine, tmp_path):
+    """Schemathesis against the live server on loopback: its default phases (boundary values,
+    then generated requests, then chains of them), 5 examples per operation, a fixed seed,
+    every check on requests valid by the schema (no 5xx, answers as published, no valid
+    request refused, 405 with Allow). About 150 requests in ~2 s."""
+    app = create_app(engine, Settings(reload_interval_s=0))
+    with served(app) as base:
+        done = subprocess.run(
+            [sys.executable, "-m", "schemathesis.cli", "run", base + "/openapi.json",
+             "--checks", "all", "--mode", "positive", "--max-examples", "5", "--seed", "1",
+             "--workers", "1", "--request-timeout", "30", "--no-shrink"],
+            capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert "No issues found" in done.stdout
+    selected = re.search(r"Selected: (\d+)/(\d+)", done.stdout)
+    tested = re.search(r"Tested: (\d+)", done.stdout)
+    assert selected[1] == selected[2] == tested[1]  # every operation of the schema

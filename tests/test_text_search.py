@@ -24,7 +24,8 @@ from dicosa.plugins.text import TextPlugin, attach_text
 from dicosa.search.query import QueryError
 from dicosa.text.fts import TEXT_FILE, TextIndex
 
-from ._text_media import have, say, silence, write_clip
+from ._system import needs
+from ._text_media import say, silence, write_clip
 from .conftest import loads, tiny_config
 
 SAID = {"oak": "The treasure is buried under the old oak", "gate": "Meet me at gate seven",
@@ -281,7 +282,7 @@ def test_the_service_answers_with_the_line(model, built):
         assert bad.status_code == 400 and "unknown source" in bad.json()["error"]
 
 
-@pytest.mark.skipif(not have("espeak-ng"), reason="Debian's espeak-ng is not installed")
+@needs("espeak-ng")
 def test_a_spoken_word_is_found_at_its_time(model, videos, tmp_path):
     """espeak-ng says "the secret number is seven" from 1 s into one clip of three; with
     PocketSphinx, searching "seven" in what is said finds that clip, its line starting

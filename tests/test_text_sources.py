@@ -1,7 +1,7 @@
 """Text sources on generated media: subtitle files and streams, burnt-in text, speech.
 
 Subtitle streams are muxed in with FFmpeg (imageio-ffmpeg's binary), burnt-in text is drawn
-with Pillow in DejaVu Sans, speech is synthesised by espeak-ng (Debian packages; .ci/run
+with Pillow in DejaVu Sans, speech is synthesised by espeak-ng (Debian packages; make test
 installs them), OCR is Debian's Tesseract, speech recognition PocketSphinx's own English
 model.
 """
@@ -26,7 +26,8 @@ from dicosa.text.speech import (
 )
 from dicosa.text.subtitles import decode_text, sidecars, subtitle_lines
 
-from ._text_media import have, mux_subtitles, say, silence, write_clip
+from ._system import needs
+from ._text_media import mux_subtitles, say, silence, write_clip
 
 SRT = ("1\n00:00:01,000 --> 00:00:02,000\nThe treasure is under the <i>oak</i>\n\n"
        "2\n00:00:02,500 --> 00:00:03,500\nSecond line\n")
@@ -167,7 +168,7 @@ def test_a_video_that_does_not_open_keeps_its_sidecar(tmp_path):
 
 
 # -- on-screen text -----------------------------------------------------------------------------
-@pytest.mark.skipif(not have("tesseract"), reason="Debian's tesseract-ocr is not installed")
+@needs("tesseract", "fonts")
 def test_burnt_in_text_is_read_at_its_time(tmp_path):
     """'GATE 42' drawn over 2.5-6 s of a 6 s clip: OCR on 3 frames (at 1, 3, 5 s) reads it
     on the last two, one line over their parts (2-6 s), within half a part (1 s) of when it
@@ -205,7 +206,7 @@ def test_words_grouped_into_lines():
         (0.0, 4.0), (5.0, 10.0)]
 
 
-@pytest.mark.skipif(not have("espeak-ng"), reason="Debian's espeak-ng is not installed")
+@needs("espeak-ng")
 def test_speech_is_transcribed_at_its_time(tmp_path):
     """espeak-ng says 'the secret number is seven' from 2 s into a 6 s clip (2.26 s of
     speech); PocketSphinx hears 'seven' in a line starting within 0.3 s of 2 s and ending

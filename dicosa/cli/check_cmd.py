@@ -13,8 +13,10 @@ def add_parser(commands) -> None:
                                           "first stages and caches against the store")
     p.add_argument("index", help="index folder")
     p.add_argument("--repair", action="store_true",
-                   help="repair what can be: rebuild derivable files (first stages, caches), "
-                        "remove rows whose features are damaged, delete files no commit names")
+                   help="repair what can be: encode again from their videos the rows whose "
+                        "features are damaged (where a video's file is gone or changed, its "
+                        "rows are removed, and said), rebuild derivable files (first stages, "
+                        "caches), delete files no commit names")
     p.set_defaults(func=run)
 
 

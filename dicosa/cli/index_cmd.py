@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 
 from .common import model_options, options, positive_int
 
@@ -78,6 +80,18 @@ def add_parser(commands) -> None:
                         "one scale per frame (half the bytes; the rerank's scores stay within a "
                         "stated bound of float16's, docs/index-format.md); an existing index "
                         "keeps its own")
+    p.add_argument("--engine", choices=("processes", "ray"), default="processes",
+                   help="processes: this process, or those of a torchrun/accelerate launch "
+                        "(the default); ray: one Ray Data pipeline, decode tasks and encoder "
+                        "actors on a Ray cluster (pip install 'dicosa[ray]'; docs/search.md)")
+    p.add_argument("--ray-address", metavar="ADDRESS",
+                   help="--engine ray: the cluster to run on (host:6379, as ray start --head "
+                        "prints it); default a local cluster started and stopped with the "
+                        "command")
+    p.add_argument("--ray-encoders", type=positive_int, default=None, metavar="N",
+                   help="--engine ray: encoder actors (default one per GPU; without GPUs, 1)")
+    p.add_argument("--ray-decode-cpus", type=float, default=1.0, metavar="CPUS",
+                   help="--engine ray: CPUs each decode task holds (default 1)")
     p.add_argument("--no-wait", action="store_true",
                    help="fail at once (one sentence) when another process is writing the index, "
                         "instead of waiting for it")
@@ -86,10 +100,12 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..index.listing import require_videos
     from ..index.parallel import PeerFailed, build_index
-    from ..plugins.exclusion import ExclusionPlugin
-    from ..plugins.lexical import LexicalPlugin, check_sparse_backend, load_lexical_head
+    from ..index.ray_build import build_index_on_ray
+    from ..plugins.lexical import check_sparse_backend, load_lexical_head
 
+    require_videos(args.videos)
     sparse_options = options(args.sparse_option) if args.sparse_option else None
     if args.head is None and (args.sparse_backend or sparse_options):
         raise ValueError("--sparse-backend and --sparse-option set up the sparse stage of a "
@@ -107,22 +123,43 @@ def run(args: argparse.Namespace) -> int:
         from ..heads import load_head
 
         load_head(args.concepts, model, kind="concepts")
-    try:
-        report = build_index(model, args.videos, args.out, batch_size=args.batch_size,
-                             num_workers=args.num_workers, shard_size=args.shard_size,
-                             meta={"model": source}, backend=args.backend or "default",
-                             uri=args.uri, stage_options=options(args.stage_option) or None,
-                             titles=args.titles, frame_sampling=frames.sampling,
-                             frame_padding=frames.padding, segments=_segments(args),
-                             lock_timeout=0 if args.no_wait else None,
-                             frame_dtype=args.frame_dtype, **summary)
-    except PeerFailed:
-        # The main process prints why and exits non-zero, which fails the launch; a non-zero
-        # status here could let torchrun stop the main process before it has printed.
-        return 0
-    index = report.index
-    if index is None:  # not the main process: it reports for all
-        return 0
+    common = {"batch_size": args.batch_size, "shard_size": args.shard_size,
+              "meta": {"model": source}, "backend": args.backend or "default", "uri": args.uri,
+              "stage_options": options(args.stage_option) or None, "titles": args.titles,
+              "frame_sampling": frames.sampling, "frame_padding": frames.padding,
+              "segments": _segments(args), "lock_timeout": 0 if args.no_wait else None,
+              "frame_dtype": args.frame_dtype, **summary}
+    with _cluster(args) as ray:  # on Ray, the build and the text sources run in one job
+        try:
+            report = (build_index_on_ray(model, args.videos, args.out,
+                                         ray_settings=_ray_settings(args), **common)
+                      if ray is not None else
+                      build_index(model, args.videos, args.out, num_workers=args.num_workers,
+                                  **common))
+        except PeerFailed:
+            # The main process prints why and exits non-zero, which fails the launch; a
+            # non-zero status here could let torchrun stop the main process before it has
+            # printed.
+            return 0
+        index = report.index
+        if index is None:  # not the main process: it reports for all
+            return 0
+        _attach_heads(args, index, sparse_options)
+        if text is not None:
+            if ray is not None:
+                from ..text.ray_reads import ray_reads
+
+                cpus = int(ray.cluster_resources().get("CPU", 1))
+                text.reads = ray_reads(ray, readers=max(1, cpus - 1))
+            _read_text(index, text)
+    _report(index, report, args.out)
+    return 0
+
+
+def _attach_heads(args: argparse.Namespace, index, sparse_options: dict | None) -> None:
+    from ..plugins.exclusion import ExclusionPlugin
+    from ..plugins.lexical import LexicalPlugin
+
     if args.head is not None:
         lexical = index.use(LexicalPlugin(args.head, args.sparse_backend, sparse_options))
         backend = "" if lexical.stage.backend == "exact" else f" ({lexical.stage.backend})"
@@ -131,10 +168,32 @@ def run(args: argparse.Namespace) -> int:
     if args.concepts is not None:
         index.use(ExclusionPlugin(args.concepts))
         print(f"concept codes of {len(index)} videos, for 'A without B' searches")
-    if text is not None:
-        _read_text(index, text)
-    _report(index, report, args.out)
-    return 0
+
+
+@contextlib.contextmanager
+def _cluster(args: argparse.Namespace) -> Iterator:
+    """``ray`` connected to the cluster ``--engine ray`` runs on (None: another engine)."""
+    if args.engine != "ray":
+        yield None
+        return
+    from ..index.parallel import launch_size
+    from ..index.ray_build import ray_cluster
+
+    if launch_size() > 1:
+        raise ValueError("--engine ray runs one driver: start it with plain 'dicosa index', "
+                         "not under torchrun or accelerate launch")
+    if args.num_workers is not None:
+        raise ValueError("--num-workers sets the decoding processes of --engine processes; "
+                         "on Ray, decode tasks take --ray-decode-cpus each")
+    with ray_cluster(_ray_settings(args)) as ray:
+        yield ray
+
+
+def _ray_settings(args: argparse.Namespace):
+    from ..index.ray_build import RaySettings
+
+    return RaySettings(address=args.ray_address, encoders=args.ray_encoders,
+                       decode_cpus=args.ray_decode_cpus)
 
 
 def _text_plugin(args: argparse.Namespace):
@@ -183,6 +242,10 @@ def _report(index, report, out: str) -> None:
     encoded = ("" if report.encoded is None else
                f" (encoded {report.encoded} now, in {report.processes} process(es): "
                f"{' + '.join(map(str, report.per_process))})")
+    if hasattr(report, "nodes"):  # a Ray build
+        work = ", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in report.seconds.items())
+        encoded = (f" (encoded {report.encoded} now on Ray: {report.nodes} node(s), "
+                   f"{report.encoders} encoder(s); {work})")
     rows = len(index.store)
     moments = f" ({rows} moments to search)" if rows != len(index) else ""
     print(f"indexed {len(index)} videos{moments} into {out}{encoded}"
@@ -206,9 +269,9 @@ def _model(args: argparse.Namespace):
 
     out = Path(args.out)
     if args.checkpoint is None and args.config is None and (out / "manifest.json").is_file():
-        from ..index import VideoIndex
+        from ..index.manifest import Manifest
 
-        existing = VideoIndex.load(out, None)
+        existing = Manifest.read(out)  # only its record: the index itself opens once, later
         source = existing.meta.get("model")
         if source:
             model = model_from_source({**source, "overrides": [*source.get("overrides", ()),

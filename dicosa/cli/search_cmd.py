@@ -229,20 +229,14 @@ def _print_table(args, index, result, candidates, explained, lines) -> None:
     from ..plugins.exclusion import format_explanation
     from ..plugins.fusion import format_parts
     from ..plugins.lexical import format_words
-    from ..plugins.text import describe, format_line, ranked_by
+    from ..plugins.text import format_line
     from ..search.moment import format_span
 
     if result.truncated:
         print(f"note: the query is longer than the {index.model.config.max_words} tokens the "
               "model reads; it was searched as far as the model reads it")
-    ranked = ranked_by(result)
-    if candidates is None:
-        how = "every video scored by DiCoSA" + (
-            "" if ranked["by"] == "pictures" else f"; {describe(ranked)}")
-    else:
-        how = (f"{result.candidates} candidates from the {result.stage} stage "
-               f"({result.mode} mode) {describe(ranked)}")
-    print(f'top {len(result.hits)} of {len(index)} videos for "{args.query}" ({how})')
+    print(f'top {len(result.hits)} of {len(index)} videos for "{args.query}" '
+          f"({_how(result, candidates)})")
     print(f"{'rank':>4}  {'score':>8}  {'stage':<10}  {'moment':<13}  path")
     for rank, hit in enumerate(result.hits, 1):
         when = format_span(hit.start, hit.end)
@@ -260,3 +254,20 @@ def _print_table(args, index, result, candidates, explained, lines) -> None:
     parts = [e["fusion"] for e in explained if "fusion" in e]
     if parts:
         print(format_parts(parts))
+
+
+def _how(result, candidates: int | None) -> str:
+    """How the hits were found and what ranked them, as the table's header says it: every
+    row scored, or which first stage proposed how many candidates; then DiCoSA, the words,
+    or both (:func:`~dicosa.plugins.text.ranked_by`)."""
+    from ..plugins.text import describe, ranked_by
+
+    ranked = ranked_by(result)
+    if candidates is None:
+        return "every video scored by DiCoSA" + (
+            "" if ranked["by"] == "pictures" else f"; {describe(ranked)}")
+    if result.stage == "all":  # the collection is no larger than the candidates asked for
+        return f"all {result.candidates} rows {describe(ranked)}"
+    stage = ("the first stage" if result.stage == "first stage"  # labelled row by row
+             else f"the {result.stage} stage")
+    return f"{result.candidates} candidates from {stage} ({result.mode} mode) {describe(ranked)}"

@@ -21,6 +21,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..integers import as_int
 from .datasets import _index_videos, _need, _read_json, _read_list, _strip_video_ext
 from .video import VideoDecodeError, video_info
 
@@ -101,8 +102,9 @@ def didemo_range(first: int, last: int, duration: float | None = None) -> Range 
     Raises:
         ValueError: not integers with ``0 <= first <= last < 6``.
     """
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (first, last)):
+    if as_int(first) is None or as_int(last) is None:
         raise ValueError(f"DiDeMo segments must be integers, got {[first, last]}")
+    first, last = as_int(first), as_int(last)
     if not 0 <= first <= last < DIDEMO_NUM_SEGMENTS:
         raise ValueError(f"DiDeMo segments must satisfy 0 <= first <= last < "
                          f"{DIDEMO_NUM_SEGMENTS}, got {[first, last]}")

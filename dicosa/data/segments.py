@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from ..integers import as_int
 
 __all__ = ["DETECTORS", "RunLayout", "SegmentPolicy", "chunk_shots", "layout_run", "segment_run",
            "segment_spans", "shots_of"]
@@ -59,11 +62,13 @@ class SegmentPolicy:
     threshold: float | None = None  # the detector's threshold (None: its default)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.window, int) or self.window < 1:
+        window = as_int(self.window)
+        if window is None or window < 1:
             raise ValueError(f"the segment window must be a positive number of frames, got "
                              f"{self.window!r}")
-        if not (isinstance(self.rate, (int, float)) and math.isfinite(self.rate)
-                and 0 < self.rate <= 60):
+        object.__setattr__(self, "window", window)  # numpy's integers as Python's
+        if not (isinstance(self.rate, numbers.Real) and not isinstance(self.rate, bool)
+                and math.isfinite(self.rate) and 0 < self.rate <= 60):
             raise ValueError(f"the frame rate must be above 0 and at most 60 frames/s, got "
                              f"{self.rate!r}")
         if self.stride is not None and not (1 <= self.stride <= self.window):

@@ -9,10 +9,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
+from ..integers import as_int
 from ..model import VideoFeatures
 from ..search.shards import VideoRun
+from .encode import clips_as_features
 from .ingest import Clip, ingest, list_videos, new_or_changed
 
 __all__ = ["Adding"]
@@ -41,6 +42,10 @@ class Adding:
         """
         from ..search.fusion import normalise_titles
 
+        batch_size, shard_size = _count(batch_size, "batch_size"), _count(shard_size,
+                                                                         "shard_size")
+        if num_workers is not None:
+            num_workers = _count(num_workers, "num_workers", least=0)
         model = self._require_model()
         listed = list(dict.fromkeys(list_videos(videos)))
         with self.writing():
@@ -71,9 +76,7 @@ class Adding:
         if isinstance(pending[0], VideoRun):
             self.add_runs(pending, pad)
             return
-        video = VideoFeatures(torch.stack([p.frames for p in pending]),
-                              torch.stack([p.mask for p in pending]))
-        self.add_features(video, [p.row for p in pending])
+        self.add_features(*clips_as_features(pending))
 
     def add_runs(self, runs: list[VideoRun], pad: np.ndarray) -> np.ndarray:
         """Store already encoded videos as frame runs cut into segments (one ``runs``
@@ -100,13 +103,24 @@ class Adding:
             self._reserve(len(rows))
             return self._stages.extend(lambda: self.store.append(video, rows))
 
-    def link_shard(self, name: str, count: int) -> np.ndarray:
+    def link_shard(self, name: str, count: int, sha256: dict | None = None) -> np.ndarray:
         """Append a shard file already in the index folder (``name`` relative to it, holding
-        ``count`` videos) as new rows, without copying it (one transaction); returns their
-        ids. The merge of a multi-process build links its processes' shards this way."""
+        ``count`` rows; ``sha256`` its files' checksums where the writer recorded them) as
+        new rows, without copying it (one transaction); returns their ids."""
+        return self.link_shards([(name, count, sha256)])
+
+    def link_shards(self, shards: list[tuple[str, int, dict | None]]) -> np.ndarray:
+        """:meth:`link_shard` for several shards ``(name, count, sha256)`` in one
+        transaction, the first stages given every new row at once; returns their ids. The
+        merge of a multi-process or Ray build links its workers' shards this way."""
         with self.transaction():
-            self._reserve(count)
-            return self._stages.extend(lambda: self.store.link(name, count))
+            if self.store.num_frames is None and self.segments is not None:
+                # a runs shard's own width is its longest segment's, maybe under N
+                self.store.num_frames = self.segments.window
+            self._reserve(sum(count for _, count, _ in shards))
+            return self._stages.extend(lambda: np.concatenate(
+                [np.zeros(0, np.int64)] + [self.store.link(name, count, sha256)
+                                           for name, count, sha256 in shards]))
 
     def remove(self, videos: str | Iterable[str] | np.ndarray | Sequence[int]) -> int:
         """Remove videos (paths, or ids: a video's id or any of its rows' ids) from the store
@@ -142,3 +156,10 @@ class Adding:
         wanted = {str(Path(p).resolve()) for p in paths} | {str(p) for p in paths}
         return table.index[table["path"].isin(wanted)].to_numpy(np.int64)
 
+
+def _count(value: object, name: str, least: int = 1) -> int:
+    """``value`` as an int of at least ``least`` (numpy's integers too), else one sentence."""
+    number = as_int(value)
+    if number is None or number < least:
+        raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
+    return number

@@ -1,11 +1,14 @@
-"""``check``: verify an index folder against its manifest, and repair what is derivable.
+"""``check``: verify an index folder against its manifest, and repair what can be.
 
 What is checked, in order:
 
 1. the manifest reads (a damaged one is a sentence and the end of the check);
-2. every shard file against the sha256 the manifest recorded (indexes written before
-   checksums were kept: only that the files map);
-3. every live row's stored features are finite (a damaged row would score NaN);
+2. every shard file against the sha256 the manifest recorded, and in a file that differs,
+   each video's CRC32 (:mod:`dicosa.search.row_checksums`): the rows of the videos that fail
+   theirs are damaged, or every row of the shard where it keeps none (written before them),
+   its csv differs or the damage lies outside every video (indexes written before checksums
+   were kept: only that the files map);
+3. every other live row's stored features are finite (a damaged row would score NaN);
 4. the dense first stage's files open and match the store (else it is rebuilt when opened);
 5. the derived files (a lexical stage, concept codes, title vectors, the faiss stage's
    pending and removed lists, the per-frame stage's under ``frames/``) load; the text index
@@ -17,13 +20,12 @@ It also lists the partial videos (a decode that lost part of the file: cut short
 stretches; each row's ``damage``, :mod:`dicosa.data.damage`): not a problem of the index, which
 holds what decoded, but what a user should know of their files.
 
-``repair`` removes rows whose features are damaged (one transaction: their ids become
-tombstones, as any removal), deletes derived files that do not load (they are rebuilt from
-the shards the next time they are needed; the text index from the videos, by the next
-``index`` run), deletes the text lines of rows the manifest does not hold, and deletes the
-uncommitted files. A shard whose
-checksum differs is reported, never repaired: its rows' features are not derivable; rebuild
-the index, or remove those rows' videos and add them again.
+``repair``, in one transaction, removes the damaged rows' videos (every row of each; ids
+are never reused) and encodes again those whose files are still there and unchanged
+(:mod:`dicosa.index.repair`), saying which it could not and why; then it deletes derived
+files that do not load (rebuilt from the shards the next time they are needed; the text
+index from the videos, by the next ``index`` run), the text lines of rows that are not live,
+and the uncommitted files.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..model import DiCoSA
 from ..search.store import FrameStore, StoreError, finite_rows
 from .manifest import MANIFEST, RESERVED, Manifest, ManifestError
 
@@ -61,6 +64,7 @@ _KNOWN = {MANIFEST, RESERVED, ".writer.lock", ".writer.json", "first_stage.json"
           "summary_head.pt", "milvus.db", "seismic.json", "seismic.index", "text.sqlite",
           "text.sqlite-journal"}
 _SHARD = re.compile(r"^shard-\d{5}\.(safetensors|csv)$")
+_REPAIR = "'dicosa check --repair' encodes them again from their videos"
 
 
 @dataclass
@@ -69,6 +73,7 @@ class CheckReport:
     problems: list[str] = field(default_factory=list)  # not repaired
     repaired: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what a repair could not do, and why
     partial: list[tuple[str, str]] = field(default_factory=list)  # (path, damage)
 
     @property
@@ -79,29 +84,31 @@ class CheckReport:
         out = [f"checked {self.directory}: " + ", ".join(self.checked)]
         out += [f"problem: {p}" for p in self.problems]
         out += [f"repaired: {r}" for r in self.repaired]
+        out += [f"note: {n}" for n in self.notes]
         out += [f"partial video: {path}: {damage}" for path, damage in self.partial]
         out.append("ok" if self.ok else f"{len(self.problems)} problem(s) left")
         return out
 
 
-def check_index(directory: str | Path, repair: bool = False) -> CheckReport:
-    """Check (and with ``repair``, repair) the index in ``directory``; see the module doc."""
+def check_index(directory: str | Path, repair: bool = False,
+                model: DiCoSA | None = None) -> CheckReport:
+    """Check (and with ``repair``, repair) the index in ``directory``; see the module doc.
+    ``model``: what a repair encodes damaged rows with, where the index records no model of
+    its own (an index built in Python without ``meta={"model": ...}``)."""
     directory = Path(directory)
     report = CheckReport(directory)
     try:
-        manifest = Manifest.read(directory)
-        store = FrameStore.open(directory, manifest.store)
+        manifest, store = _open(directory)
     except (ManifestError, StoreError, FileNotFoundError) as exc:
         report.problems.append(str(exc))
         return report
     report.checked.append(f"{len(manifest.store['shards'])} shard(s), {len(store)} live rows")
-    for name, ids in store.damaged_shards():
-        _remove_damaged(directory, store, ids, f"{name} does not match its checksum", repair,
-                        report)
-        store.removed.update(ids.tolist())
-    bad = _non_finite_rows(store)
-    if len(bad):
-        _remove_damaged(directory, store, bad, "non-finite stored features", repair, report)
+    damaged = _damaged_rows(store)
+    if damaged and repair:
+        _repair(directory, store, damaged, report, model)
+        manifest, store = _open(directory)  # what the repair committed
+    else:
+        report.problems += [f"{what} ({_paths(store, ids)}); {_REPAIR}" for what, ids in damaged]
     _derived(directory, repair, report)
     _text(directory, store, repair, report)
     _uncommitted(directory, manifest, repair, report)
@@ -110,8 +117,24 @@ def check_index(directory: str | Path, repair: bool = False) -> CheckReport:
     return report
 
 
-def _non_finite_rows(store: FrameStore) -> np.ndarray:
-    live = store.live()
+def _open(directory: Path) -> tuple[Manifest, FrameStore]:
+    manifest = Manifest.read(directory)
+    return manifest, FrameStore.open(directory, manifest.store)
+
+
+def _damaged_rows(store: FrameStore) -> list[tuple[str, np.ndarray]]:
+    """``(what, live row ids)`` of each damage: shards that fail their checksums, then the
+    other rows whose stored features are not finite."""
+    damaged = [(failure.sentence(), failure.ids) for failure in store.checksum_failures()]
+    seen = np.concatenate([np.zeros(0, np.int64)] + [ids for _, ids in damaged])
+    bad = _non_finite_rows(store, seen)
+    if len(bad):
+        damaged.append((f"{len(bad)} row(s) hold non-finite stored features", bad))
+    return damaged
+
+
+def _non_finite_rows(store: FrameStore, skip: np.ndarray) -> np.ndarray:
+    live = np.setdiff1d(store.live(), skip)
     bad = []
     for start in range(0, len(live), 4096):
         ids = live[start:start + 4096]
@@ -120,22 +143,30 @@ def _non_finite_rows(store: FrameStore) -> np.ndarray:
     return np.concatenate(bad) if bad else np.zeros(0, dtype=np.int64)
 
 
-def _remove_damaged(directory: Path, store: FrameStore, ids: np.ndarray, why: str,
-                    repair: bool, report: CheckReport) -> None:
-    """Rows whose features cannot be trusted: reported, or (repair) removed in one
-    transaction, their paths listed so that the next ``index`` run encodes them again."""
-    paths = store.paths(ids)
-    what = f"{len(ids)} row(s) with {why} ({', '.join(paths[:3])}{' ...' if len(ids) > 3 else ''})"
-    if not repair:
-        report.problems.append(what + "; 'check --repair' removes them")
-        return
-    from .video_index import VideoIndex
+def _paths(store: FrameStore, ids: np.ndarray) -> str:
+    """The videos of rows ``ids``, the first few named."""
+    paths = list(dict.fromkeys(store.paths(ids)))
+    more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
+    return ", ".join(paths[:3]) + more
 
-    index = VideoIndex.load(directory, verify=False)
-    with index.transaction():
-        index.store.remove(ids)
-    report.repaired.append(what + ": removed; run 'dicosa index' on their folder "
-                           "again to encode them anew")
+
+def _repair(directory: Path, store: FrameStore, damaged: list[tuple[str, np.ndarray]],
+            report: CheckReport, model: DiCoSA | None) -> None:
+    """Every damaged row's video removed and encoded again where it can be, in one
+    transaction (:func:`dicosa.index.repair.repair_rows`); what was done, said."""
+    from .repair import repair_rows
+
+    done = repair_rows(directory, np.concatenate([ids for _, ids in damaged]), model)
+    for what, ids in damaged:
+        report.repaired.append(f"{what} ({_paths(store, ids)}): their videos' rows removed")
+    if done.encoded:
+        report.repaired.append(f"{len(done.encoded)} video(s) encoded again from their files"
+                               f" ({', '.join(done.encoded[:3])}"
+                               f"{' ...' if len(done.encoded) > 3 else ''})")
+    report.notes += [f"{path} was not encoded again: {why}" for path, why in done.not_encoded]
+    if done.not_encoded:
+        report.notes.append("'dicosa index FOLDER --out INDEX' adds those videos anew where "
+                            "their files can be read")
 
 
 def _derived(directory: Path, repair: bool, report: CheckReport) -> None:

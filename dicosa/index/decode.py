@@ -51,10 +51,12 @@ class VideoItems(IterableDataset):
         worker = get_worker_info()
         first, step = (worker.id, worker.num_workers) if worker is not None else (0, 1)
         for seq in range(first, len(self.paths), step):
-            for item in self._items(self.paths[seq]):
+            for item in self.items(self.paths[seq]):
                 yield {**item, "seq": seq}
 
-    def _items(self, path: str) -> Iterator[dict]:
+    def items(self, path: str) -> Iterator[dict]:
+        """One file's items (without ``seq``): a clip or an error, or a long video's frame
+        batches and its end."""
         # What the container states: a decode that ends well before it is recorded as partial.
         expected = header_duration(path)
         if self.segments is not None and not (expected is None

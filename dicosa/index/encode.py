@@ -26,10 +26,10 @@ import torch
 
 from ..data.protocol import FrameProtocol
 from ..data.segments import SegmentPolicy, layout_run
-from ..model import DiCoSA
+from ..model import DiCoSA, VideoFeatures
 from ..search.shards import VideoRun
 
-__all__ = ["Clip", "Encoder"]
+__all__ = ["Clip", "Encoder", "clips_as_features"]
 
 log = logging.getLogger("dicosa.index.ingest")
 
@@ -43,6 +43,12 @@ class Clip:
     frames: torch.Tensor  # float16 [N, D]
     mask: torch.Tensor  # bool [N]
     row: dict
+
+
+def clips_as_features(clips: list[Clip]) -> tuple[VideoFeatures, list[dict]]:
+    """Encoded clips as one ``clips`` shard's input: stacked features and their rows."""
+    return (VideoFeatures(torch.stack([c.frames for c in clips]),
+                          torch.stack([c.mask for c in clips])), [c.row for c in clips])
 
 
 @dataclass

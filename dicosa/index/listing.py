@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["file_stamp", "list_videos", "new_or_changed"]
+__all__ = ["file_changed", "file_stamp", "list_videos", "new_or_changed", "require_videos"]
 
 log = logging.getLogger("dicosa.index.ingest")
 
@@ -28,11 +28,17 @@ def list_videos(videos: str | os.PathLike | Iterable[str | os.PathLike]) -> list
             found = [p for p in root.rglob("*") if p.suffix.lower() in VIDEO_EXTENSIONS
                      and not p.name.startswith(".") and p.is_file()]
             return sorted(str(p.resolve()) for p in found)
-        if not root.exists():
-            raise FileNotFoundError(f"{root} does not exist: give a folder of videos or a "
-                                    "video file")
+        require_videos(root)
         videos = [root]
     return [str(Path(p).resolve()) for p in videos]
+
+
+def require_videos(videos: str | os.PathLike | Iterable[str | os.PathLike]) -> None:
+    """A folder or file of videos that does not exist is one sentence (FileNotFoundError),
+    said before anything else is done; a list of files is checked as it is encoded."""
+    if isinstance(videos, (str, os.PathLike)) and not Path(videos).exists():
+        raise FileNotFoundError(f"{videos} does not exist: give a folder of videos or a "
+                                "video file")
 
 
 def file_stamp(path: str) -> tuple[float, float]:
@@ -53,7 +59,7 @@ def new_or_changed(listed: list[str], table) -> list[str]:
     for path in listed:
         if path not in known:
             todo.append(path)
-        elif _changed(known[path], file_stamp(path)):
+        elif file_changed(known[path], file_stamp(path)):
             todo.append(path)
             changed += 1
     if changed:
@@ -62,7 +68,7 @@ def new_or_changed(listed: list[str], table) -> list[str]:
     return todo
 
 
-def _changed(recorded: tuple, now: tuple[float, float]) -> bool:
+def file_changed(recorded: tuple, now: tuple[float, float]) -> bool:
     """A file changed when its size or mtime differs from the recorded ones (an index
     that recorded none cannot tell: unchanged)."""
     try:

@@ -7,8 +7,9 @@ process is done, the main one *links* the parts' shards into the folder's ``mani
 (:meth:`VideoIndex.link_shard`: no copy) and builds the dense first stage over all rows, once.
 The result is an ordinary index folder; :meth:`VideoIndex.load` reads it as any other.
 
-- **Split.** The main process lists the videos still to encode (the given ones, less those the
-  index holds and those in part shards not yet linked) and hands the list to every process;
+- **Split.** The main process lists the videos still to encode (the given ones the index does
+  not hold or holds from a file changed since, less those in part shards not yet linked) and
+  hands the list to every process;
   process r of W takes the r-th of W contiguous blocks of it (sizes differ by at most one).
   Blocks of the sorted list keep a clean build's rows in the order one process would give them,
   and splitting only what is left shares a resumed build's work evenly among however many
@@ -41,16 +42,23 @@ import torch
 
 from ..data.protocol import FrameProtocol
 from ..model import DiCoSA
-from .ingest import list_videos
+from .ingest import list_videos, new_or_changed
 from .video_index import VideoIndex
 
-__all__ = ["PARTS", "BuildReport", "Launch", "PeerFailed", "build_index"]
+__all__ = ["PARTS", "RAY_PART", "BuildReport", "Launch", "PeerFailed", "build_index",
+           "launch_size", "merge_parts", "open_part", "pending_videos"]
 
 log = logging.getLogger(__name__)
 
 PARTS = "parts"
+RAY_PART = "ray"  # the part a Ray build's workers write into (dicosa/index/ray_build.py)
 # The variables through which launchers (torchrun, accelerate, MPI) give the process count.
 _WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def launch_size() -> int:
+    """The number of processes a launcher says this one belongs to (1: no launcher)."""
+    return max(int(os.environ.get(name, "1") or 1) for name in _WORLD_SIZE_VARIABLES)
 
 
 class PeerFailed(RuntimeError):
@@ -69,7 +77,7 @@ class Launch:
     def detect(cls) -> Launch:
         """The launch this process belongs to. Several processes (a launcher set the world
         size above 1) start Accelerate's process group: NCCL on GPUs, gloo on CPUs."""
-        size = max(int(os.environ.get(name, "1") or 1) for name in _WORLD_SIZE_VARIABLES)
+        size = launch_size()
         if size <= 1:
             return cls()
         from accelerate import PartialState
@@ -168,12 +176,8 @@ def build_index(
         mine = _block(pending, launch.rank, launch.size)
         if num_workers is None:  # the processes share the machine's cores
             num_workers = min(4, max(1, (os.cpu_count() or 1) // launch.size))
-        part = VideoIndex.create_or_resume(model, out / PARTS / f"rank-{launch.rank}",
-                                           device=launch.device, backend=None,
-                                           frame_sampling=frames.sampling,
-                                           frame_padding=frames.padding,
-                                           segments=policy if policy is not None else False,
-                                           frame_dtype=kept)
+        part = open_part(model, out / PARTS / f"rank-{launch.rank}", frames, policy, kept,
+                         launch.device)
         encoded = part.add(mine, batch_size=batch_size, num_workers=num_workers,
                            shard_size=shard_size, progress=progress and launch.is_main,
                            titles=titles, only_new=False)
@@ -188,7 +192,7 @@ def build_index(
     if not launch.is_main:
         return BuildReport(None, launch.size, sum(counts), counts)
     assert top is not None
-    _merge(top, out, pending, reports, meta)
+    merge_parts(top, out, pending, reports, meta)
     return BuildReport(top, launch.size, sum(counts), counts)
 
 
@@ -205,12 +209,9 @@ def _agree_on_pending(launch: Launch, model: DiCoSA, videos, out: Path, stage: d
     top, agreed, failure = None, None, None
     if launch.is_main:
         try:
+            listed = list_videos(videos)  # a folder that does not exist: nothing written
             top = VideoIndex.create_or_resume(model, out, device=launch.device, **stage)
-            done = set(top.paths)
-            for _, _, paths in _unlinked(top, out, model):
-                done.update(paths)
-            agreed = ([p for p in dict.fromkeys(list_videos(videos)) if p not in done],
-                      top.frames.as_dict(),
+            agreed = (pending_videos(top, out, listed), top.frames.as_dict(),
                       top.segments.as_dict() if top.segments is not None else None,
                       top.store.frame_dtype)
         except Exception as exc:
@@ -227,23 +228,45 @@ def _agree_on_pending(launch: Launch, model: DiCoSA, videos, out: Path, stage: d
     return top, pending, frames, policy, kept
 
 
+def pending_videos(top: VideoIndex, out: Path, videos) -> list[str]:
+    """The listed videos ``top`` does not hold, or holds from a file changed since
+    (:func:`~dicosa.index.listing.new_or_changed`), less those an unlinked part shard in
+    ``out`` holds."""
+    waiting = {p for _, _, paths, _ in _unlinked(top, out, top.model) for p in paths}
+    listed = [p for p in dict.fromkeys(list_videos(videos)) if p not in waiting]
+    return new_or_changed(listed, top.store.video_metadata())
+
+
+def open_part(model: DiCoSA, folder: Path, frames: FrameProtocol, policy: dict | None,
+              kept: str, device: torch.device | None = None) -> VideoIndex:
+    """A part of the build (new or resumed): an index without a first stage that decodes as
+    the merged index does (frame protocol, segment policy, how frames are kept)."""
+    return VideoIndex.create_or_resume(model, folder, device=device, backend=None,
+                                       frame_sampling=frames.sampling,
+                                       frame_padding=frames.padding,
+                                       segments=policy if policy is not None else False,
+                                       frame_dtype=kept)
+
+
 def _block(items: list[str], rank: int, size: int) -> list[str]:
     """The ``rank``-th of ``size`` contiguous blocks of ``items`` (sizes differ by at most 1)."""
     return items[len(items) * rank // size: len(items) * (rank + 1) // size]
 
 
 def _part_folders(out: Path) -> list[Path]:
-    """``parts/rank-R`` folders holding a manifest, in rank order."""
+    """``parts/rank-R`` folders holding a manifest, in rank order, then the Ray build's
+    ``parts/ray`` (:mod:`dicosa.index.ray_build`) if it holds one."""
     found = [p for p in (out / PARTS).glob("rank-*")
              if p.name.removeprefix("rank-").isdigit() and (p / "manifest.json").is_file()]
-    return sorted(found, key=lambda p: int(p.name.removeprefix("rank-")))
+    ranks = sorted(found, key=lambda p: int(p.name.removeprefix("rank-")))
+    return ranks + [p for p in [out / PARTS / RAY_PART] if (p / "manifest.json").is_file()]
 
 
 def _unlinked(top: VideoIndex, out: Path, model: DiCoSA
-              ) -> Iterator[tuple[str, int, list[str]]]:
-    """``(name, count, paths)`` of every part shard the index does not list yet, in the
-    order they are linked. A part of another model or frame protocol raises ValueError (as a
-    resume does)."""
+              ) -> Iterator[tuple[str, int, list[str], dict | None]]:
+    """``(name, count, paths, sha256)`` of every part shard the index does not list yet, in
+    the order they are linked. A part of another model or frame protocol raises ValueError
+    (as a resume does)."""
     linked = {shard.name for shard in top.store.shards}
     for folder in _part_folders(out):
         part = VideoIndex.load(folder, model, device=top.device)
@@ -252,15 +275,18 @@ def _unlinked(top: VideoIndex, out: Path, model: DiCoSA
             name = f"{PARTS}/{folder.name}/{shard.name}"
             if name not in linked:
                 ids = np.arange(shard.first_id, shard.first_id + shard.count)
-                yield name, shard.count, sorted(set(part.store.paths(ids)))
+                yield name, shard.count, sorted(set(part.store.paths(ids))), shard.sha256
 
 
-def _merge(top: VideoIndex, out: Path, pending: list[str], reports: list[dict],
-           meta: dict | None) -> None:
-    """Link every unlinked part shard into ``top``, record the skips, write the manifest."""
-    shards = [(name, count) for name, count, _ in _unlinked(top, out, top.model)]
-    for name, count in shards:
-        top.link_shard(name, count)
+def merge_parts(top: VideoIndex, out: Path, pending: list[str], reports: list[dict],
+                meta: dict | None) -> None:
+    """Link every unlinked part shard into ``top`` (the rows a changed file had before give
+    way to its new ones), record the skips, write the manifest."""
+    found = list(_unlinked(top, out, top.model))
+    if found:  # one transaction: the first stages take every new row at once
+        with top.transaction():
+            top.remove([path for _, _, paths, _ in found for path in paths])
+            top.link_shards([(name, count, sha256) for name, count, _, sha256 in found])
     retried = set(pending)
     top.skipped = ([s for s in top.skipped if s[0] not in retried]
                    + [tuple(s) for r in reports for s in r["skipped"]])
@@ -268,5 +294,5 @@ def _merge(top: VideoIndex, out: Path, pending: list[str], reports: list[dict],
     top.partial = [tuple(t) for r in reports for t in r["partial"]]
     top.meta.update(meta or {})
     top.save(out)  # builds and saves the first stage over every row, then the manifest
-    log.info("merged %d shard(s) from %d process(es): %d videos in %s", len(shards),
+    log.info("merged %d shard(s) from %d process(es): %d videos in %s", len(found),
              len(reports), len(top), out)

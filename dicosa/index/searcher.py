@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..data.protocol import FrameProtocol
+from ..integers import as_int
 from ..model import DiCoSA, TextFeatures
 from ..search.moment import Moment, Timeline, best_moments, video_timeline
 from ..search.query import Query, QueryError, parse_query
@@ -194,8 +195,8 @@ class Searcher:
         if mode is not None and mode not in self.modes:
             raise QueryError(f"this index has no '{mode}' search mode (it has "
                              f"{', '.join(self.modes)}); lexical, bow and hybrid need a "
-                             "lexical head: index.use(LexicalPlugin(HEAD)), or 'python -m "
-                             "dicosa index' with --head HEAD.pt")
+                             "lexical head: index.use(LexicalPlugin(HEAD)), or 'dicosa index' "
+                             "with --head HEAD.pt")
 
     # -- the whole path -------------------------------------------------------------------
     @torch.inference_mode()
@@ -456,17 +457,28 @@ def _warn_unhandled_exclusions(queries: list[Query], hooks: Sequence[RerankHook]
                     "to this index", ", ".join(e for q in queries for e in q.exclude))
 
 
-def check_search(text: str | Sequence[str], k: int, candidates: int | None) -> None:
-    """Refuse what has no meaningful answer instead of ranking it anyway."""
+def check_search(text: str | Sequence[str], k: int, candidates: int | None
+                 ) -> tuple[int, int | None]:
+    """Refuse what has no meaningful answer instead of ranking it anyway; ``(k,
+    candidates)`` as Python ints (numpy's integers are whole numbers too)."""
+    if isinstance(text, (bytes, bytearray)):
+        raise QueryError("a query must be text (str), got bytes: decode them first "
+                         "(query.decode('utf-8'))")
     texts = [text] if isinstance(text, str) else list(text)
     if not texts:
         raise QueryError("no query was given")
     for t in texts:
-        if not isinstance(t, str) or not t.strip():
-            raise QueryError(f"a query must be non-empty text, got {t!r}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        if not isinstance(t, str):
+            raise QueryError(f"a query must be text (str), got {type(t).__name__}")
+        if not t.strip():
+            raise QueryError("the query is empty: give the text of what to find")
+    count = as_int(k)
+    if count is None or count < 1:
         raise QueryError(f"k must be a positive number of results, got {k!r}")
-    if candidates is not None and (isinstance(candidates, bool)
-                                   or not isinstance(candidates, int) or candidates < 1):
+    if candidates is None:
+        return count, None
+    rows = as_int(candidates)
+    if rows is None or rows < 1:
         raise QueryError(f"candidates must be a positive number of rows to rerank (or None "
                          f"for exhaustive search), got {candidates!r}")
+    return count, rows

@@ -84,7 +84,7 @@ class Searching:
               ) -> SearchResult | list[SearchResult]:
         """:meth:`search` with everything it computed: a :class:`SearchResult` per text (hits,
         seconds per stage, the encoded query, the candidates, ``truncated``, ``explain``)."""
-        check_search(text, k, candidates)
+        k, candidates = check_search(text, k, candidates)
         texts = [text] if isinstance(text, str) else list(text)
         options = self._source_option(source)
         results = self.searcher(hooks, options).run(texts, k, candidates, exclude=exclude,

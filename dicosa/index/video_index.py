@@ -48,6 +48,7 @@ from ..search.query_text import QueryText
 from ..search.store import FrameStore
 from ..search.types import RerankHook
 from .adding import Adding
+from .listing import list_videos
 from .lock import WriterLock
 from .manifest import MANIFEST, Manifest
 from .plugin_host import PluginHost
@@ -150,8 +151,10 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
         ``options`` are :meth:`create_or_resume`'s (backend, uri, stage_options, summary,
         summary_head, frame_sampling, frame_padding, lock_timeout, segments, frame_dtype);
         the rest are
-        :meth:`add`'s. ``meta``: free-form JSON-able facts stored in the manifest.
+        :meth:`add`'s. ``meta``: free-form JSON-able facts stored in the manifest. A folder
+        of videos that does not exist is one sentence, and ``out_dir`` is left as it was.
         """
+        videos = list_videos(videos)  # before anything is written
         index = cls.create_or_resume(model, out_dir, tokenizer=tokenizer, device=device,
                                      **options)
         with index.writing():  # one writer from the settings to the last video
@@ -435,19 +438,19 @@ def segment_policy(segments: SegmentPolicy | dict | bool | None,
 def open_index(directory: str | os.PathLike, model: DiCoSA | None = None, *,
                device: torch.device | str | None = None, strict: bool = True,
                skip: Iterable[str] = (), lock_timeout: float | None = None,
-               towers: str = "all") -> VideoIndex:
+               towers: str = "all", verify: bool | None = None) -> VideoIndex:
     """An index ready to search as it was recorded: the model its manifest names (unless
     ``model`` is given) and every plugin it recorded (but those in ``skip``).
     ``towers="text"`` loads that model without CLIP's image tower: a process that only
-    searches (adding videos then says it needs the whole model)."""
+    searches (adding videos then says it needs the whole model). ``verify``: as
+    :meth:`VideoIndex.load`'s."""
     if model is None:
         from ..loading import model_from_source
 
-        index = VideoIndex.load(directory, None)
-        source = index.meta.get("model")
+        source = Manifest.read(Path(directory)).meta.get("model")  # the index opens once
         if not source:
             raise ValueError(f"the index at {directory} does not record its model; pass the "
                              "model (dicosa search --checkpoint CKPT)")
         model = model_from_source(source, towers)
     return VideoIndex.load(directory, model, device=device, strict=strict, skip=skip,
-                           lock_timeout=lock_timeout)
+                           lock_timeout=lock_timeout, verify=verify)

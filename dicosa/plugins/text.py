@@ -39,7 +39,7 @@ import torch
 
 from ..index.searcher import MOMENTS_PER_HIT
 from ..search.types import Candidates, EncodedQueries
-from ..text.extract import DEFAULT_OCR_FRAMES, TextReader, TextSettings
+from ..text.extract import DEFAULT_OCR_FRAMES, ReadElsewhere, ReadJob, TextReader, TextSettings
 from ..text.fts import TEXT_FILE, Match, TextIndex, TextIndexError
 from ..text.fusion import (
     DEFAULT_RRF_K,
@@ -106,10 +106,11 @@ class TextPlugin:
     def __init__(self, *, subtitles: bool | None = None, speech: str | bool | None = None,
                  ocr: bool | None = None, ocr_frames: int | None = None,
                  rrf_k: float | None = None, text_weight: float | None = None,
-                 recognizer: Recognizer | None = None):
+                 recognizer: Recognizer | None = None, reads: ReadElsewhere | None = None):
         self.asked = {"subtitles": subtitles, "speech": speech, "ocr": ocr,
                       "ocr_frames": ocr_frames, "rrf_k": rrf_k, "text_weight": text_weight}
         self.recognizer = recognizer
+        self.reads = reads  # where speech and OCR run (None: here); see fill
         self.settings: TextSettings | None = None
         self.rrf_k, self.text_weight = DEFAULT_RRF_K, DEFAULT_TEXT_WEIGHT
         self.index: TextIndex | None = None
@@ -196,6 +197,9 @@ class TextPlugin:
         if len(stray):
             self.index.remove(stray)
         missing = np.setdiff1d(live, self.index.held(self.settings.engines()))
+        if self.reads is not None and (self.settings.speech or self.settings.ocr_frames):
+            self._read_elsewhere(missing)
+            return len(missing)
         for start in range(0, len(missing), _READ_CHUNK):
             self.read(missing[start:start + _READ_CHUNK])
         return len(missing)
@@ -203,19 +207,48 @@ class TextPlugin:
     def read(self, ids: np.ndarray) -> None:
         """Read rows ``ids`` for every wanted source that has not read them with its engine,
         and commit their lines (one transaction)."""
+        job = self._job(ids)
+        if job is not None:
+            lines, done = self.reader.read(*job)
+            if done:
+                self.index.write(lines, done)
+
+    def _job(self, ids: np.ndarray) -> ReadJob | None:
+        """What reading rows ``ids`` takes (:meth:`TextReader.read`'s arguments), or None
+        when every wanted source has read them with its engine."""
         engines = self.settings.engines()
         if not len(ids) or not engines or self.index is None:
-            return
+            return None
         have = self.index.engines(ids)
         todo = {source: np.array([have.get((int(r), source)) != engine for r in ids])
                 for source, engine in engines.items()}
         todo = {s: m for s, m in todo.items() if m.any()}
         if not todo:
-            return
+            return None
         paths, start, end = row_spans(self._ctx.store, ids)
-        lines, done = self.reader.read(np.asarray(ids), paths, start, end, todo)
-        if done:
-            self.index.write(lines, done)
+        return np.asarray(ids), paths, start, end, todo
+
+    def _read_elsewhere(self, missing: np.ndarray) -> None:
+        """Rows ``missing`` read by :attr:`reads` (workers of a cluster, each holding its
+        recogniser), a video's rows in one job; each job's lines committed here as it comes
+        back (this process alone writes the text index), its reports added up."""
+        videos = self._ctx.store.videos_of(missing)
+        chunks, start = [], 0
+        for end in range(1, len(missing) + 1):  # whole videos, about _READ_CHUNK rows each
+            if end == len(missing) or (end - start >= _READ_CHUNK
+                                       and videos[end] != videos[end - 1]):
+                chunks.append(missing[start:end])
+                start = end
+        jobs = [job for job in map(self._job, chunks) if job is not None]
+        if not jobs:
+            return
+        for lines, done, reports, unavailable in self.reads(self.settings, jobs):
+            if done:
+                self.index.write(lines, done)
+            for source, report in reports.items():
+                self.reader.reports.setdefault(source, SourceReport(source, report.engine)
+                                               ).merge(report)
+            self.reader.unavailable.update(unavailable)
 
     def _say_missing(self) -> None:
         if self.index is None:

@@ -182,9 +182,8 @@ class ExactStage:
     @classmethod
     def open(cls, directory: str | os.PathLike, info: dict) -> ExactStage:
         stage = cls(info["dim"], normalize=info.get("normalize", True))
-        with np.load(Path(directory) / "dense.exact.npz") as data:
-            stage.ids, stage.vectors = data["ids"], data["vectors"]
-            stage.removed = data["removed"]
+        stage.ids, stage.vectors, stage.removed = _read_arrays(
+            Path(directory) / "dense.exact.npz", ("ids", "vectors", "removed"))
         return stage
 
 
@@ -410,10 +409,10 @@ class FaissStage:
         directory = Path(directory)
         config = dataclass_from_dict(FaissConfig, info.get("config", {}))
         stage = cls(info["dim"], config)
-        stage.index = faiss.read_index(str(directory / "dense.faiss"))
-        stage.removed = np.load(directory / "dense.removed.npy")
-        with np.load(directory / "dense.pending.npz") as pending:
-            stage.pending.ids, stage.pending.vectors = pending["ids"], pending["vectors"]
+        stage.index = _read(directory / "dense.faiss", lambda p: faiss.read_index(str(p)))
+        stage.removed = _read(directory / "dense.removed.npy", np.load)
+        stage.pending.ids, stage.pending.vectors = _read_arrays(
+            directory / "dense.pending.npz", ("ids", "vectors"))
         return stage
 
     def set_search(self, **changes: int) -> None:
@@ -425,6 +424,28 @@ class FaissStage:
             raise StageError(f"only ef_search and nprobe change at search time, not "
                              f"{', '.join(sorted(unknown))}")
         self.config = replace(self.config, **changes)
+
+
+def _read(path: Path, read):
+    """``read(path)``; a file that is there but cannot be read is one StageError naming it
+    (a missing one stays FileNotFoundError)."""
+    try:
+        return read(path)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # numpy, zipfile and faiss each raise their own kinds
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StageError(f"{path} cannot be read ({reason})") from None
+
+
+def _read_arrays(path: Path, names: tuple[str, ...]) -> tuple[np.ndarray, ...]:
+    """Arrays ``names`` of the ``.npz`` file ``path``, read whole; a damaged file (or one
+    without them) is one StageError naming it."""
+    def read(file: Path) -> tuple[np.ndarray, ...]:
+        with np.load(file) as data:
+            return tuple(data[name] for name in names)
+
+    return _read(path, read)
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:

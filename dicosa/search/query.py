@@ -19,11 +19,25 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["EXCLUSION_MARKERS", "Query", "QueryError", "parse_query"]
+__all__ = ["EXCLUSION_MARKERS", "QUERY_PATTERN", "Query", "QueryError", "parse_query"]
 
 EXCLUSION_MARKERS = ("without", "but not", "excluding", "except")
-_MARKER = re.compile(r"\b(?:" + "|".join(m.replace(" ", r"\s+") for m in EXCLUSION_MARKERS)
-                     + r")\b", re.IGNORECASE)
+
+
+def _caseless(word: str) -> str:
+    """``word`` as a pattern of either case, letter by letter (a JSON Schema pattern has no
+    flags); a space stands for any run of whitespace."""
+    return "".join(r"\s+" if c == " " else f"[{c.lower()}{c.upper()}]" for c in word)
+
+
+_MARKERS = r"\b(?:" + "|".join(_caseless(m) for m in EXCLUSION_MARKERS) + r")\b"
+_MARKER = re.compile(_MARKERS)
+# Exactly the texts :func:`parse_query` accepts (without ``exclude``): the first non-space
+# character does not start a marker (something to find comes first), and no marker is
+# followed only by whitespace before the end or the next marker (something after each).
+# Python's ``re`` dialect, as JSON Schema validators in Python read it; the service
+# publishes it as the ``q`` parameter's pattern.
+QUERY_PATTERN = rf"^(?![\s\S]*{_MARKERS}\s*(?:{_MARKERS}|$))\s*(?!{_MARKERS})\S"
 
 
 class QueryError(ValueError):
@@ -54,13 +68,20 @@ def parse_query(text: str, exclude: Iterable[str] = ()) -> Query:
             ("a dog without").
     """
     if not isinstance(text, str):
-        raise QueryError(f"a query must be a string, got {type(text).__name__}")
+        raise QueryError(f"a query must be text (str), got {type(text).__name__}")
+    exclude = [exclude] if isinstance(exclude, str) else list(exclude)
+    for item in exclude:
+        if not isinstance(item, str):
+            raise QueryError(f"what to exclude must be text (str), got {type(item).__name__}")
     parts = _MARKER.split(text)
     positive = _clean(parts[0])
     negatives = [_clean(p) for p in parts[1:]] + [_clean(e) for e in exclude]
+    if not text.strip():
+        raise QueryError("the query is empty: give the text of what to find")
     if not positive:
-        what = "empty" if not text.strip() else f"'{_clean(text)}' has nothing before its marker"
-        raise QueryError(f"the query is {what}: give the text of what to find")
+        marker = _MARKER.search(text).group(0)
+        raise QueryError(f"the query '{_clean(text)}' has nothing before '{_clean(marker)}': "
+                         "give the text of what to find first")
     if any(not n for n in negatives):
         raise QueryError(f"the query '{_clean(text)}' has an empty exclusion: say what to "
                          "exclude after 'without' / 'but not' (or in --exclude)")

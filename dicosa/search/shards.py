@@ -23,6 +23,10 @@ without segments writes (every index before moments, and ``VideoIndex.add_featur
 :meth:`gather` gives every layout's rows the same shape, ``[r, N, D]`` with a mask, so
 everything that scores rows (first stages, rerank, heads) is the same for both.
 
+Every shard file written now also holds ``video_crc32`` int64 ``[videos]``, each video's
+CRC32 (:mod:`dicosa.search.row_checksums`): a file that fails its sha256 then says which of
+its videos changed. A shard without it (written before) reads as before.
+
 Either layout may keep its frames as int8 (the store's ``frame_dtype``,
 :mod:`dicosa.search.frame_codec`): ``frames`` is then int8 and ``frame_scale`` float32 holds
 one scale per frame (``[n, N]`` in ``clips``, ``[F]`` in ``runs``); :meth:`gather`
@@ -40,6 +44,7 @@ import ctypes
 import hashlib
 import io
 import json
+import logging
 import mmap
 import struct
 from dataclasses import dataclass, field
@@ -53,6 +58,7 @@ from safetensors.torch import save as save_safetensors
 from ..files import write_bytes_atomic
 from ..functional import video_proxy
 from .frame_codec import dequantise, quantise
+from .row_checksums import CRC_TENSOR, video_crcs
 
 __all__ = ["COLUMNS", "ClipShard", "RunShard", "StoreError", "VideoRun", "open_shard",
            "populate", "read_rows", "write_shard"]
@@ -69,6 +75,8 @@ _NUMERIC = ("duration", "fps", "size", "mtime", "expected_duration")
 _DTYPES = {"F16": np.float16, "F32": np.float32, "BOOL": np.bool_, "I64": np.int64,
            "I8": np.int8}
 _REBUILD = "rebuild the index with 'dicosa index'"
+
+log = logging.getLogger(__name__)
 
 
 class StoreError(ValueError):
@@ -96,6 +104,9 @@ class _Files:
     # sha256 of the written files, {"safetensors": hex, "csv": hex}; None where the manifest
     # recorded none (indexes written before checksums were kept)
     sha256: dict | None = None
+    # CRC32 of each video's bytes (dicosa.search.row_checksums), int64 [videos]; None in a
+    # shard written before they were kept
+    video_crc: np.ndarray | None = field(default=None, repr=False, compare=False)
     _rows: pd.DataFrame | None = field(default=None, repr=False)
     _directory: Path | None = field(default=None, repr=False)
     _columns: dict = field(default_factory=dict, repr=False, compare=False)  # column()'s
@@ -215,6 +226,7 @@ class ClipShard(_Files):
         self.frames, self.frame_mask = tensors["frames"], tensors["frame_mask"]
         self.proxy, self.has_proxy_file = tensors["proxy"], True
         self.frame_scale = tensors.get("frame_scale")
+        self.video_crc = tensors.get(CRC_TENSOR)
 
 
 @dataclass
@@ -232,6 +244,9 @@ class RunShard(_Files):
     frame_scale: np.ndarray | None = None  # float32 [F] for int8 frames, else None
     # (pad, its codes [D], its scale []): the int8 pad, made once per pad array
     _pad_int8: tuple | None = field(default=None, repr=False, compare=False)
+    # The segment table of the file points outside its frames (a damaged row): reads clamp
+    # every position into the file until a repair removes the row.
+    damaged_table: bool = field(default=False, repr=False, compare=False)
     layout = "runs"
     NAMES = ("frames", "frame_valid", "frame_time", "segment", "segment_video", "segment_time",
              "proxy", "pad")  # its tensors, besides frame_scale
@@ -267,6 +282,10 @@ class RunShard(_Files):
 
     @property
     def videos(self) -> int:
+        """Its videos: as many as it keeps CRCs for (the file's own count), else the last
+        row's video + 1."""
+        if self.video_crc is not None:
+            return len(self.video_crc)
         return int(self.segment_video[-1]) + 1 if self.count else 0
 
     @property
@@ -279,6 +298,9 @@ class RunShard(_Files):
         slot = np.arange(num_frames)[None]  # [1, N]
         inside = slot < count[:, None]  # [r, N]
         positions = np.where(inside, first[:, None] + slot, 0)
+        if self.damaged_table:  # a damaged row reads what lies in the file, never beyond
+            inside &= (positions >= 0) & (positions < len(self.frames))
+            positions = np.where(inside, positions, 0)
         return positions, inside
 
     @property
@@ -316,7 +338,8 @@ class RunShard(_Files):
         return dequantise(self.frames[positions], self.frame_scale[positions])
 
     def valid_any(self, rows: np.ndarray) -> np.ndarray:
-        positions, inside = self._slots(rows, int(self.segment[rows, 1].max(initial=0)))
+        longest = min(int(self.segment[rows, 1].max(initial=0)), len(self.frames))
+        positions, inside = self._slots(rows, longest)
         return (inside & self.frame_valid[positions]).any(1)
 
     def all_rows_have_frames(self) -> bool:
@@ -345,7 +368,7 @@ class RunShard(_Files):
         its rows' ``segments`` (first frame relative to the run, count) and ``spans``;
         ``frames=False``: only its rows, segments and spans (nothing decoded)."""
         rows = self.rows_of(video)
-        lo = int(self.segment[rows, 0].min())
+        lo = max(0, int(self.segment[rows, 0].min()))
         layout = {"rows": rows, "segments": self.segment[rows] - np.array([lo, 0]),
                   "spans": self.segment_time[rows]}
         if not frames:
@@ -366,6 +389,7 @@ class RunShard(_Files):
         for name in self.NAMES:
             setattr(self, name, tensors[name])
         self.frame_scale = tensors.get("frame_scale")
+        self.video_crc = tensors.get(CRC_TENSOR)
 
 
 Shard = ClipShard | RunShard
@@ -385,10 +409,12 @@ def _with_scale(arrays: dict[str, np.ndarray], scale: np.ndarray | None) -> dict
 
 def write_shard(directory: Path, shard: Shard, name: str) -> None:
     """Write ``shard`` as ``name`` (safetensors, then csv; each whole, fsync'ed, renamed),
-    record their checksums, and swap its arrays for maps of the file."""
+    record their checksums (the files' sha256, and in the file each video's CRC32), and
+    swap its arrays for maps of the file."""
     # Through write_bytes_atomic: the process umask applies (safetensors' save_file creates
     # 0600 files), and a killed writer leaves no half file under the real name.
-    data = save_safetensors({k: _tensor(v) for k, v in shard.arrays().items()})
+    arrays = {**shard.arrays(), CRC_TENSOR: video_crcs(shard)}
+    data = save_safetensors({k: _tensor(v) for k, v in arrays.items()})
     write_bytes_atomic(directory / f"{name}.safetensors", data, sync=True)
     buffer = io.StringIO()
     shard.rows.to_csv(buffer, index=False, columns=list(COLUMNS))
@@ -417,22 +443,42 @@ def open_shard(directory: Path, name: str, count: int, first_id: int) -> Shard:
                             _tensor(mask)).numpy()
     return ClipShard(first_id, name, frames=frames, frame_mask=mask, proxy=proxy,
                      has_proxy_file="proxy" in tensors, _directory=directory,
-                     frame_scale=tensors.get("frame_scale"))
+                     frame_scale=tensors.get("frame_scale"),
+                     video_crc=tensors.get(CRC_TENSOR))
 
 
 def _open_runs(directory: Path, name: str, count: int, first_id: int,
                tensors: dict[str, np.ndarray]) -> RunShard:
     names = RunShard.NAMES
     missing = [k for k in names if k not in tensors]
-    segment = tensors["segment"]
-    if missing or segment.shape != (count, 2) or (count and (
-            segment[:, 0].min() < 0
-            or (segment[:, 0] + segment[:, 1]).max() > len(tensors["frames"]))):
+    segment, crc = tensors["segment"], tensors.get(CRC_TENSOR)
+    if missing or segment.shape != (count, 2) or tensors["segment_video"].shape != (count,):
         raise StoreError(f"{directory}: shard {name} does not hold the {count} segments the "
                          f"manifest lists; {_REBUILD}")
+    table = _table_sound(tensors, crc)
+    if not table and crc is None:  # nothing says which rows: the shard cannot be read
+        raise StoreError(f"{directory}: shard {name}'s segment table points outside its "
+                         f"frames; {_REBUILD}")
+    if not table:
+        log.warning("%s: shard %s's segment table is damaged (a row points outside its "
+                    "frames or its videos); its damaged rows read as empty until 'dicosa "
+                    "check --repair' encodes them again", directory, name)
     _check_scale(directory, name, tensors)
     return RunShard(first_id, name, _directory=directory, frame_scale=tensors.get(
-        "frame_scale"), **{k: tensors[k] for k in names})
+        "frame_scale"), video_crc=crc, damaged_table=not table,
+        **{k: tensors[k] for k in names})
+
+
+def _table_sound(tensors: dict[str, np.ndarray], crc: np.ndarray | None) -> bool:
+    """Whether every row of a ``runs`` shard points inside its frames, and its videos
+    ascend from 0 (below the number of CRCs the file keeps, where it keeps them)."""
+    segment, video = tensors["segment"], tensors["segment_video"]
+    if not len(segment):
+        return True
+    inside = (segment[:, 0].min() >= 0 and segment[:, 1].min() >= 0
+              and (segment[:, 0] + segment[:, 1]).max() <= len(tensors["frames"]))
+    ascending = video[0] == 0 and bool(np.all(np.diff(video) >= 0))
+    return bool(inside and ascending and (crc is None or video[-1] < len(crc)))
 
 
 def _check_scale(directory: Path, name: str, tensors: dict[str, np.ndarray]) -> None:
@@ -561,8 +607,8 @@ def read_rows(path: Path | io.StringIO) -> pd.DataFrame:
     except FileNotFoundError:
         raise StoreError(f"{path} is missing; {_REBUILD}") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise StoreError(f"{path} is damaged ({str(exc).splitlines()[0]}); run 'python -m "
-                         "dicosa check INDEX' or rebuild the index") from None
+        raise StoreError(f"{path} is damaged ({str(exc).splitlines()[0]}); run 'dicosa "
+                         "check INDEX' or rebuild the index") from None
     for column in COLUMNS:  # version-1 files lack the reserved columns
         if column not in table:
             table[column] = ""

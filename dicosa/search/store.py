@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import io
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ import torch
 
 from ..model import VideoFeatures
 from .frame_codec import check_frame_dtype, dequantise
+from .row_checksums import damaged_videos
 from .shards import (
     COLUMNS,
     ClipShard,
@@ -52,12 +54,43 @@ from .shards import (
     write_shard,
 )
 
-__all__ = ["COLUMNS", "ROW_COLUMNS", "FrameStore", "StoreError", "VideoRun", "finite_rows"]
+__all__ = ["COLUMNS", "ROW_COLUMNS", "ChecksumFailure", "FrameStore", "StoreError",
+           "VideoRun", "finite_rows"]
 
 # What store.rows() gives per row: the video's metadata, then the row's own: ``video`` (the id
 # of the video's first row: how the rows of one video are told apart from another's) and the
 # row's ``start``/``end`` in seconds.
 ROW_COLUMNS = (*COLUMNS, "video", "start", "end")
+
+
+@dataclass
+class ChecksumFailure:
+    """A shard file that differs from its checksum, and the live rows that cannot be trusted
+    for it."""
+
+    path: Path  # the first of the shard's files that differs
+    ids: np.ndarray  # int64 [n] live row ids
+    by_row: bool  # True: named by their videos' CRC32s; False: every live row of the shard
+    files: list[str] = field(default_factory=list)  # every differing file's suffix
+
+    def sentence(self) -> str:
+        """What is damaged, as one sentence (no advice: the caller's)."""
+        what = "is missing" if not self.path.is_file() else "does not match its checksum"
+        rows = _span(self.ids)
+        if self.by_row and len(self.ids) == 1:
+            return f"{self.path} {what}: its row {rows} fails its own checksum"
+        if self.by_row:
+            return f"{self.path} {what}: its rows {rows} fail their own checksums"
+        return f"{self.path} {what} (rows {rows}: the whole shard)"
+
+
+def _span(ids: np.ndarray) -> str:
+    """Row ids as a reader takes them in: ``3``, ``3, 7``, ``4..9`` or ``3, 7, 8 and 5 more``."""
+    ids = np.asarray(ids)
+    if len(ids) > 2 and ids[-1] - ids[0] == len(ids) - 1:
+        return f"{ids[0]}..{ids[-1]}"
+    shown = ", ".join(str(i) for i in ids[:3])
+    return shown + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
 
 
 class FrameStore:
@@ -423,16 +456,18 @@ class FrameStore:
         store.removed = set(manifest.get("removed", []))
         return store
 
-    def link(self, name: str, count: int) -> np.ndarray:
+    def link(self, name: str, count: int, sha256: dict | None = None) -> np.ndarray:
         """Append a shard file already in :attr:`directory` (``name`` relative to it, e.g.
         ``parts/rank-1/shard-00000``: a shard one process of a multi-process build wrote) as
-        the next rows, without copying it; returns their new ids [count]."""
+        the next rows, without copying it; returns their new ids [count]. ``sha256``: the
+        checksums its writer recorded, kept for :meth:`verify`."""
         if self.directory is None:
             raise ValueError("only a store with a directory can link shard files")
-        shard = open_shard(self.directory, name, count, self.next_id)
+        shard = open_shard(self.directory, name, count, self._first_new())
+        shard.sha256 = sha256
         num_frames, dim = shard.shape
-        if self.num_frames is None:
-            self.num_frames, self.dim = num_frames, dim
+        self.num_frames = num_frames if self.num_frames is None else self.num_frames
+        self.dim = dim if self.dim is None else self.dim
         if dim != self.dim or (isinstance(shard, ClipShard) and num_frames != self.num_frames):
             raise StoreError(f"{self.directory}: shard {name} holds features of another "
                              "shape than the index; rebuild the index")
@@ -442,36 +477,43 @@ class FrameStore:
 
     def verify(self) -> list[str]:
         """Read every shard file whose checksum the manifest recorded and compare: one
-        sentence per file that differs (empty: all match). Reads the whole store."""
-        return [problem for shard in self.shards for problem in self._shard_problems(shard)]
+        sentence per shard whose damage reaches live rows (empty: none does). Reads the whole
+        store."""
+        return [failure.sentence() for failure in self.checksum_failures()]
 
-    def damaged_shards(self) -> list[tuple[str, np.ndarray]]:
-        """``(file, live row ids)`` of each shard whose files differ from their recorded
-        checksums (reads those shards whole)."""
-        out = []
+    def checksum_failures(self) -> list[ChecksumFailure]:
+        """Each shard whose files differ from their recorded sha256 in a way that reaches
+        live rows: those rows, found by the videos' CRC32s where the shard keeps them (the
+        whole shard where it keeps none, its csv differs, or the damage lies outside every
+        video). A shard whose damaged videos are all removed is sound again. Reads every
+        shard whole."""
+        found = []
         for shard in self.shards:
-            if self._shard_problems(shard):
-                ids = np.arange(shard.first_id, shard.first_id + shard.count)
-                out.append((f"{shard.name}.safetensors", ids[self.is_live(ids)]))
-        return out
+            differs = self._differing_files(shard)
+            if not differs:
+                continue
+            ids = np.arange(shard.first_id, shard.first_id + shard.count, dtype=np.int64)
+            videos = None if "csv" in differs else damaged_videos(shard)
+            if videos is not None and len(videos):
+                ids = ids[np.isin(shard.video_of(ids - shard.first_id), videos)]
+            ids = ids[self.is_live(ids)]
+            if len(ids):
+                found.append(ChecksumFailure(
+                    shard._directory / f"{shard.name}.{differs[0]}", ids,
+                    videos is not None and len(videos) > 0, differs))
+        return found
 
-    def _shard_problems(self, shard: Shard) -> list[str]:
-        """One sentence per file of ``shard`` that differs from its checksum; none for a
-        shard without checksums or without live rows (a repair removes a damaged one's)."""
+    def _differing_files(self, shard: Shard) -> list[str]:
+        """The suffixes (``safetensors``, ``csv``) of ``shard``'s files that are missing or
+        differ from their recorded sha256; none for a shard without checksums or without
+        live rows (a repair removes a damaged one's)."""
         if shard.sha256 is None or shard._directory is None or shard.name is None:
             return []
         ids = np.arange(shard.first_id, shard.first_id + shard.count)
         if not self.is_live(ids).any():
             return []
-        problems = []
-        for suffix, expected in shard.sha256.items():
-            path = shard._directory / f"{shard.name}.{suffix}"
-            got = file_sha256(path)
-            if got != expected:
-                what = "is missing" if got is None else "does not match its checksum"
-                problems.append(f"{path} {what} (rows {shard.first_id}.."
-                                f"{shard.first_id + shard.count - 1})")
-        return problems
+        return [suffix for suffix, expected in shard.sha256.items()
+                if file_sha256(shard._directory / f"{shard.name}.{suffix}") != expected]
 
     @property
     def nbytes(self) -> int:

@@ -21,11 +21,11 @@ Routes that run torch or decode are plain ``def``: FastAPI runs them on its thre
 Videos are named by their row id only; a file is served only when the engine finds it where
 its row says (:meth:`Engine.video`). Nothing on the server fetches a URL.
 
-:class:`Service` holds the current engine and, every ``reload_interval_s``, looks whether
-another process changed the index (``dicosa index`` into the same folder); once the
-change is complete (the manifest's first stage is in step with its store) it opens the index
-again beside the old one and swaps the whole engine in, so each search sees the old
-collection or the new one.
+Every search goes through one :class:`~dicosa.serve.batching.Batcher` to the service's
+:class:`~dicosa.serve.ranking.Ranking` (this process, or ranker processes: its
+:class:`~dicosa.serve.topology.Topology`), which ranks it and cuts its page. A
+:class:`~dicosa.serve.service.Service` holds the current engine and swaps in a new snapshot
+after another process changed the index.
 """
 
 from __future__ import annotations
@@ -34,32 +34,35 @@ import asyncio
 import logging
 import math
 import os
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote
 
-import torch
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
+from starlette.routing import Match, Route
 
 from .. import __version__
 from .batching import Batcher
-from .compute import ComputeThread, freeze_heap
+from .compute import ComputeThread
 from .engine import Answer, Engine, SearchRequest
-from .errors import BAD_REQUESTS, NotReady, ServeError, UnknownVideo
+from .errors import BAD_REQUESTS, NotReady, ServeError, UnknownMoment, UnknownVideo
 from .media import ThumbnailError, Thumbnails, served_type, stream_response
 from .openapi import DOCS_CSP, install_docs, openapi_schema
 from .rankers import RankerError, Rankers
+from .ranking import InProcess
+from .request_schema import IndexFacts, request_fields
 from .schemas import Health, Info, Ready, SearchAnswer, VideoDetails, errors
 from .security import COOKIE, Guard, safe_next
+from .service import Service
+from .topology import Topology
 from .transcode import MediaCache, TranscodeError
 
 __all__ = ["Limits", "Service", "Settings", "create_app"]
@@ -100,77 +103,14 @@ class Settings:
     max_batch: int = 8  # searches ranked together (1: no batching)
     batch_wait_s: float = 0.002  # longest a batch waits for searches already on their way
     freeze_heap: bool = False  # refreeze the collector's objects after each reopening
-    workers: int = 1  # processes serving the same index (dicosa serve --workers)
+    topology: Topology | None = None  # why searches rank where they do (/api/info; None:
+    # as create_app's ``rankers`` say, given by the caller)
     thumbnail_cache_bytes: int = 64 << 20
     media_cache: str | None = None  # converted videos' folder (None: the user's cache folder)
     media_cache_bytes: int = 4 << 30  # 0: never convert, send every file as it is
     token_ttl_s: int = 600
     session_ttl_s: int = 12 * 3600
     secure_cookie: bool = False  # mark the session cookie Secure (behind an HTTPS proxy)
-
-
-class Service:
-    """The engine requests use now, and the reopening of the index after a change."""
-
-    def __init__(self, engine: Engine, reload_interval_s: float = 2.0,
-                 compute: ComputeThread | None = None, freeze_heap: bool = False):
-        self._engine = engine
-        self.compute = compute  # where the index is reopened (None: the watching thread)
-        self.reload_interval_s = reload_interval_s
-        self.freeze_heap = freeze_heap  # compute.freeze_heap after a reopening (a service
-        # process that froze its heap once the index was open)
-        self.reloads = 0
-        self.last_reload: str | None = None
-        self.reload_error: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def engine(self) -> Engine:
-        engine = self._engine  # one read: a request keeps the snapshot it started with
-        if engine is None:
-            raise NotReady("the index is not open yet")
-        return engine
-
-    def check_reload(self) -> bool:
-        """Open the index again if another process finished changing it; True if swapped."""
-        with self._lock:
-            old = self._engine
-            if not old.outdated():
-                return False
-            started = time.perf_counter()
-            try:
-                new = old.reopen() if self.compute is None else self.compute.run(old.reopen)
-            except Exception as exc:  # keep serving the old snapshot; try again later
-                self.reload_error = f"{type(exc).__name__}: {exc}"
-                log.warning("could not reopen the index (still serving the previous one): %s",
-                            exc)
-                return False
-            self._engine, self.reloads, self.reload_error = new, self.reloads + 1, None
-            self.last_reload = new.opened_at.isoformat(timespec="seconds")
-            log.info("reopened the index: %d videos (was %d), in %.1f s", len(new.index),
-                     len(old.index), time.perf_counter() - started)
-            del old
-            if self.freeze_heap:
-                freeze_heap(again=True)
-            return True
-
-    def start(self) -> None:
-        if self.reload_interval_s > 0 and self._thread is None:
-            self._thread = threading.Thread(target=self._watch, name="dicosa-reload",
-                                            daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self.reload_interval_s):
-            try:
-                self.check_reload()
-            except Exception:  # never let the watcher die silently
-                log.exception("checking the index for changes failed")
 
 
 class _JSON(JSONResponse):
@@ -229,11 +169,12 @@ def _checked(limits: Limits, q: str, exclude: list[str], k: int, offset: int, ca
         raise ServeError(f"each thing to leave out is at most {limits.query_chars} characters")
     if not 1 <= k <= limits.page:
         raise ServeError(f"k (results per page) must be between 1 and {limits.page}")
-    if offset < 0 or offset + k > limits.depth:
-        raise ServeError(f"offset + k must be between 1 and {limits.depth}: paging reaches "
+    if not 0 <= offset < limits.depth:
+        raise ServeError(f"offset must be between 0 and {limits.depth - 1}: paging reaches "
                          f"the first {limits.depth} results")
     if not 1 <= candidates <= limits.candidates:
         raise ServeError(f"candidates must be between 1 and {limits.candidates}")
+    k = min(k, limits.depth - offset)  # the last page ends at the depth paging reaches
     return SearchRequest(q, k, offset, candidates, tuple(exclude), mode or None, explain,
                          source or None)
 
@@ -250,6 +191,10 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
     (:mod:`dicosa.serve.rankers`) searches are ranked and their pages cut in those processes
     instead, which the application stops when it stops."""
     settings = settings or Settings()
+    if settings.topology is None:  # as the caller gave them
+        count = 0 if rankers is None else len(rankers)
+        settings = replace(settings, topology=Topology(
+            count, why=f"{count} ranker processes" if count else "this process"))
     if isinstance(service, Engine):
         service = Service(service, settings.reload_interval_s,
                           freeze_heap=settings.freeze_heap)
@@ -259,7 +204,8 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
                   session_ttl_s=settings.session_ttl_s)
     thumbnails = Thumbnails(settings.thumbnail_cache_bytes)
     media = media_cache(settings)
-    batcher = Batcher(settings.max_batch, settings.batch_wait_s, compute, rankers)
+    ranking = rankers if rankers is not None else InProcess(compute)
+    batcher = Batcher(settings.max_batch, settings.batch_wait_s, ranking)
 
     async def lifespan(_: FastAPI):
         service.start()
@@ -267,8 +213,7 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
         service.stop()
         batcher.close()
         thumbnails.close()
-        if rankers is not None:
-            rankers.close()
+        ranking.close()
 
     app = FastAPI(title="dicosa", version=__version__, lifespan=lifespan, docs_url=None,
                   redoc_url=None, default_response_class=_JSON,
@@ -285,14 +230,28 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
     install_docs(app)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
+    published: list = [None, None]  # [the engine it describes, the schema]
+
     def schema() -> dict:
-        if app.openapi_schema is None:
-            app.openapi_schema = openapi_schema(app, api_key=guard.enabled,
-                                                host_check=settings.allowed_hosts is not None)
-        return app.openapi_schema
+        """Made once per engine: a reopened index may have other modes or plugins."""
+        engine = service.current
+        if published[1] is None or published[0] is not engine:
+            fields = request_fields(vars(settings.limits), _facts(engine))
+            published[:] = [engine, openapi_schema(
+                app, api_key=guard.enabled, host_check=settings.allowed_hosts is not None,
+                fields=fields)]
+        return published[1]
 
     app.openapi = schema
     return app
+
+
+def _facts(engine: Engine | None) -> IndexFacts:
+    """What of ``engine``'s index decides which requests it answers (None: not open yet)."""
+    if engine is None:
+        return IndexFacts()
+    return IndexFacts(tuple(engine.index.modes), "concepts" in engine.plugins,
+                      "text" in engine.plugins)
 
 
 def _install_guards(app: FastAPI, settings: Settings, guard: Guard) -> None:
@@ -354,7 +313,8 @@ def _install_errors(app: FastAPI) -> None:
         if exc.status_code == 404:
             return _error(404, "there is nothing at this address")
         if exc.status_code == 405:
-            return _error(405, f"{request.method} is not allowed at this address")
+            return _error(405, f"{request.method} is not allowed at this address",
+                          {"Allow": _allowed(app, request.scope)})
         return _error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
@@ -363,6 +323,10 @@ def _install_errors(app: FastAPI) -> None:
 
     @app.exception_handler(UnknownVideo)
     async def unknown_video(request: Request, exc: UnknownVideo):
+        return _error(404, str(exc))
+
+    @app.exception_handler(UnknownMoment)
+    async def unknown_moment(request: Request, exc: UnknownMoment):
         return _error(404, str(exc))
 
     @app.exception_handler(NotReady)
@@ -383,6 +347,16 @@ def _install_errors(app: FastAPI) -> None:
         return _error(500, "the server could not answer this request; its log says why")
 
 
+def _allowed(app: FastAPI, scope: dict) -> str:
+    """The methods some route answers at the scope's path (a path may have a route per
+    method: GET and POST /api/search), for a 405's ``Allow`` header."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, Route) and route.matches(scope)[0] != Match.NONE:
+            methods |= route.methods or set()
+    return ", ".join(sorted(methods))
+
+
 async def _bad_request(request: Request, exc: Exception):
     return _error(400, str(exc))
 
@@ -393,10 +367,16 @@ def _validation_sentence(exc: RequestValidationError) -> str:
     if not errors:
         return "the request is not valid"
     first = errors[0]
+    if first.get("type") == "json_invalid":  # loc: ("body", character offset)
+        reason = (first.get("ctx") or {}).get("error") or "it does not parse"
+        at = first.get("loc", ())[-1:]
+        where = f" at character {at[0]}" if at and isinstance(at[0], int) else ""
+        return f"the request body is not valid JSON ({reason}{where})"
     where = ".".join(str(part) for part in first.get("loc", ())
                      if part not in ("query", "body", "path"))
     message = str(first.get("msg", "is not valid"))
-    message = message[:1].lower() + message[1:]
+    if message[1:2].islower():  # "Field required" reads on after "k: "; "JSON ..." stays
+        message = message[:1].lower() + message[1:]
     return f"{where}: {message}" if where else message
 
 
@@ -494,12 +474,7 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         started = time.perf_counter()
         engine = service.engine
         engine.check(request)
-        ticket = getattr(http.state, "ticket", None)
-        if batcher.rankers is not None:
-            answer = links(batcher.answer(engine, request, ticket))
-        else:
-            ranked = batcher.rank(engine, request, ticket)
-            answer = links(compute.run(engine.answer, request, ranked))
+        answer = links(batcher.answer(engine, request, getattr(http.state, "ticket", None)))
         answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
         return _JSON(answer)  # as it is: FastAPI's encoder pass over it costs milliseconds
 
@@ -524,10 +499,8 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         """What is being searched: videos, model, heads, search modes, backend, limits."""
         return {**service.engine.info(), "limits": vars(limits), "version": __version__,
                 "api_key": guard.enabled,
-                "server": {"pid": os.getpid(), "workers": settings.workers,
-                           "threads": compute.run(torch.get_num_threads),
-                           "max_batch": settings.max_batch,
-                           "rankers": 0 if batcher.rankers is None else len(batcher.rankers)}}
+                "server": {"pid": os.getpid(), "threads": batcher.ranking.threads,
+                           "max_batch": settings.max_batch, **settings.topology.as_dict()}}
 
     searched = {200: {"model": SearchAnswer}, **errors(400, 500, 503)}
 

@@ -4,14 +4,15 @@
                                  [--media-root DIR ...] [--device cpu|cuda]
                                  [--max-batch 8] [--batch-wait-ms 2] [--reload-interval 2]
                                  [--text-tower auto|float|packed|int8] [--query-cache 1024]
-                                 [--timeline-rows 16] [--workers 1 | --rankers N]
-                                 [--threads N]
+                                 [--timeline-rows 16] [--rankers N] [--threads N]
 
 The index, its model and its heads are opened before the server listens: a problem with them
 is one sentence and exit status 2, never a server that answers errors. Without ``--host`` the
 server listens on 127.0.0.1 only and answers only requests addressed to the loopback names.
 ``--api-key`` without a value makes a random key and prints it; the ``DICOSA_API_KEY``
-environment variable sets one without showing it in the process list.
+environment variable sets one without showing it in the process list. Without ``--rankers``
+the service picks where searches rank from the machine (:mod:`dicosa.serve.topology`) and
+says what it picked and why, here and in ``/api/info``.
 
 FastAPI and uvicorn are the optional extra ``dicosa[serve]``; this module imports them only
 when the command runs.
@@ -28,7 +29,10 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .compute import ComputeThread
     from .rankers import Rankers
+    from .spec import EngineSpec
+    from .topology import Topology
 
 __all__ = ["LOOPBACK_NAMES", "MissingExtra", "add_serve_parser", "main", "run_serve"]
 
@@ -79,16 +83,16 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="the most segments of a hit's video its timeline scores (default 16; "
                         "a longer video's are sampled; fewer: faster searches of long "
                         "videos, a coarser timeline; docs/serve.md)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="server processes sharing the index's memory-mapped store (each "
-                        "holds its own model and first stage)")
-    p.add_argument("--rankers", type=int, default=0,
-                   help="processes that rank the searches of this one server, each with one "
-                        "torch thread, fed from one queue (default 0: this process ranks; "
-                        "docs/serve.md compares them with --workers)")
+    p.add_argument("--rankers", type=int, default=None,
+                   help="processes that rank the searches of this one server, fed from one "
+                        "queue (0: this process ranks; default: picked from the machine, "
+                        "2 on a CPU of 2 cores or more where the memory holds them; "
+                        "docs/serve.md)")
+    p.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)  # refused
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads per process (default: torch's; with --workers N, "
-                        "the CPU cores / N)")
+                   help="torch threads of the process that ranks (default: torch's, every "
+                        "core, in one process; a ranker's while another ranker is busy: the "
+                        "cores / rankers)")
     p.add_argument("--reload-interval", type=float, default=2.0, metavar="SECONDS",
                    help="how often to look for videos another process added (0: never)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
@@ -99,14 +103,14 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Open the index, then serve it until interrupted."""
+    """Open the index, pick where searches rank, then serve it until interrupted."""
     try:
         import uvicorn
 
         from .app import Settings, create_app
         from .compute import ComputeThread, freeze_heap
-        from .engine import Engine
         from .rankers import RankerError
+        from .service import Service
     except ImportError as exc:
         raise MissingExtra(f"'dicosa serve' needs FastAPI and uvicorn ({exc.name} is "
                            "missing): pip install 'dicosa[serve]'") from None
@@ -114,53 +118,59 @@ def run_serve(args: argparse.Namespace) -> int:
     for warning in binding_warnings(args.host, key):
         log.warning(warning)
     _check_counts(args)
-    threads = args.threads or (max(1, (os.cpu_count() or 1) // args.workers)
-                               if args.workers > 1 else 1 if args.rankers else None)
-    rankers = _start_rankers(args)  # they open the index beside this process
+    media_cache_bytes = _gigabytes(args.media_cache_size)
+    spec = _spec(args)
+    # this process's torch work (compute.py); one thread where rankers are asked for
+    compute = ComputeThread.for_process(1 if args.rankers else args.threads)
+    service = Service.open(spec, args.reload_interval, compute=compute, freeze_heap=True)
+    topology = _topology(args, str(service.engine.index.device), compute)
     try:
-        compute = ComputeThread.for_process(threads)  # this process's torch work (compute.py)
-        engine = compute.run(Engine.open, args.index, device=args.device,
-                             media_roots=tuple(args.media_root), text_tower=args.text_tower,
-                             query_cache=args.query_cache, timeline_rows=args.timeline_rows,
-                             populate=args.workers == 1 and not rankers)
-        if rankers is not None:
-            rankers.wait_ready()
-    except BaseException as exc:
-        if rankers is not None:
-            rankers.close()
-        if isinstance(exc, RankerError):  # one sentence
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        raise
+        rankers = _start_rankers(spec, topology, args.reload_interval)
+    except RankerError as exc:  # one sentence
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     hosts = allowed_hosts(args.host, args.allowed_host)
     shown = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"serving {len(engine.index)} videos of {args.index} at http://{shown}:{args.port}/ "
+    videos = len(service.engine.index)
+    print(f"serving {videos} videos of {args.index} at http://{shown}:{args.port}/ "
           f"(Ctrl-C stops){' with an API key' if key else ''}"
-          + (f" in {args.workers} processes" if args.workers > 1 else "")
-          + (f" with {args.rankers} rankers" if rankers else ""), flush=True)
-    if args.workers > 1:  # each worker opens the index itself: this one only checked it
-        from .workers import WorkerSettings, serve_workers
-
-        del engine
-        serve_workers(WorkerSettings(
-            index=str(args.index), device=args.device, media_roots=list(args.media_root),
-            text_tower=args.text_tower, query_cache=args.query_cache,
-            timeline_rows=args.timeline_rows, threads=threads, api_key=key,
-            allowed_hosts=None if hosts is None else list(hosts),
-            max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000,
-            reload_interval_s=args.reload_interval, workers=args.workers,
-            media_cache=args.media_cache, media_cache_bytes=_gigabytes(args.media_cache_size)),
-            args.host, args.port)
-        return 0
+          + (f" with {topology.rankers} rankers" if rankers else ""), flush=True)
+    print(f"searches rank in {topology.why}", flush=True)
     settings = Settings(api_key=key, allowed_hosts=hosts, max_batch=args.max_batch,
                         batch_wait_s=args.batch_wait_ms / 1000,
-                        reload_interval_s=args.reload_interval, freeze_heap=True,
-                        media_cache=args.media_cache,
-                        media_cache_bytes=_gigabytes(args.media_cache_size))
+                        reload_interval_s=args.reload_interval, topology=topology,
+                        media_cache=args.media_cache, media_cache_bytes=media_cache_bytes)
     freeze_heap()  # the open index out of the collector's walks (compute.py)
-    uvicorn.run(create_app(engine, settings, compute, rankers), host=args.host,
+    uvicorn.run(create_app(service, settings, compute, rankers), host=args.host,
                 port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     return 0
+
+
+def _spec(args: argparse.Namespace) -> EngineSpec:
+    """What the server and each ranker open: the index as the options say, its store mapped
+    in."""
+    from .spec import TIMELINE_ROWS, EngineSpec
+
+    return EngineSpec(str(args.index), device=args.device, media_roots=tuple(args.media_root),
+                      text_tower=args.text_tower, query_cache=args.query_cache,
+                      timeline_rows=args.timeline_rows or TIMELINE_ROWS, populate=True)
+
+
+def _topology(args: argparse.Namespace, device: str, compute: ComputeThread) -> Topology:
+    """Where searches rank: as ``--rankers`` says, else picked from the machine with the
+    index open (:func:`dicosa.serve.topology.choose`); the server then runs one torch thread
+    where rankers rank."""
+    import torch
+
+    from .machine import anonymous_bytes, available_bytes, cores
+    from .topology import choose
+
+    topology = choose(rankers=args.rankers, threads=args.threads,
+                      device=device, cores=cores(),
+                      available=available_bytes(), held=anonymous_bytes())
+    if topology.rankers and args.rankers is None:
+        compute.run(torch.set_num_threads, 1)
+    return topology
 
 
 def _gigabytes(value: float) -> int:
@@ -169,28 +179,32 @@ def _gigabytes(value: float) -> int:
     return int(value * (1 << 30))
 
 
-def _start_rankers(args: argparse.Namespace) -> Rankers | None:
-    """``--rankers N``'s processes, started (:mod:`dicosa.serve.rankers`), or None."""
-    if not args.rankers:
+def _start_rankers(spec: EngineSpec, topology: Topology,
+                   reload_interval_s: float) -> Rankers | None:
+    """The topology's ranker processes, started and ready (:mod:`dicosa.serve.rankers`), or
+    None where this process ranks."""
+    if not topology.rankers:
         return None
-    from .rankers import Rankers, RankerSettings
+    from .rankers import Rankers
 
-    return Rankers(args.rankers, RankerSettings(
-        index=str(args.index), device=args.device, media_roots=list(args.media_root),
-        text_tower=args.text_tower, query_cache=args.query_cache,
-        timeline_rows=args.timeline_rows, reload_interval_s=args.reload_interval))
+    rankers = Rankers(topology.rankers, spec, threads=topology.threads,
+                      alone_threads=topology.alone_threads,
+                      reload_interval_s=reload_interval_s)
+    rankers.wait_ready()  # closes them all if one cannot open the index
+    return rankers
 
 
 def _check_counts(args: argparse.Namespace) -> None:
-    for name in ("workers", "threads", "timeline_rows"):
+    if args.workers is not None:
+        raise ValueError("--workers is no longer an option: give --rankers N (one server "
+                         "process and N processes ranking its searches from one queue; "
+                         "docs/serve.md)")
+    for name in ("threads", "timeline_rows"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    if args.rankers < 0:
+    if args.rankers is not None and args.rankers < 0:
         raise ValueError(f"--rankers must be 0 or more, got {args.rankers}")
-    if args.rankers and args.workers > 1:
-        raise ValueError("--rankers and --workers are two ways to use several processes: "
-                         "give one of them")
     if args.query_cache < 0:
         raise ValueError(f"--query-cache must be 0 or more, got {args.query_cache}")
 

@@ -13,17 +13,15 @@ a second thread, and a 200,000-element product 12 µs against 55 µs.
 So a service process whose torch runs several threads opens its index, ranks, builds pages
 and reopens the index on one :class:`ComputeThread`, and no other thread of it runs torch:
 one team, whose workers spin between the many small regions of a search as they would in a
-script. With one torch thread (``dicosa serve --workers 2`` on two cores) there are no
-teams to keep apart, and the calls run where they are made: a worker then cuts one search's
-page while its batching thread ranks the next, which one thread would run one after the
-other (100k videos, 8 clients, 2 workers: 39.7 searches/s inline, 29.2 on one thread).
+script. With one torch thread (``dicosa serve --threads 1``, or a server given ``--rankers
+N``) there are no teams to keep apart, and the calls run where they are made.
 
 The compute thread releases the GIL in each of the hundreds of torch calls of a batch and
 must take it back from whichever request thread holds it then (parsing a request, building
 an answer's JSON); CPython makes a thread that asks wait up to its switch interval, 5 ms by
 default. In one script, a batch's rerank took 56-66 ms alone and 7-10 s beside one thread
 looping in Python at 5 ms, 0.3 s at 0.5 ms. A service process sets 1 ms
-(:data:`SWITCH_INTERVAL_S`): at 1M videos, 1 worker, 8 clients, 31.7-37.1 searches/s against
+(:data:`SWITCH_INTERVAL_S`): at 1M videos, one process, 8 clients, 31.7-37.1 searches/s against
 25.9-32.3 at 5 ms in three paired runs, p99 286-345 against 382-453 ms; a lone client's
 median unchanged (45.7-56.1 against 46.4-49.5 ms) (2026-11-26, benchmarks/RESULTS.md).
 """
@@ -108,7 +106,7 @@ def freeze_heap(again: bool = False) -> None:
     a pause of every search in flight, set off now and then by the answers' short-lived
     objects (one in 30 s of 8 clients in a server, 2026-11-27). Frozen, they are never
     walked, and a full collection walks only what came after; reference counting still
-    frees them. Only service processes do this (``dicosa serve``, each worker and ranker),
+    frees them. Only service processes do this (``dicosa serve`` and each ranker),
     once the index is open and after each reopening, never a library call: it is the whole
     process's setting. Giving them back costs one full collection per reopening (a pause as
     above, once); a snapshot still in a search's hands at that moment is frozen again, and

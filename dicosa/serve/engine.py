@@ -10,7 +10,7 @@ the files it may serve.
 An :class:`Engine` is a snapshot: nothing in it changes once it is open, and every request
 passes its parameters along (no shared search settings), so any number of requests use one at
 once. A collection that grows in another process is opened again as a new Engine and swapped
-in whole (``app.Service``): a search sees the old collection or the new one, never a mix.
+in whole (``service.Service``): a search sees the old collection or the new one, never a mix.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from torch import Tensor
 
 from ..data.datasets import VIDEO_EXTENSIONS
 from ..index import Hit, SearchResult, VideoIndex, open_index
+from ..integers import as_int
 from ..model import DiCoSA, TextFeatures
 from ..plugins.text import PICTURES, ranked_by
 from ..search.evidence import best_within, evidence_window
@@ -37,7 +38,9 @@ from ..search.moment import video_timelines
 from ..search.query import Query, parse_query
 from ..search.query_text import QueryText
 from ..search.types import EncodedQueries
-from .errors import ServeError, UnknownVideo
+from .errors import ServeError, UnknownMoment, UnknownVideo
+from .machine import available_bytes
+from .spec import TIMELINE_ROWS, EngineSpec
 
 __all__ = ["EXPLAINED_AS", "MEDIA_TYPES", "Answer", "Engine", "Ranked", "SearchRequest",
            "VideoFile", "rank_requests"]
@@ -48,13 +51,6 @@ _SCORE_CHUNK = 1024  # videos per DiCoSA.score call of "more like this"
 # the metadata a hit shows (_row_facts)
 _FACTS = ("path", "title", "duration", "fps", "expected_duration", "damage")
 TIMELINE_POINTS = 240  # frames a hit's timeline sends at most (a long video's are thinned)
-# Rows (segments) a hit's timeline scores at most by default (``dicosa serve --timeline-rows``):
-# its moments' rows and others spread evenly over the video (dicosa.search.moment.
-# timeline_rows). 10 hits of an hour-long video (~760 rows each) scored in full cost ~310 ms a
-# search at 1,000 hours (7,600 rows against the rerank's 1,000 candidates); at 16, a row every
-# ~4 min of an hour, 10 ms, and 8 clients got 33.5 searches/s against 21.2 at 48
-# (benchmarks/RESULTS.md, issue 32's seventh pass).
-TIMELINE_ROWS = 16
 # What <video> is told a file is; Chromium plays webm (VP8/VP9/AV1) and H.264 mp4.
 MEDIA_TYPES = {".mp4": "video/mp4", ".m4v": "video/mp4", ".webm": "video/webm",
                ".mkv": "video/x-matroska", ".mov": "video/quicktime", ".avi": "video/x-msvideo",
@@ -134,9 +130,11 @@ class Engine:
                  query_text: QueryText | None = None, timeline_rows: int = TIMELINE_ROWS):
         if index.model is None:
             raise ValueError("the service needs an index with its model attached")
-        if not (isinstance(timeline_rows, int) and timeline_rows >= 1):
+        rows = as_int(timeline_rows)
+        if rows is None or rows < 1:
             raise ValueError(f"a timeline scores at least 1 row of a video, got "
                              f"{timeline_rows!r}")
+        timeline_rows = rows
         if query_text is not None:  # a reopened snapshot keeps the tower and its cache
             index.query_text = query_text
         self.index = index
@@ -147,7 +145,7 @@ class Engine:
         self.default_mode = ("hybrid" if "lexical" in self.plugins and "hybrid" in index.modes
                              else "dense")
         self.opened_at = datetime.datetime.now(datetime.timezone.utc)
-        self.populated = False  # whether the store was mapped in when opened (open())
+        self.spec: EngineSpec | None = None  # what open() opened (None: made around an index)
         self.timeline_rows = timeline_rows  # the most rows of a video a hit's timeline scores
         self._sources: dict | None = None  # sources(), counted once
         self._dtype = next(self.model.parameters()).dtype
@@ -156,35 +154,37 @@ class Engine:
 
     # -- opening ------------------------------------------------------------------------
     @classmethod
-    def open(cls, directory: str | os.PathLike, *, model: DiCoSA | None = None,
-             device: str | None = None, media_roots: tuple[str | os.PathLike, ...] = (),
-             text_tower: str = "float", query_cache: int = 0,
-             query_text: QueryText | None = None, populate: bool = False,
-             timeline_rows: int | None = None) -> Engine:
-        """Open the index in ``directory`` with the model its manifest recorded (or
-        ``model``: reopening after a change reuses the weights) and its recorded plugins.
-        Queries are encoded by ``text_tower`` with a cache of ``query_cache`` texts
-        (:mod:`dicosa.search.query_text`), or by ``query_text`` (a reopened snapshot's).
-        ``populate``: map the frame store into the process first, where what the page cache
-        lacks of it fits in half the memory available (:meth:`FrameStore.populate`;
-        ``dicosa serve`` does). ``timeline_rows``: the most rows of a hit's video its timeline
-        scores (:meth:`timelines`; None: :data:`TIMELINE_ROWS`)."""
-        index = open_index(directory, model, device=device, towers="text")
+    def open(cls, spec: EngineSpec | str | os.PathLike, *, model: DiCoSA | None = None,
+             query_text: QueryText | None = None) -> Engine:
+        """Open the index ``spec`` names (a folder alone: :class:`EngineSpec`'s defaults)
+        with the model its manifest recorded (or ``model``: reopening after a change reuses
+        the weights) and its recorded plugins, as ``spec`` says; queries are encoded by
+        ``spec.text_tower`` (:mod:`dicosa.search.query_text`), or by ``query_text`` (a
+        reopened snapshot's, with its cache)."""
+        if not isinstance(spec, EngineSpec):
+            spec = EngineSpec(spec)
+        index = open_index(spec.index, model, device=spec.device, towers="text")
         if query_text is None:
-            query_text = index.configure_queries(text_tower, query_cache)
-        if populate:
-            index.store.populate(_available_bytes() // 2)
-        engine = cls(index, media_roots=media_roots, query_text=query_text,
-                     timeline_rows=TIMELINE_ROWS if timeline_rows is None else timeline_rows)
-        engine.populated = populate
+            query_text = index.configure_queries(spec.text_tower, spec.query_cache)
+        if spec.populate:
+            index.store.populate(available_bytes() // 2)
+        engine = cls(index, media_roots=spec.media_roots, query_text=query_text,
+                     timeline_rows=spec.timeline_rows)
+        engine.spec = spec
         return engine
 
+    @property
+    def populated(self) -> bool:
+        """Whether the store was mapped in when this snapshot was opened (:meth:`open`)."""
+        return self.spec is not None and self.spec.populate
+
     def reopen(self) -> Engine:
-        """The same index opened again (another process may have added videos), with the
-        same model, text tower, query cache, mapping of the store and timeline rows."""
-        return Engine.open(self.directory, model=self.model, device=str(self.index.device),
-                           media_roots=self.media_roots, query_text=self.index.query_text,
-                           populate=self.populated, timeline_rows=self.timeline_rows)
+        """The same index opened again (another process may have added videos) as its spec
+        says (one made around an index: its folder, media roots and timeline rows), with the
+        same model, text tower and query cache."""
+        spec = self.spec or EngineSpec(self.directory, media_roots=self.media_roots,
+                                       timeline_rows=self.timeline_rows)
+        return Engine.open(spec, model=self.model, query_text=self.index.query_text)
 
     def changed(self) -> bool:
         """Whether another writer committed since this snapshot was opened."""
@@ -349,7 +349,7 @@ class Engine:
         if row is not None:
             rows = rows[rows == self._row_id(row)]
             if not len(rows):
-                raise ServeError(f"row {row} is not a moment of video {seed}")
+                raise UnknownMoment(self._row_id(row), seed)
         clock = time.perf_counter()
         depth = offset + k
         proxy = torch.from_numpy(store.proxies(rows).mean(0, keepdims=True))  # [1, D]
@@ -540,14 +540,3 @@ def _hit(rank: int, hit: Hit, row: dict, moment: dict | None, explained: dict) -
     if explained:
         out["explain"] = explained
     return out
-
-
-def _available_bytes() -> int:
-    """The memory Linux says new work can have without swapping (MemAvailable; 0 elsewhere,
-    which maps nothing)."""
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f)
-        return int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..search.query import QueryError
 
-__all__ = ["BAD_REQUESTS", "NotReady", "ServeError", "UnknownVideo"]
+__all__ = ["BAD_REQUESTS", "NotReady", "ServeError", "UnknownMoment", "UnknownVideo"]
 
 
 class ServeError(ValueError):
@@ -18,6 +18,13 @@ class UnknownVideo(LookupError):
         text = str(video_id)
         shown = text if len(text) <= 40 else text[:37] + "..."
         super().__init__(f"no video with the id '{shown}' can be served")
+
+
+class UnknownMoment(LookupError):
+    """A row id that is not one of the video's live rows (HTTP 404)."""
+
+    def __init__(self, row: int, video: int):
+        super().__init__(f"row {row} is not a moment of video {video}")
 
 
 class NotReady(RuntimeError):

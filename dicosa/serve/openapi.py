@@ -1,10 +1,11 @@
 """``/openapi.json`` as the service really answers, and ``/docs`` served without a network.
 
-FastAPI's generated schema is corrected in three ways: its 422 validation answers are removed
-(the service answers a bad parameter with 400 ``{"error": ...}``, :mod:`.schemas`); with an
-API key, the ways to show it are declared as security schemes (so Swagger UI has an
-Authorize button) and every operation lists 401; with a Host check, every operation lists the
-400 it answers to a request for another name.
+FastAPI's generated schema is corrected in four ways: its 422 validation answers are removed
+(the service answers a bad parameter with 400 ``{"error": ...}``, :mod:`.schemas`); every
+parameter states the limits the service enforces (:mod:`.request_schema`); with an API key,
+the ways to show it are declared as security schemes (so Swagger UI has an Authorize button)
+and every operation lists 401; with a Host check, every operation lists the 400 it answers
+to a request for another name.
 
 ``/docs`` is Swagger UI from the ``swagger-ui-bundle-v2`` package, its script and stylesheet
 served by the app itself under ``/docs/assets`` (FastAPI's default page loads them from a
@@ -21,6 +22,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from .request_schema import state_limits
 from .schemas import ERROR_RESPONSES, ErrorBody
 from .security import COOKIE
 
@@ -47,10 +49,13 @@ _SCHEMES = {
 }
 
 
-def openapi_schema(app: FastAPI, *, api_key: bool, host_check: bool) -> dict[str, Any]:
-    """The schema of ``app``'s routes as the service answers them (module docstring)."""
+def openapi_schema(app: FastAPI, *, api_key: bool, host_check: bool,
+                   fields: dict[str, dict] | None = None) -> dict[str, Any]:
+    """The schema of ``app``'s routes as the service answers them (module docstring);
+    ``fields``: :func:`.request_schema.request_fields` of the limits and the index served."""
     schema = get_openapi(title=app.title, version=app.version, description=app.description,
                          routes=app.routes)
+    state_limits(schema, fields or {})
     components = schema.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):

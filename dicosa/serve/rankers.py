@@ -6,24 +6,23 @@ share one GIL: with two torch threads, one search at a time keeps part of the se
 spinning between torch's many small parallel regions; with two batching threads of one torch
 thread each, the request threads and both batches wait for the GIL in turn (at 1M videos
 37-38 searches/s against 54-58 for the same batches in a script without HTTP,
-benchmarks/RESULTS.md). ``--workers N`` gives each process its own GIL but also its own
-queue, and each client's keep-alive connection stays with the process that accepted it, so
-one process can have five busy clients and the other three.
+benchmarks/RESULTS.md).
 
 Here the server process keeps the HTTP side and the one :class:`~dicosa.serve.batching.
 Batcher`, and N ranker processes (started with ``spawn``: none inherits the server's torch
-threads) each open the index themselves with one torch thread, map the store in, and take
-whole batches: rank them together (:meth:`Engine.rank`), cut each search's page
-(:meth:`Engine.answer`), and send back the answers, which carry no tensors (a few kilobytes
+threads) each open the index themselves from the service's
+:class:`~dicosa.serve.spec.EngineSpec` (the store mapped in) and take whole batches: rank them
+together and cut each search's page (:func:`~dicosa.serve.ranking.answers`, as the server
+does in one process), and send back the answers, which carry no tensors (a few kilobytes
 each). A batch goes to whichever ranker is free, so every search waits in one queue. The
 frame store's pages are in the page cache once for all processes; each process holds its own
-model and first stage.
+model and first stage. :class:`Rankers` is a :class:`~dicosa.serve.ranking.Ranking`.
 
 Each ranker looks for a finished change to the index between batches, at most every
-``reload_interval_s``, and reopens it, as each process of ``--workers`` does (the server's
-own snapshot, which answers the media routes and "more like this", reopens on its own
-watcher): for about that long a search may be ranked on the new collection and its links
-served from the old.
+``reload_interval_s``, and reopens it (:meth:`Service.reload_if_due
+<dicosa.serve.service.Service.reload_if_due>`; the server's own snapshot, which answers the
+media routes and "more like this", reopens on its own watcher): for about that long a search
+may be ranked on the new collection and its links served from the old.
 
 A ranker that dies (killed, out of memory) fails the searches of the batch it held with one
 sentence, and a new one is started in its place before that slot takes another batch.
@@ -34,21 +33,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import os
 import pickle
 import queue
 import signal
 import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from .compute import freeze_heap
-from .engine import Answer, Engine, SearchRequest, rank_requests
+from .engine import Engine, SearchRequest
 from .errors import ServeError
+from .machine import cores
+from .ranking import Done, Outcome, answers, fair_share
+from .service import Service
+from .spec import EngineSpec
 
-__all__ = ["RankerError", "RankerSettings", "Rankers"]
+__all__ = ["RankerError", "Rankers"]
 
 log = logging.getLogger("dicosa.serve")
 OPEN_TIMEOUT_S = 1800.0  # a ranker opening a large index (1M videos: about a minute here)
@@ -58,37 +58,28 @@ class RankerError(RuntimeError):
     """A ranker process could not open the index or ended while ranking (one sentence)."""
 
 
-@dataclass
-class RankerSettings:
-    """What each ranker process needs to open the index (as ``dicosa serve`` was given)."""
+@dataclass(frozen=True)
+class _Job:
+    """What a ranker process is started with: the index to open, how often to look for a
+    change, its torch threads."""
 
-    index: str
-    device: str | None = None
-    media_roots: list[str] = field(default_factory=list)
-    text_tower: str = "auto"
-    query_cache: int = 0
-    timeline_rows: int | None = None  # None: the engine's default
-    reload_interval_s: float = 2.0
-    threads: int = 1  # torch threads of a ranker while another ranker is busy too
-    alone_threads: int = field(default_factory=lambda: os.cpu_count() or 1)  # while none is
-
-
-# What a ranker sends back for each search: its answer, or the exception its search raised.
-Outcome = tuple[bool, "Answer | BaseException"]
+    spec: EngineSpec
+    reload_interval_s: float
+    threads: int
 
 
 class _Ranker:
     """One ranker process and the server's end of its pipe."""
 
-    def __init__(self, context, settings: RankerSettings, number: int):
-        self._context, self._settings, self.number = context, settings, number
+    def __init__(self, context, job: _Job, number: int):
+        self._context, self._job, self.number = context, job, number
         self.process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
         self.stopping = False  # stop() was called: an ended process is not started again
 
     def start(self) -> None:
         mine, theirs = self._context.Pipe()
-        self.process = self._context.Process(target=_serve_batches, args=(theirs, self._settings),
+        self.process = self._context.Process(target=_serve_batches, args=(theirs, self._job),
                                              name=f"dicosa-ranker-{self.number}", daemon=True)
         self.process.start()
         theirs.close()
@@ -145,15 +136,19 @@ class _Ranker:
 
 
 class Rankers:
-    """``count`` ranker processes on one index (module docstring). :meth:`acquire` waits for
-    a free one; :meth:`submit` ranks a batch on it in the background and frees it after."""
+    """``count`` ranker processes opening ``spec`` (module docstring), each ranking on
+    ``threads`` torch threads while another ranker is busy and on ``alone_threads`` (None:
+    every core) while it ranks alone; each looks for a change to the index every
+    ``reload_interval_s`` between batches (0: never)."""
 
-    def __init__(self, count: int, settings: RankerSettings):
+    def __init__(self, count: int, spec: EngineSpec, *, threads: int = 1,
+                 alone_threads: int | None = None, reload_interval_s: float = 2.0):
         if count < 1:
             raise ValueError(f"there must be at least 1 ranker, got {count}")
         context = multiprocessing.get_context("spawn")
-        self._settings = settings
-        self._all = [_Ranker(context, settings, n) for n in range(count)]
+        self.threads, self.alone_threads = threads, alone_threads or cores()
+        job = _Job(spec, reload_interval_s, threads)
+        self._all = [_Ranker(context, job, n) for n in range(count)]
         self._free: queue.Queue[_Ranker] = queue.Queue()
         self._busy, self._lock = 0, threading.Lock()  # searches the rankers hold now
         for ranker in self._all:
@@ -199,16 +194,20 @@ class Rankers:
         self.wait_ready()
         return self._free.get()
 
-    def submit(self, ranker: _Ranker, requests: list[SearchRequest],
-               done: Callable[[list[Outcome] | BaseException], None],
-               quiet: bool = False) -> None:
-        """Rank ``requests`` on ``ranker`` (from :meth:`acquire`) in a thread of this process
-        that waits for the answers; ``done`` gets the outcomes, or the error that ended the
-        batch; the ranker is free again after. ``quiet``: no other search is queued or on its
-        way; then, when every other ranker is idle too, the batch ranks on
-        ``settings.alone_threads`` (a lone search gets the cores), else on ``threads``."""
+    def share(self, waiting: int, max_batch: int) -> int:
+        """A free ranker's share of the searches in the server (:func:`fair_share`)."""
+        return fair_share(waiting, self._busy, len(self._all), max_batch)
+
+    def submit(self, ranker: _Ranker, engine: Engine, requests: list[SearchRequest],
+               done: Done, quiet: bool = False) -> None:
+        """Rank ``requests`` on ``ranker`` (from :meth:`acquire`; it ranks on its own
+        snapshot, not ``engine``) in a thread of this process that waits for the answers;
+        ``done`` gets the outcomes, or the error that ended the batch; the ranker is free
+        again after. ``quiet``: no other search is queued or on its way; then, when every
+        other ranker is idle too, the batch ranks on ``alone_threads`` (a lone search gets
+        the cores), else on ``threads``."""
         alone = quiet and self._free.qsize() == len(self._all) - 1
-        threads = self._settings.alone_threads if alone else self._settings.threads
+        threads = self.alone_threads if alone else self.threads
         with self._lock:
             self._busy += len(requests)
 
@@ -232,25 +231,21 @@ class Rankers:
 
 
 # -- in the ranker process ---------------------------------------------------------------------
-def _serve_batches(conn: Connection, settings: RankerSettings) -> None:
+def _serve_batches(conn: Connection, job: _Job) -> None:
     """A ranker process: open the index, say so, then rank batches until told to stop."""
     import torch
 
     from ..errors import USER_ERRORS
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops its rankers itself
-    torch.set_num_threads(settings.threads)
+    torch.set_num_threads(job.threads)
     try:
-        engine = Engine.open(settings.index, device=settings.device,
-                             media_roots=tuple(settings.media_roots),
-                             text_tower=settings.text_tower, query_cache=settings.query_cache,
-                             timeline_rows=settings.timeline_rows, populate=True)
+        service = Service.open(job.spec, job.reload_interval_s, freeze_heap=True)
     except USER_ERRORS as exc:
         conn.send(("failed", str(exc)))
         return
     freeze_heap()  # the open index out of the collector's walks (compute.py)
-    conn.send(("ready", str(len(engine.index))))
-    interval, looked = settings.reload_interval_s, time.monotonic()
+    conn.send(("ready", str(len(service.engine.index))))
     while True:
         try:
             batch = conn.recv()
@@ -259,44 +254,12 @@ def _serve_batches(conn: Connection, settings: RankerSettings) -> None:
         if batch is None:
             return
         requests, threads = batch
-        if interval > 0 and time.monotonic() - looked >= interval:
-            new, looked = _reopened(engine), time.monotonic()
-            if new is not engine:
-                engine = new
-                del new
-                freeze_heap(again=True)  # the old snapshot collected, the new one frozen
+        service.reload_if_due()  # the old snapshot, if replaced, collected and refrozen
         if threads != torch.get_num_threads():
             torch.set_num_threads(threads)
         with torch.inference_mode():
-            conn.send(_answers(engine, requests))
-
-
-def _reopened(engine: Engine) -> Engine:
-    """``engine`` opened again if another process finished changing the index."""
-    try:
-        return engine.reopen() if engine.outdated() else engine
-    except Exception as exc:  # keep ranking on the previous snapshot; look again later
-        log.warning("a ranker could not reopen the index (still ranking the previous one): %s",
-                    exc)
-        return engine
-
-
-def _answers(engine: Engine, requests: list[SearchRequest]) -> list[Outcome]:
-    """Each request ranked with the others and its page cut; a batch that fails is run again
-    one search at a time, so a search that fails fails alone."""
-    try:
-        ranked = rank_requests(engine, requests)
-        return [_outcome(engine.answer, request, r)
-                for request, r in zip(requests, ranked, strict=True)]
-    except Exception:
-        return [_outcome(engine.search, request) for request in requests]
-
-
-def _outcome(fn: Callable[..., Answer], *args) -> Outcome:
-    try:
-        return True, fn(*args)
-    except Exception as exc:  # the search's own error, for its request
-        return False, _sendable(exc)
+            outcomes = answers(service.engine, requests)
+        conn.send([(ok, value if ok else _sendable(value)) for ok, value in outcomes])
 
 
 def _sendable(exc: BaseException) -> BaseException:

@@ -97,12 +97,16 @@ class SourcesInfo(_Answer):
 
 
 class ServerInfo(_Answer):
-    pid: int = Field(description="the process that answered (one of the workers)")
-    workers: int = Field(description="processes serving this index (dicosa serve --workers)")
-    threads: int = Field(description="torch threads of each process")
+    pid: int = Field(description="the server process that answered")
+    threads: int = Field(description="torch threads of the process that ranks (a ranker's "
+                                     "while another ranker is busy)")
     max_batch: int = Field(description="searches ranked together at most (1: no batching)")
-    rankers: int = Field(description="processes that rank this server's searches, each with "
-                                     "one torch thread (dicosa serve --rankers; 0: this one)")
+    rankers: int = Field(description="processes that rank this server's searches "
+                                     "(dicosa serve --rankers; 0: this one)")
+    chosen: Literal["options", "machine"] = Field(
+        description="whether the options said where searches rank, or the service picked "
+                    "it from the machine")
+    why: str = Field(description="where searches rank and why, in words")
 
 
 class Info(_Answer):

@@ -15,22 +15,35 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..integers import as_int
 from .fts import Done
 from .lines import SourceReport, SourceUnavailable, TextLine, assign
 from .ocr import screen_lines
 from .speech import Recognizer, make_recognizer, merge_spans, speech_lines
 from .subtitles import subtitle_lines
 
-__all__ = ["DEFAULT_OCR_FRAMES", "TextReader", "TextSettings"]
+__all__ = ["DEFAULT_OCR_FRAMES", "ReadElsewhere", "ReadJob", "ReadOutcome", "TextReader",
+           "TextSettings",
+           "read_jobs"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_OCR_FRAMES = 3  # frames read by OCR per row
 _KEPT_VIDEOS = 8  # videos whose subtitle lines a reader keeps for their next rows
+
+# TextReader.read's arguments: row ids [n], their videos' paths, spans start/end [n], and
+# the rows each source must read (source -> bool [n])
+ReadJob = tuple[np.ndarray, list[str], np.ndarray, np.ndarray, dict[str, np.ndarray]]
+# One job's outcome: (row, line) pairs, (row, Done) records, the reports, the sources that
+# could not run (source -> why)
+ReadOutcome = tuple[list, list, dict[str, SourceReport], dict[str, str]]
+# Runs jobs somewhere else (a cluster's workers), giving back each one's outcome
+ReadElsewhere = Callable[["TextSettings", list[ReadJob]], Iterable[ReadOutcome]]
 
 
 @dataclass(frozen=True)
@@ -46,10 +59,11 @@ class TextSettings:
     def __post_init__(self) -> None:
         if self.speech is not None:
             make_recognizer(self.speech)  # an unknown engine is one sentence now
-        if isinstance(self.ocr_frames, bool) or not isinstance(self.ocr_frames, int) or (
-                self.ocr_frames < 0):
+        frames = as_int(self.ocr_frames)
+        if frames is None or frames < 0:
             raise ValueError(f"ocr_frames must be a number of frames >= 0, got "
                              f"{self.ocr_frames!r}")
+        object.__setattr__(self, "ocr_frames", frames)  # numpy's integers as Python's
 
     def engines(self) -> dict[str, str]:
         """Each source read, and the engine its rows are recorded with."""
@@ -160,3 +174,13 @@ class TextReader:
             done.append((row, Done(report.source, engine, int(count[position]),
                                    float(report.seconds * share[position]),
                                    round(report.frames * share[position]), note)))
+
+
+def read_jobs(settings: TextSettings, jobs: Iterable[ReadJob],
+              recognizer: Recognizer | None = None) -> Iterator[ReadOutcome]:
+    """Each job read by a fresh :class:`TextReader` sharing ``recognizer`` (loaded once by
+    the caller): what a worker that reads for another process runs."""
+    for job in jobs:
+        reader = TextReader(settings, recognizer)
+        lines, done = reader.read(*job)
+        yield lines, done, reader.reports, reader.unavailable

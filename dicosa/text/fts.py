@@ -179,9 +179,9 @@ class TextIndex:
                                        ).fetchone()
         except sqlite3.DatabaseError as exc:
             connection.close()
-            raise TextIndexError(f"{path} is not a usable text index ({exc}); 'python -m "
-                                 "dicosa check INDEX --repair' deletes it and the next "
-                                 "'index' run reads the videos' text again") from None
+            raise TextIndexError(f"{path} is not a usable text index ({exc}); 'dicosa check "
+                                 "INDEX --repair' deletes it and the next 'dicosa index' run "
+                                 "reads the videos' text again") from None
         if found is None or found[0] != FORMAT:
             connection.close()
             raise TextIndexError(f"{path} is a text index of format {found and found[0]}, "

@@ -1,0 +1,51 @@
+"""What the service opens: one index with its model, the same in every process that searches.
+
+An :class:`EngineSpec` is built once from ``dicosa serve``'s options and handed to
+:meth:`Engine.open <dicosa.serve.engine.Engine.open>` by the server and by each ranker
+process (:mod:`dicosa.serve.rankers`); a reopened snapshot keeps it. It is frozen and
+picklable: a ranker process receives it as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+__all__ = ["TIMELINE_ROWS", "EngineSpec"]
+
+# Rows (segments) a hit's timeline scores at most by default (``dicosa serve --timeline-rows``):
+# its moments' rows and others spread evenly over the video (dicosa.search.moment.
+# timeline_rows). 10 hits of an hour-long video (~760 rows each) scored in full cost ~310 ms a
+# search at 1,000 hours (7,600 rows against the rerank's 1,000 candidates); at 16, a row every
+# ~4 min of an hour, 10 ms, and 8 clients got 33.5 searches/s against 21.2 at 48
+# (benchmarks/RESULTS.md, "1,000 hours of video served").
+TIMELINE_ROWS = 16
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One index as the service opens it.
+
+    Args:
+        index: the index folder.
+        device: where to search (None: CUDA if present).
+        media_roots: folders whose videos may be streamed (empty: each video's own folder).
+        text_tower: how queries are encoded (:mod:`dicosa.search.query_text`; ``auto``:
+            ``packed`` on a CPU, ``float`` on a GPU).
+        query_cache: query texts whose encodings are kept (0: none).
+        timeline_rows: the most rows of a hit's video its timeline scores.
+        populate: map the frame store in when opening, where what the page cache lacks of it
+            fits in half the memory available (:meth:`FrameStore.populate`).
+    """
+
+    index: str
+    device: str | None = None
+    media_roots: tuple[str, ...] = ()
+    text_tower: str = "auto"
+    query_cache: int = 1024
+    timeline_rows: int = TIMELINE_ROWS
+    populate: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "index", os.fspath(self.index))
+        object.__setattr__(self, "media_roots", tuple(os.fspath(r) for r in self.media_roots))

@@ -1,0 +1,92 @@
+"""How the service spreads its searches over processes and torch threads, and why.
+
+Two topologies: this process ranks the searches (``rankers == 0``), or it keeps HTTP and the
+one batcher while ``rankers`` processes rank whole batches and cut their pages
+(:mod:`dicosa.serve.rankers`). Given no ``--rankers``, :func:`choose` picks from the machine:
+
+- searches on a GPU: one process (ranker processes would each hold the model on the device;
+  not measured);
+- one CPU core: one process (a ranker needs a core of its own);
+- 2 cores or more: :data:`RANKERS` rankers where the memory holds them. On the 2-core
+  machine two rankers served 8 clients at 54.1 searches/s, p99 213 ms, at 100,000 videos
+  against 44.6/s, 238 ms in one process, and 46.4-58.0/s against 30.9-44.7/s at 1,000,000; a
+  lone client waited 36 against 32 ms at 100k (docs/serve.md, "Load"). More rankers on more
+  cores are not measured: two stay, each running half the cores.
+
+Memory: a ranker holds about what the server holds once the index is open (at 1M 2.5 GiB each
+against the server's 2.4), and twice that for a moment while it reopens the index after a
+change. So rankers are chosen only where the memory available holds twice theirs, measured
+from the server's own once it has opened the index (``held``).
+
+Threads: one process runs ``--threads`` or torch's default (every core); a ranker runs
+``--threads`` or ``cores // rankers`` while another ranker is busy and every core when it
+ranks alone (nothing else queued), and the server process then runs one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RANKERS", "Topology", "choose"]
+
+RANKERS = 2  # the ranker processes a CPU of 2 cores or more gets (module docstring)
+_GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where searches are ranked: ``rankers`` processes (0: this one) and their threads."""
+
+    rankers: int = 0
+    threads: int | None = None  # torch threads of whoever ranks (None: torch's default); a
+    # ranker's while another ranker is busy
+    alone_threads: int | None = None  # a ranker's while it ranks alone (None: ``threads``)
+    chosen: str = "options"  # "options": as given; "machine": picked from the machine
+    why: str = "this process"  # where searches rank and why, a phrase ("2 ranker processes: ...")
+
+    @property
+    def server_threads(self) -> int | None:
+        """Torch threads of the server process (one where rankers rank)."""
+        return 1 if self.rankers else self.threads
+
+    def as_dict(self) -> dict:
+        return {"rankers": self.rankers, "chosen": self.chosen, "why": self.why}
+
+
+def choose(*, rankers: int | None, threads: int | None, device: str, cores: int,
+           available: int, held: int) -> Topology:
+    """The topology for ``rankers`` and ``threads`` as given (None: not given) on a machine
+    of ``cores`` cores with ``available`` bytes of memory available, the server holding
+    ``held`` bytes with the index open, searching on ``device`` (module docstring)."""
+    if rankers is not None:
+        why = (f"{rankers} ranker processes, as --rankers {rankers} says" if rankers else
+               "this process, as --rankers 0 says")
+        return _ranked_by(rankers, threads, cores, "options", why)
+    if not device.startswith("cpu"):
+        return _ranked_by(0, threads, cores, "machine", f"this process: searches run on "
+                          f"{device} (ranker processes each holding the model there are not "
+                          "measured)")
+    if cores < 2:
+        return _ranked_by(0, threads, cores, "machine", "this process: 1 CPU core, none for "
+                          "a second process")
+    need = 2 * RANKERS * held
+    if not (available and held):
+        return _ranked_by(0, threads, cores, "machine", "this process: the memory available "
+                          "could not be read")
+    if available < need:
+        return _ranked_by(0, threads, cores, "machine", f"this process: {RANKERS} ranker "
+                          f"processes would hold ~{RANKERS * held / _GIB:.1f} GiB (twice that "
+                          f"while they reopen the index), {available / _GIB:.1f} GiB is "
+                          "available")
+    return _ranked_by(RANKERS, threads, cores, "machine", f"{RANKERS} ranker processes: "
+                      f"{cores} CPU cores, {available / _GIB:.1f} GiB available, ~"
+                      f"{held / _GIB:.1f} GiB each; on 2 cores they served 8 clients at 54.1 "
+                      "searches/s, p99 213 ms, against 44.6/s, 238 ms in one process "
+                      "(100,000 videos, docs/serve.md)")
+
+
+def _ranked_by(rankers: int, threads: int | None, cores: int, chosen: str,
+               why: str) -> Topology:
+    if not rankers:
+        return Topology(0, threads, None, chosen, why)
+    return Topology(rankers, threads or max(1, cores // rankers), max(1, cores), chosen, why)
