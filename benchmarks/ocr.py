@@ -45,6 +45,7 @@ from pathlib import Path
 
 from common import environment, report
 
+from dicosa.text.lines import SourceUnavailable
 from dicosa.text.ocr import MIN_SIDE, frame_times, read_lines
 from dicosa.text.query import words_of
 
@@ -245,8 +246,11 @@ def main() -> None:
         if footage is None:
             report({**result, "skipped": why}, args.out)
             return
-        result["text_free"] = text_free(footage, args.split, stride, mirror, reader)
-        result["captions"] = captions(footage, chosen, reader)
+        try:
+            result["text_free"] = text_free(footage, args.split, stride, mirror, reader)
+            result["captions"] = captions(footage, chosen, reader)
+        except SourceUnavailable as exc:  # Tesseract not installed: said, not measured
+            result = {**result, "skipped": str(exc)}
     report(result, args.out)
 
 

@@ -30,7 +30,7 @@ from dicosa.text.ocr import screen_lines
 from dicosa.text.query import SNIPPET_CHARS, words_of
 
 from ._real_footage import srt_text
-from ._text_media import have
+from ._system import needs
 from .conftest import tiny_config
 
 # A film of four real parts (cuts at 4, 8 and 11 s) and its hand-written subtitles: seven cues,
@@ -243,7 +243,7 @@ def test_a_read_only_index_answers_text_queries_and_checks_clean(built, tmp_path
 
 
 # -- OCR ----------------------------------------------------------------------------------------
-@pytest.mark.skipif(not have("tesseract"), reason="Debian's tesseract-ocr is not installed")
+@needs("tesseract", "fonts")
 def test_ocr_reads_burned_captions_and_invents_nothing(real_footage):
     """No line on the three samples (no text in them); the words of a lower third on bikes
     and of an outlined title over Big Buck Bunny's grass, read at their time."""
@@ -262,6 +262,7 @@ def test_ocr_reads_burned_captions_and_invents_nothing(real_footage):
 
 
 # -- the page -------------------------------------------------------------------------------
+@needs("chromium", "chromedriver")
 def test_the_page_shows_the_line_that_matched(engine):
     """In Chromium: the source control is there (the index has subtitles); words alone find
     the film with its line under the moments, the query's words marked, its thumbnail at the
@@ -274,10 +275,8 @@ def test_the_page_shows_the_line_that_matched(engine):
     from dicosa.serve.app import Settings, create_app
 
     from ._serve import served
-    from .test_serve_browser import CHROMIUM, DRIVER, chromium, click, open_page, wait_settled
+    from .test_serve_browser import chromium, click, open_page, wait_settled
 
-    if not (DRIVER.is_file() and CHROMIUM):
-        pytest.skip("needs Chromium and chromedriver (Debian: chromium chromium-driver)")
     browser = chromium()
     try:
         with served(create_app(engine, Settings(reload_interval_s=0))) as base:
