@@ -80,7 +80,7 @@ class TextRanking:
     ranks: dict[int, int] = field(default_factory=dict)  # row -> 1-based text rank (ties shared)
     shares: dict[int, float] = field(default_factory=dict)  # row -> BM25 / the best BM25
     by_row: dict[int, Match] = field(default_factory=dict)  # row -> its best line
-    held: tuple[str, ...] = ()  # the searched sources the index reads or holds lines of
+    held: tuple[str, ...] = ()  # the searched sources the index holds lines of
 
     @property
     def text(self) -> bool:
@@ -261,10 +261,9 @@ class TextPlugin:
                      ", ".join(self.settings.engines()))
 
     def present(self) -> set[str]:
-        """The text sources the index reads, or holds lines of (read once)."""
+        """The text sources the index holds lines of (counted once)."""
         if self._present is None:
-            held = set() if self.index is None else self.index.sources()
-            self._present = held | set(self.settings.engines())
+            self._present = set() if self.index is None else self.index.sources()
         return self._present
 
     def sources(self) -> dict[str, dict]:
@@ -493,15 +492,15 @@ def said(ranking: TextRanking, found: Match) -> dict:
 
 def ranked_by(result: SearchResult) -> dict:
     """What ranked a search's hits: ``{"by": "pictures" | "words" | "pictures and words",
-    "sources": the text sources searched that the index has}``. Words count where a
-    candidate matched a line (a query that matched none keeps DiCoSA's scores); a search of
-    words alone is ranked by them even where nothing matched (it has no hits)."""
+    "sources": the text sources searched that the index holds lines of}``. Words count
+    where a candidate matched a line (a query that matched none keeps DiCoSA's scores); a
+    search of words alone is ranked by them even where nothing matched (it has no hits)."""
     ranking = _ranking_of(result)
     if ranking is None or not ranking.text:
         return dict(PICTURES)
-    sources = list(ranking.held or ranking.sources)
+    sources = list(ranking.held)
     if not ranking.visual:
-        return {"by": "words", "sources": sources}
+        return {"by": "words", "sources": sources or list(ranking.sources)}
     matched = any(int(row) in ranking.ranks for row in result.ids.tolist() if row >= 0)
     return {"by": "pictures and words" if matched else "pictures", "sources": sources}
 

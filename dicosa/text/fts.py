@@ -298,8 +298,9 @@ class TextIndex:
                          "ORDER BY start_s, id", (int(row),))
 
     def sources(self) -> set[str]:
-        """The sources any row has been read by."""
-        return {source for (source,) in self._all("SELECT DISTINCT source FROM done")}
+        """The sources that found a line in any row."""
+        return {source for (source,) in self._all(
+            "SELECT source FROM done WHERE lines > 0 GROUP BY source")}
 
     def stats(self) -> dict[str, dict]:
         """Per source: rows read, rows with lines, lines, their placements in rows, seconds
