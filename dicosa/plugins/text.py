@@ -81,6 +81,8 @@ class TextRanking:
     shares: dict[int, float] = field(default_factory=dict)  # row -> BM25 / the best BM25
     by_row: dict[int, Match] = field(default_factory=dict)  # row -> its best line
     held: tuple[str, ...] = ()  # the searched sources the index holds lines of
+    # row -> its rank by DiCoSA among the candidates (competition ranks; made on first need)
+    picture_ranks: dict[int, int] | None = field(default=None, repr=False)
 
     @property
     def text(self) -> bool:
@@ -394,9 +396,12 @@ class TextPlugin:
         if found is None:
             return None
         if ranking.visual:
-            dicosa = np.where(result.ids >= 0, result.dicosa.double().numpy(), -np.inf)
-            at = np.flatnonzero(result.ids == hit.row)
-            rank = int(competition_ranks(dicosa)[at[0]]) if len(at) else 0
+            if ranking.picture_ranks is None:  # once per search, for all its hits
+                dicosa = np.where(result.ids >= 0, result.dicosa.double().numpy(), -np.inf)
+                ranking.picture_ranks = dict(zip(result.ids.tolist(),
+                                                 competition_ranks(dicosa).tolist(),
+                                                 strict=True))
+            rank = ranking.picture_ranks.get(hit.row, 0)
             picture = 1.0 / (self.rrf_k + rank) if rank > 0 else 0.0
             words = (self.text_weight * ranking.shares[hit.row]
                      / (self.rrf_k + ranking.ranks[hit.row]))
