@@ -17,6 +17,7 @@ import contextlib
 import io
 import shutil
 import threading
+from email.utils import formatdate
 from pathlib import Path
 
 import av
@@ -112,6 +113,9 @@ def test_an_avi_is_sent_converted_and_head_answers_as_get(client):
     assert hit["media_type"] == "video/mp4"  # what the stream sends, not the AVI's type
     got = client.get(hit["video"])
     head = client.head(hit["video"])
+    source = client.app.state.service.engine.video(hit["id"]).path
+    # a converted file's version is its source's, not the time the cache last used it
+    assert head.headers["last-modified"] == formatdate(source.stat().st_mtime, usegmt=True)
     assert got.status_code == head.status_code == 200 and head.content == b""
     for name in ("content-type", "content-length", "accept-ranges", "etag", "last-modified"):
         assert head.headers[name] == got.headers[name], name

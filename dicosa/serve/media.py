@@ -101,18 +101,19 @@ class _FileRange(FileResponse):
         await super().__call__({**scope, "headers": headers}, receive, send)
 
 
-def file_response(file: VideoFile, headers: dict[str, str], etag: str | None = None
-                  ) -> Response:
+def file_response(file: VideoFile, headers: dict[str, str], etag: str | None = None,
+                  modified: float | None = None) -> Response:
     """The response to a GET or HEAD of ``file`` with request ``headers`` (lower-case
-    names); ``etag``: the file's version where its size and modification time do not say
-    it (a converted file, whose modification time marks its last use)."""
+    names); ``etag`` and ``modified`` (a time stamp): the file's version where its own size
+    and modification time do not say it (a converted file, whose modification time marks its
+    last use, is the version of its source)."""
     try:
         stat = os.stat(file.path)  # now: the file may have changed since it was checked
     except OSError:  # removed or made unreadable since it was checked
         raise UnknownVideo(file.id) from None
     etag = etag or f'"{stat.st_size:x}-{int(stat.st_mtime * 1000):x}"'
     common = {"Accept-Ranges": "bytes", "ETag": etag, "Cache-Control": "private, no-cache",
-              "Last-Modified": formatdate(stat.st_mtime, usegmt=True)}
+              "Last-Modified": formatdate(modified or stat.st_mtime, usegmt=True)}
     if headers.get("if-none-match") == etag:
         return Response(status_code=304, headers=common)
     wanted = headers.get("range")
@@ -136,7 +137,9 @@ def stream_response(file: VideoFile, headers: dict[str, str], cache: MediaCache 
         return file_response(file, headers)
     path, media_type, converted = cache.get(file.path, file.size, file.mtime)
     served = dataclasses.replace(file, path=path, media_type=media_type)
-    return file_response(served, headers, etag=f'"{path.stem}"' if converted else None)
+    if not converted:
+        return file_response(served, headers)
+    return file_response(served, headers, etag=f'"{path.stem}"', modified=file.mtime)
 
 
 def served_type(file: VideoFile, cache: MediaCache | None) -> str:
