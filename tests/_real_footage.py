@@ -12,6 +12,8 @@ imageio-ffmpeg, a dependency) makes the rest from them, each with what a test ca
 - :meth:`Footage.anamorphic`: non-square pixels (a sample aspect ratio) that a player stretches;
 - :meth:`Footage.avi`: AVIs in the codecs browsers cannot play (XviD, DIV3, Cinepak);
 - :meth:`Footage.burned`: words drawn into the pictures over a time range (``drawtext``);
+- :meth:`Footage.caption`: words drawn over a whole short clip at a chosen place, size and
+  style (a box, an outline, or neither), for measuring OCR;
 - :meth:`Footage.with_subtitles`: a SubRip track muxed into an MKV;
 - :meth:`Footage.truncated`: a broken download (the first part of a file's bytes);
 - :meth:`Footage.film`: a join together with every cut in it, the samples' own cuts included
@@ -214,6 +216,25 @@ class Footage:
             run_ffmpeg("-stream_loop", "-1", "-i", str(source or self.bikes),
                        "-t", str(seconds), "-vf", draw, "-c:v", "libx264", "-preset",
                        "ultrafast", "-crf", "18", "-pix_fmt", "yuv420p", "-an", str(path))
+        return path
+
+    def caption(self, text: str, name: str, *, source: Path | None = None,
+                seconds: float = 3.0, size: int = 40, x: str = "(w-text_w)/2",
+                y: str = "h-text_h-20", style: str = "box") -> Path:
+        """``source``'s (default bikes) first ``seconds`` with ``text`` drawn white in DejaVu
+        Sans Bold ``size`` px high at ``x``, ``y`` (FFmpeg expressions) for the whole clip;
+        ``style``: ``box`` (on a translucent dark box: a lower third), ``border`` (a 2 px black
+        outline: burned-in subtitles) or ``plain``."""
+        looks = {"box": ":box=1:boxcolor=black@0.6:boxborderw=8",
+                 "border": ":borderw=2:bordercolor=black", "plain": ""}[style]
+        path, made = self._out(name)
+        if not made:
+            words = text.replace("'", "\u2019").replace(":", r"\:")
+            draw = (f"drawtext=fontfile={FONT}:text='{words}':fontsize={size}:"
+                    f"fontcolor=white{looks}:x={x}:y={y}")
+            run_ffmpeg("-i", str(source or self.bikes), "-t", str(seconds), "-vf", draw,
+                       "-c:v", "libx264", "-preset", "ultrafast", "-crf", "18",
+                       "-pix_fmt", "yuv420p", "-an", str(path))
         return path
 
     def with_subtitles(self, video: Path, cues: list[tuple[float, float, str]],

@@ -54,8 +54,9 @@ NEEDS = {
     "chromedriver": Need("chromedriver", ("chromium-driver",), BROWSER,
                          programs=("chromedriver",)),
     "tesseract": Need("tesseract", ("tesseract-ocr", "tesseract-ocr-eng"),
-                      "the OCR tests (tests/test_text_sources.py, the Ray job's in "
-                      "tests/test_index_ray.py) and benchmarks/text_sources.py's OCR cost",
+                      "the OCR tests (tests/test_text_sources.py, tests/test_text_real.py, "
+                      "the Ray job's in tests/test_index_ray.py), benchmarks/ocr.py and "
+                      "benchmarks/text_sources.py's OCR cost",
                       programs=("tesseract",)),
     "espeak-ng": Need("espeak-ng", ("espeak-ng",),
                       "the speech tests (tests/test_text_sources.py, tests/test_text_search.py) "

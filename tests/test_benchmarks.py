@@ -13,7 +13,8 @@ ROOT = Path(__file__).parents[1]
 SCRIPTS = ["train_step.py", "score.py", "data.py", "ablation.py",
            "first_stage.py", "exclusion.py", "mul2vec.py", "search.py", "lexical.py",
            "summary_head.py", "sparse.py", "serve.py", "moments.py", "search_long.py",
-           "ingest_long.py", "ingest_ray.py", "text_sources.py", "media.py", "cuts.py"]
+           "ingest_long.py", "ingest_ray.py", "text_sources.py", "media.py", "cuts.py",
+           "ocr.py"]
 
 
 @pytest.mark.parametrize("script", [*SCRIPTS, "search.py --summary distilled --quality-videos 0",

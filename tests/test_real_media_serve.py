@@ -34,6 +34,7 @@ from dicosa.serve.app import Settings, create_app
 from dicosa.serve.engine import Engine
 from dicosa.serve.transcode import MediaCache, Plan, plan, probe
 
+from ._system import reason
 from .test_real_media import SAME, difference
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,14 +189,13 @@ try:  # the API tests above run without Selenium
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from .test_serve_browser import CHROMIUM, DRIVER, WAIT, chromium, click, open_page
-    BROWSER = DRIVER.is_file() and CHROMIUM
+    from .test_serve_browser import WAIT, chromium, click, open_page
+    SELENIUM = True
 except (ImportError, pytest.skip.Exception):
-    BROWSER = False
+    SELENIUM = False
 
-browsing = pytest.mark.skipif(not BROWSER, reason="needs Selenium, Chromium and chromedriver "
-                                                  "(Debian: apt-get install chromium "
-                                                  "chromium-driver)")
+browsing = pytest.mark.skipif(not SELENIUM or reason("chromium", "chromedriver") is not None,
+                              reason=reason("chromium", "chromedriver") or "needs Selenium")
 
 
 @pytest.fixture(scope="module")

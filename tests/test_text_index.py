@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dicosa.search.evidence import best_within, evidence_window
+from dicosa.search.moment import Timeline
 from dicosa.text.fts import TEXT_FILE, Done, TextIndex, TextIndexError, check_text_file
 from dicosa.text.fusion import competition_ranks, fuse, parse_sources
-from dicosa.text.lines import TextLine
-from dicosa.text.query import text_query, words_of
+from dicosa.text.lines import MAX_LINE_CHARS, TextLine, capped, held
+from dicosa.text.query import SNIPPET_CHARS, STOP_WORDS, snippet, text_query, words_of
 
 LINES = {0: [("subtitles", "my name is Oscar and I live by the river")],
          1: [("subtitles", "hello world"), ("speech", "Oscar says hi")],
@@ -46,11 +48,20 @@ NASTY = ['"', '""', '"""', "'", "NEAR(a b)", "NEAR(", "a AND", "OR", "NOT oscar"
 @pytest.mark.parametrize("query", NASTY)
 def test_fts5_syntax_in_user_input_never_raises_or_steers(query):
     """Each query runs without an error; its matches are exactly the rows whose lines hold
-    one of its words (computed here from the words alone: no operator took effect)."""
+    one of its words that are not stop words, or all its words in order where it has only
+    stop words (computed here from the words alone: no operator took effect)."""
     index = _filled()
-    words = set(words_of(query.replace('"', " ")))
+    words = words_of(query.replace('"', " "))
+    content = set(words) - STOP_WORDS
+
+    def holds(text: str) -> bool:
+        said = words_of(text)
+        if content or not words:
+            return bool(content & set(said))
+        return any(said[i:i + len(words)] == words for i in range(len(said)))
+
     expected = sorted(row for row, items in LINES.items()
-                      if any(words & set(words_of(text)) for _, text in items))
+                      if any(holds(text) for _, text in items))
     if '"' in query and query.count('"') % 2 == 0 and query.strip('"'):
         return  # a quoted phrase: its own test
     assert sorted(_rows(index, query)) == expected
@@ -66,6 +77,41 @@ def test_quoted_words_match_literally():
     assert _rows(index, '"oscar" "hello world"') == []  # row 1 has them in two lines
     assert _rows(index, 'river "says hi"') == [1]  # a phrase required, a word optional
     assert _rows(index, '"" oscar') == [1, 0] or _rows(index, '"" oscar') == [0, 1]
+
+
+def test_a_stop_word_alone_never_matches_a_line():
+    """OCR's "AA is Pe og 7" shares only "is" with "a man is walking": no match; a line
+    with "man" matches, its stop words unmarked; a query of stop words alone is a phrase."""
+    index = TextIndex.open(None, create=True)
+    said = {0: "AA is Pe og 7", 1: "the man said no", 2: "to be or not to be",
+            3: "or to be not"}
+    index.write([(row, TextLine("/v.mp4", 0, 1, text, "screen")) for row, text in said.items()],
+                [(row, Done("screen", "e", 1)) for row in said])
+    assert _rows(index, "a man is walking") == [1]
+    assert text_query("a man is walking").terms == {"man", "walking"}
+    assert _rows(index, "is") == [0]  # the user asked for the word itself
+    assert _rows(index, "To be, or not to be") == [2]  # in that order, not row 3
+    assert _rows(index, '"man" is') == [1]  # a phrase: stop words never alone
+    assert text_query("the").expression() == '"the"'
+
+
+def test_long_lines_are_cut_and_answers_show_a_snippet():
+    """A 6 MB cue is stored cut at MAX_LINE_CHARS (at a space, an ellipsis after it) and
+    still found; a snippet of it is at most SNIPPET_CHARS around the matched word."""
+    index = TextIndex.open(None, create=True)
+    huge = " ".join(["filler"] * 400_000) + " treasure " + " ".join(["filler"] * 400_000)
+    early = "treasure " + " ".join(["filler"] * 400_000)
+    index.write([(0, TextLine("/v.mp4", 0, 9, huge, "subtitles")),
+                 (1, TextLine("/v.mp4", 0, 9, early, "subtitles"))],
+                [(0, Done("subtitles", "e", 1)), (1, Done("subtitles", "e", 1))])
+    stored = next(text for _, _, _, text in index.lines(1))
+    assert len(stored) <= MAX_LINE_CHARS and stored.endswith("filler\u2026")
+    assert _rows(index, "treasure") == [1]  # the cut text is what is searched
+    assert next(t for _, _, _, t in index.lines(0)) == capped(huge)
+    shown = snippet(huge, {"treasure"})
+    assert len(shown) <= SNIPPET_CHARS + 2 and "treasure" in shown
+    assert shown.startswith("\u2026") and shown.endswith("\u2026")
+    assert snippet("short line", {"x"}) == "short line"
 
 
 def test_bm25_orders_by_rare_words_and_sources_filter():
@@ -93,7 +139,7 @@ def test_records_replace_remove_and_stats():
     assert index.rows().tolist() == [0, 2, 3] and _rows(index, "hello") == []
     stats = index.stats()
     assert stats["subtitles"] == {"rows": 2, "rows_with_lines": 2, "lines": 2,
-                                  "seconds": 0.0, "frames": 0}
+                                  "placements": 2, "seconds": 0.0, "frames": 0}
     assert index.problems() == []
 
 
@@ -181,3 +227,28 @@ def test_a_relative_folder(tmp_path, monkeypatch):
     Path("rel").mkdir()
     _filled(Path("rel")).close()
     assert sorted(_rows(TextIndex.open(Path("rel"), create=False), "oscar")) == [0, 1]
+
+
+def test_a_row_holds_a_share_of_a_line():
+    start, end = np.array([0.0, 5.0, np.nan]), np.array([5.0, 9.0, np.nan])
+    part = held(np.array([4.7, 4.7, 4.7]), np.array([6.0, 6.0, 6.0]), start, end)
+    assert part.tolist() == pytest.approx([0.3 / 1.3, 1.0 / 1.3, 1.0])  # unknown span: 1
+    assert held(np.array([2.0]), np.array([2.0]), np.array([0.0]), np.array([5.0])) == [1.0]
+
+
+def test_the_best_frame_is_taken_where_the_evidence_is():
+    """The heaviest scored frame inside the range (not the video's heaviest); the range's
+    middle, marked at the nearest frame, where no frame lies in it."""
+    times = np.array([0.5, 1.5, 2.5, 3.5, 4.5])
+    weights = np.array([0.1, 0.9, 0.2, 0.3, 0.25])
+    scores = np.array([0.4, 0.4, 0.1, 0.1, -np.inf])  # frame 4: no scored row holds it
+    timeline = Timeline(times, weights, scores, 1, 1.5, 0.9, [])
+    assert best_within(timeline, None) is timeline
+    inside = best_within(timeline, (2.0, 5.0))
+    assert (inside.best_frame, inside.best_time, inside.best_weight) == (3, 3.5, 0.3)
+    between = best_within(timeline, (1.8, 2.4))
+    assert (between.best_frame, between.best_time) == (2, 2.1)
+    assert evidence_window((2.0, 6.0), (4.7, 8.0)) == (4.7, 6.0)  # the line within the moment
+    assert evidence_window((0.0, 3.0), (4.7, 6.0)) == (4.7, 6.0)  # they do not meet: the line
+    assert evidence_window((2.0, 6.0), None) == (2.0, 6.0)
+    assert evidence_window((None, None), None) is None

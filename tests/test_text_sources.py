@@ -54,13 +54,20 @@ def test_spans_of_whole_videos_and_segments():
     assert start.tolist() == [0.0, 10.0, 0.0] and end.tolist() == [10.0, 20.0, 30.0]
 
 
-def test_a_line_belongs_to_the_rows_holding_most_of_it():
+def test_a_line_belongs_to_every_row_it_overlaps():
     start, end = np.array([0.0, 10.0, 20.0, 8.0]), np.array([10.0, 20.0, 30.0, 12.0])
     assert assign(2.0, 4.0, start, end).tolist() == [0]  # inside one row
-    assert assign(9.0, 12.0, start, end).tolist() == [1, 3]  # 2/3 in row 1, all in row 3
-    assert assign(5.0, 25.0, start, end).tolist() == [1]  # in none by half: the most
+    assert assign(9.0, 12.0, start, end).tolist() == [0, 1, 3]  # 1 s, 2 s and 3 s of it
+    assert assign(5.0, 25.0, start, end).tolist() == [0, 1, 2, 3]  # over all four
+    assert assign(9.9, 15.0, start, end).tolist() == [1, 3]  # 0.1 s into row 0: jitter
+    assert assign(9.9, 10.1, start, end).tolist() == [0, 1, 3]  # a short line: half of it
     assert assign(10.0, 10.0, start, end).tolist() == [0, 1, 3]  # an instant: every holder
     assert assign(40.0, 41.0, start, end).tolist() == []  # past every row
+    # a 10-s cue over four 3-s segments reaches all four, read together or one by one
+    start, end = np.array([0.0, 3.0, 6.0, 9.0]), np.array([3.0, 6.0, 9.0, 12.0])
+    assert assign(1.0, 11.0, start, end).tolist() == [0, 1, 2, 3]
+    assert [assign(1.0, 11.0, start[i:i + 1], end[i:i + 1]).tolist() for i in range(4)] == [
+        [0]] * 4
 
 
 # -- subtitles ----------------------------------------------------------------------------------

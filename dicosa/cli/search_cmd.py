@@ -107,10 +107,10 @@ def run(args: argparse.Namespace) -> int:
     explained = ([result.explain(i) for i in range(len(result.hits))] if args.explain
                  else [])
     text = index.plugins.get("text")
-    lines = [text.match(result, i) if text is not None else None
+    lines = [text.matched(result, i) if text is not None else []
              for i in range(len(result.hits))]
     if args.moments:
-        _print_moments(args, index, result, candidates)
+        _print_moments(args, index, result, candidates, text)
     elif args.json:
         _print_json(args, index, result, candidates, explained, lines)
     else:
@@ -181,35 +181,48 @@ def _split(explained: list[dict]) -> tuple[list[dict], list[dict] | None]:
 
 
 def _print_json(args, index, result, candidates, explained, lines) -> None:
+    from ..plugins.text import ranked_by
+
     merged, parts = _split(explained)
     stats = {**result.times, "stage": result.stage, "mode": result.mode,
              "candidates": [result.candidates], "truncated": [result.truncated]}
     print(json.dumps({"query": args.query, "index": str(args.index), "mode": result.mode,
                       "exclude": args.exclude, "candidates": candidates, "stats": stats,
-                      "truncated": result.truncated,
+                      "ranked_by": ranked_by(result), "truncated": result.truncated,
                       "results": [{"rank": r, **hit.as_dict(),
                                    **({"explain": merged[r - 1]} if merged else {}),
-                                   **({"line": lines[r - 1]} if lines[r - 1] else {})}
+                                   **({"line": lines[r - 1][0], "lines": lines[r - 1]}
+                                      if lines[r - 1] else {})}
                                   for r, hit in enumerate(result.hits, 1)],
                       **({"fusion": parts} if parts is not None else {})}))
 
 
-def _print_moments(args, index, result, candidates) -> None:
-    """``--moments``: the best time ranges, as a table or (``--json``) a list."""
+def _print_moments(args, index, result, candidates, text) -> None:
+    """``--moments``: the best time ranges, each with its matched line, as a table or
+    (``--json``) a list."""
+    from ..plugins.text import describe, format_line, ranked_by
     from ..search.moment import format_span
 
     found = result.top_moments(args.k)
+    said = [text.line_at(result, m.row) if text is not None else None for _, _, m in found]
+    ranked = ranked_by(result)
     if args.json:
         print(json.dumps({"query": args.query, "index": str(args.index), "mode": result.mode,
                           "candidates": candidates, "truncated": result.truncated,
-                          "moments": [{"rank": r, "path": path, "id": video, **m.as_dict()}
-                                      for r, (path, video, m) in enumerate(found, 1)]}))
+                          "ranked_by": ranked,
+                          "moments": [{"rank": r, "path": path, "id": video, **m.as_dict(),
+                                       **({"line": line} if line else {})}
+                                      for r, ((path, video, m), line) in enumerate(
+                                          zip(found, said, strict=True), 1)]}))
         return
-    print(f'top {len(found)} moments of {len(index)} videos for "{args.query}"')
+    print(f'top {len(found)} moments of {len(index)} videos for "{args.query}" '
+          f"({describe(ranked)})")
     print(f"{'rank':>4}  {'score':>8}  {'moment':<13}  path")
-    for rank, (path, _, moment) in enumerate(found, 1):
+    for rank, ((path, _, moment), line) in enumerate(zip(found, said, strict=True), 1):
         print(f"{rank:>4}  {moment.score:>8.4f}  {format_span(moment.start, moment.end):<13}  "
               f"{path}")
+        if line:
+            print(f"{'':>16}{format_line(line)}")
 
 
 def _print_table(args, index, result, candidates, explained, lines) -> None:
@@ -236,21 +249,25 @@ def _print_table(args, index, result, candidates, explained, lines) -> None:
             print(f"{'':>16}{format_explanation(said['concepts'])}")
         if said.get("lexical"):
             print(f"{'':>16}{format_words(said['lexical'])}")
-        if lines[rank - 1]:
-            print(f"{'':>16}{format_line(lines[rank - 1])}")
+        for line in lines[rank - 1]:
+            print(f"{'':>16}{format_line(line)}")
     parts = [e["fusion"] for e in explained if "fusion" in e]
     if parts:
         print(format_parts(parts))
 
 
 def _how(result, candidates: int | None) -> str:
-    """How the hits were found, as the table's header says it: every row scored, or which
-    first stage proposed how many candidates."""
+    """How the hits were found and what ranked them, as the table's header says it: every
+    row scored, or which first stage proposed how many candidates; then DiCoSA, the words,
+    or both (:func:`~dicosa.plugins.text.ranked_by`)."""
+    from ..plugins.text import describe, ranked_by
+
+    ranked = ranked_by(result)
     if candidates is None:
-        return "every video scored by DiCoSA"
+        return "every video scored by DiCoSA" + (
+            "" if ranked["by"] == "pictures" else f"; {describe(ranked)}")
     if result.stage == "all":  # the collection is no larger than the candidates asked for
-        return f"all {result.candidates} rows reranked by DiCoSA"
+        return f"all {result.candidates} rows {describe(ranked)}"
     stage = ("the first stage" if result.stage == "first stage"  # labelled row by row
              else f"the {result.stage} stage")
-    return (f"{result.candidates} candidates from {stage} ({result.mode} mode) reranked by "
-            "DiCoSA")
+    return f"{result.candidates} candidates from {stage} ({result.mode} mode) {describe(ranked)}"

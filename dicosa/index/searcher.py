@@ -110,6 +110,7 @@ class SearchResult:
     query: str
     hits: list[Hit]
     times: dict[str, float]  # seconds: encode_s, first_stage_s, rerank_s, hooks_s, top_s
+    #                          (and what encoders timed apart, e.g. words_s)
     stage: str  # "exhaustive", "all", or the first stage(s) that proposed ("first stage")
     mode: str | None
     candidates: int  # rows reranked
@@ -206,6 +207,10 @@ class Searcher:
         encoded, cut = self.encode(texts, exclude, mode)
         _warn_unhandled_exclusions(encoded.queries, self.hooks)
         clock.lap("encode_s")
+        # an encoder that searched on its own (the text plugin's words) says how long
+        for name, seconds in encoded.extra.get("encoder_times", {}).items():
+            clock.times[name] = seconds
+            clock.times["encode_s"] -= seconds
         if candidates is not None:
             candidates = max(candidates, k)  # fewer than k could not fill the answer
         ids, stage, stage_scores, by_stage = self.candidates(encoded, candidates, mode)

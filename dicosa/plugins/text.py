@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from ..index.searcher import MOMENTS_PER_HIT
 from ..search.types import Candidates, EncodedQueries
 from ..text.extract import DEFAULT_OCR_FRAMES, ReadElsewhere, ReadJob, TextReader, TextSettings
 from ..text.fts import TEXT_FILE, Match, TextIndex, TextIndexError
@@ -48,15 +50,15 @@ from ..text.fusion import (
     fuse,
     parse_sources,
 )
-from ..text.lines import SourceReport, row_spans
-from ..text.query import text_query, words_of
+from ..text.lines import SourceReport, held, row_spans
+from ..text.query import snippet, text_query, words_of
 from ..text.speech import Recognizer
 
 if TYPE_CHECKING:
     from ..index.searcher import SearchResult
 
-__all__ = ["TEXT_RANKED", "TextPlugin", "TextRanking", "attach_text", "format_line",
-           "mark_words"]
+__all__ = ["PICTURES", "TEXT_RANKED", "TextPlugin", "TextRanking", "attach_text", "describe",
+           "format_line", "mark_words", "ranked_by", "said"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ STAGE = "text"
 TEXT_RANKED = 1000  # rows of the text ranking each query keeps (the first stage's C at most)
 _READ_CHUNK = 16  # rows read and committed at once when filling an index
 _TOKEN = re.compile(r"[^\W_]+")
+PICTURES = {"by": "pictures", "sources": []}  # ranked_by a search that looks at no words
 
 
 @dataclass
@@ -76,6 +79,10 @@ class TextRanking:
     matches: list[Match] = field(default_factory=list)
     ranks: dict[int, int] = field(default_factory=dict)  # row -> 1-based text rank (ties shared)
     shares: dict[int, float] = field(default_factory=dict)  # row -> BM25 / the best BM25
+    by_row: dict[int, Match] = field(default_factory=dict)  # row -> its best line
+    held: tuple[str, ...] = ()  # the searched sources the index holds lines of
+    # row -> its rank by DiCoSA among the candidates (competition ranks; made on first need)
+    picture_ranks: dict[int, int] | None = field(default=None, repr=False)
 
     @property
     def text(self) -> bool:
@@ -111,6 +118,7 @@ class TextPlugin:
         self.index: TextIndex | None = None
         self.reader: TextReader | None = None
         self._ctx = None
+        self._present: set[str] | None = None
 
     @classmethod
     def restore(cls, record: dict, ctx) -> TextPlugin:
@@ -162,6 +170,18 @@ class TextPlugin:
             path.unlink(missing_ok=True)
             path.with_name(TEXT_FILE + "-journal").unlink(missing_ok=True)
             return TextIndex.open(ctx.directory, create=True)
+
+    def for_writing(self) -> TextIndex | None:
+        """The text index to write, None where this process is not the index's writer. An
+        index opened to search (read-only) that now holds the writer lock (``add`` after
+        ``load``) opens the file again for writing."""
+        if self._ctx is None or not self._ctx.writing():
+            return None
+        if self.index is None or not self.index.writable:
+            if self.index is not None:
+                self.index.close()
+            self.index = self._open(self._ctx)
+        return self.index
 
     def record(self) -> dict | None:
         return {"subtitles": self.settings.subtitles, "speech": self.settings.speech,
@@ -242,6 +262,26 @@ class TextPlugin:
                      "'dicosa index' run reads it", missing,
                      ", ".join(self.settings.engines()))
 
+    def present(self) -> set[str]:
+        """The text sources the index holds lines of (counted once)."""
+        if self._present is None:
+            self._present = set() if self.index is None else self.index.sources()
+        return self._present
+
+    def sources(self) -> dict[str, dict]:
+        """Each text source the index reads or holds lines of: its engine (None: no longer
+        read) and what the text index holds of it (:meth:`TextIndex.stats`)."""
+        held = self.index.stats() if self.index is not None else {}
+        engines = self.settings.engines()
+        out = {}
+        for source in TEXT_SOURCES:
+            if source in engines or source in held:
+                counts = held.get(source, {})
+                out[source] = {"engine": engines.get(source),
+                               **{k: counts.get(k, 0) for k in ("rows", "rows_with_lines",
+                                                                "lines")}}
+        return out
+
     @property
     def reports(self) -> dict[str, SourceReport]:
         """What each source read since the plugin was attached."""
@@ -250,26 +290,40 @@ class TextPlugin:
     # -- search -----------------------------------------------------------------------------
     def _encode(self, encoded: EncodedQueries) -> None:
         """Each query's text ranking, in ``encoded.extra["text"]``."""
+        began = time.perf_counter()
         sources = parse_sources(encoded.extra.get("source"))
         text_sources = tuple(s for s in TEXT_SOURCES if s in sources)
         rankings = []
         for query in encoded.queries:
             parsed = text_query(query.text)
-            ranking = TextRanking(VISUAL in sources, text_sources, parsed.terms)
+            ranking = TextRanking(VISUAL in sources, text_sources, parsed.terms,
+                                  held=tuple(s for s in text_sources if s in self.present()))
             expression = parsed.expression()
             if expression and text_sources and self.index is not None:
-                found = self.index.search(expression, text_sources, TEXT_RANKED + 64)
-                live = self._ctx.store.is_live(np.array([m.row for m in found], np.int64))
-                ranking.matches = [m for m, ok in zip(found, live, strict=True) if ok
-                                   ][:TEXT_RANKED]
-                ranks = competition_ranks(np.array([m.score for m in ranking.matches]))
-                ranking.ranks = {m.row: int(r) for m, r in zip(ranking.matches, ranks,
-                                                               strict=True)}
-                best = max((m.score for m in ranking.matches), default=0.0)
-                ranking.shares = {m.row: m.score / best if best > 0 else 1.0
-                                  for m in ranking.matches}
+                self._rank(ranking, self.index.search(expression, text_sources,
+                                                      TEXT_RANKED + 64))
             rankings.append(ranking)
         encoded.extra["text"] = rankings
+        # the words' own search, apart from the query's encoding in the search's times
+        encoded.extra.setdefault("encoder_times", {})["words_s"] = time.perf_counter() - began
+
+    def _rank(self, ranking: TextRanking, found: list[Match]) -> None:
+        """``ranking``'s text ranks and shares from the best line of each matching row: its
+        BM25 times the part of the line the row holds (:func:`~dicosa.text.lines.held`: a
+        segment that holds a cue's last 0.3 s ranks below the one holding the rest)."""
+        live = self._ctx.store.is_live(np.array([m.row for m in found], np.int64))
+        ranking.matches = [m for m, ok in zip(found, live, strict=True) if ok][:TEXT_RANKED]
+        rows = np.array([m.row for m in ranking.matches], np.int64)
+        spans = self._ctx.store.spans(rows)  # [n, 2]
+        scores = np.array([m.score for m in ranking.matches]) * held(
+            np.array([m.start for m in ranking.matches]),
+            np.array([m.end for m in ranking.matches]), spans[:, 0], spans[:, 1])
+        ranks = competition_ranks(scores)
+        best = scores.max(initial=0.0)
+        ranking.ranks = {int(r): int(k) for r, k in zip(rows, ranks, strict=True)}
+        ranking.shares = {int(r): float(v / best) if best > 0 else 1.0
+                          for r, v in zip(rows, scores, strict=True)}
+        ranking.by_row = {m.row: m for m in ranking.matches}
 
     def _hook(self, queries: EncodedQueries, ids: np.ndarray, scores: torch.Tensor
               ) -> torch.Tensor:
@@ -295,34 +349,65 @@ class TextPlugin:
             out[q] = torch.from_numpy(fused).to(out.dtype)
         return out
 
+    def matched(self, result: SearchResult, i: int, limit: int = MOMENTS_PER_HIT
+                ) -> list[dict]:
+        """The lines of hit ``i`` that matched the query (:func:`said`), best moment first:
+        the line of each of its moments' rows that has one, each once (at most ``limit``);
+        where none has, the best line of any row of its video (a long video's line may be in
+        a row that is not among its moments)."""
+        ranking = _ranking_of(result)
+        if ranking is None or not ranking.matches:
+            return []
+        hit = result.hits[i]
+        rows = dict.fromkeys([hit.row, *(m.row for m in hit.moments)])
+        lines = {}  # a line two moments hold (stored once per row), once
+        for row in rows:
+            if row in ranking.by_row:
+                m = ranking.by_row[row]
+                lines.setdefault((m.source, m.start, m.end, m.text), m)
+        found = list(lines.values())[:limit]
+        if not found and self._ctx is not None:
+            matched = np.array([m.row for m in ranking.matches], dtype=np.int64)
+            videos = self._ctx.store.videos_of(matched)
+            found = [m for m, v in zip(ranking.matches, videos, strict=True) if v == hit.id][:1]
+        return [said(ranking, m) for m in found]
+
     def match(self, result: SearchResult, i: int) -> dict | None:
-        """The line of hit ``i`` that matched the query (None: none did)."""
-        rankings = result.encoded.extra.get("text")
-        if not rankings:
-            return None
-        ranking = rankings[result.position]
-        found = self._line_of(ranking, result.hits[i])
+        """The line of hit ``i`` that matched the query best (None: none did)."""
+        found = self.matched(result, i, 1)
+        return found[0] if found else None
+
+    def line_at(self, result: SearchResult, row: int) -> dict | None:
+        """The line of row ``row`` (a moment) that matched the query (None: none did)."""
+        ranking = _ranking_of(result)
+        found = ranking.by_row.get(int(row)) if ranking is not None else None
+        return None if found is None else said(ranking, found)
+
+    def evidence(self, result: SearchResult, i: int) -> tuple[float, float] | None:
+        """``(start, end)`` of the line that decided hit ``i``'s best moment, None where the
+        pictures did (or no line of that row matched). A line decides where the search
+        ranks by words alone, or where its term of the fused score is at least the pictures'
+        term (:func:`~dicosa.text.fusion.fuse`: ``w * s / s_best / (k + r_text)`` against
+        ``1 / (k + r_visual)``, ``r_visual`` the row's rank by DiCoSA among the
+        candidates)."""
+        ranking = _ranking_of(result)
+        hit = result.hits[i]
+        found = None if ranking is None else ranking.by_row.get(hit.row)
         if found is None:
             return None
-        return {"text": found.text, "start": found.start, "end": found.end,
-                "source": found.source, "bm25": found.score, "row": found.row,
-                "text_rank": ranking.ranks.get(found.row),
-                "words": sorted(set(words_of(found.text)) & ranking.terms)}
-
-    def _line_of(self, ranking, hit):
-        """The matched line of a hit: in its best row, else in another of its moments, else
-        in any row of its video (a long video's lines belong to its segments)."""
-        rows = [hit.row, *(m.row for m in hit.moments)]
-        for row in rows:
-            found = next((m for m in ranking.matches if m.row == row), None)
-            if found is not None:
-                return found
-        if not ranking.matches or self._ctx is None:
-            return None
-        matched = np.array([m.row for m in ranking.matches], dtype=np.int64)
-        videos = self._ctx.store.videos_of(matched)
-        return next((m for m, v in zip(ranking.matches, videos, strict=True) if v == hit.id),
-                    None)
+        if ranking.visual:
+            if ranking.picture_ranks is None:  # once per search, for all its hits
+                dicosa = np.where(result.ids >= 0, result.dicosa.double().numpy(), -np.inf)
+                ranking.picture_ranks = dict(zip(result.ids.tolist(),
+                                                 competition_ranks(dicosa).tolist(),
+                                                 strict=True))
+            rank = ranking.picture_ranks.get(hit.row, 0)
+            picture = 1.0 / (self.rrf_k + rank) if rank > 0 else 0.0
+            words = (self.text_weight * ranking.shares[hit.row]
+                     / (self.rrf_k + ranking.ranks[hit.row]))
+            if words < picture:
+                return None
+        return found.start, found.end
 
     def explain(self, result: SearchResult, i: int) -> dict | None:
         """The matched line (:meth:`match`): its text, time, source and the query's words in
@@ -348,14 +433,15 @@ class _TextStage:
     def add(self, ids: np.ndarray, videos: object) -> None:
         """New rows: read now by the writer (before their manifest commit), committed
         ``_READ_CHUNK`` rows at a time."""
-        if self.plugin._ctx.writing() and self.plugin.index is not None:
+        if self.plugin.for_writing() is not None:
             ids = np.asarray(ids, dtype=np.int64)
             for start in range(0, len(ids), _READ_CHUNK):
                 self.plugin.read(ids[start:start + _READ_CHUNK])
 
     def remove(self, ids: np.ndarray) -> None:
-        if self.plugin._ctx.writing() and self.plugin.index is not None:
-            self.plugin.index.remove(np.asarray(ids).tolist())
+        index = self.plugin.for_writing()
+        if index is not None:
+            index.remove(np.asarray(ids).tolist())
 
     def search(self, queries: EncodedQueries, k: int) -> Candidates:
         rankings = queries.extra.get("text") or [None] * len(queries)
@@ -392,6 +478,47 @@ def attach_text(index, *, subtitles: bool | None = None, speech: str | bool | No
         return index.use(TextPlugin(subtitles=subtitles, speech=speech, ocr=ocr,
                                     ocr_frames=ocr_frames, rrf_k=rrf_k, text_weight=text_weight,
                                     recognizer=recognizer))
+
+
+def _ranking_of(result: SearchResult) -> TextRanking | None:
+    rankings = result.encoded.extra.get("text")
+    return rankings[result.position] if rankings else None
+
+
+def said(ranking: TextRanking, found: Match) -> dict:
+    """A matched line as answers give it: a snippet of its text around the query's words
+    (at most :data:`~dicosa.text.query.SNIPPET_CHARS`), its time, source, BM25, row, the
+    row's text rank and the query's words in it (stop words never among them)."""
+    words = sorted(set(words_of(found.text)) & ranking.terms)
+    return {"text": snippet(found.text, words), "start": found.start, "end": found.end,
+            "source": found.source, "bm25": found.score, "row": found.row,
+            "text_rank": ranking.ranks.get(found.row), "words": words}
+
+
+def ranked_by(result: SearchResult) -> dict:
+    """What ranked a search's hits: ``{"by": "pictures" | "words" | "pictures and words",
+    "sources": the text sources searched that the index holds lines of}``. Words count
+    where a candidate matched a line (a query that matched none keeps DiCoSA's scores); a
+    search of words alone is ranked by them even where nothing matched (it has no hits)."""
+    ranking = _ranking_of(result)
+    if ranking is None or not ranking.text:
+        return dict(PICTURES)
+    sources = list(ranking.held)
+    if not ranking.visual:
+        return {"by": "words", "sources": sources or list(ranking.sources)}
+    matched = any(int(row) in ranking.ranks for row in result.ids.tolist() if row >= 0)
+    return {"by": "pictures and words" if matched else "pictures", "sources": sources}
+
+
+def describe(ranked: dict) -> str:
+    """A header's words for :func:`ranked_by`: ``reranked by DiCoSA fused with the words of
+    subtitles``."""
+    sources = ", ".join(ranked["sources"])
+    if ranked["by"] == "words":
+        return f"ranked by the words of {sources} (BM25)"
+    if ranked["by"] == "pictures and words":
+        return f"reranked by DiCoSA fused with the words of {sources}"
+    return "reranked by DiCoSA" + (f" (no line of {sources} matched)" if sources else "")
 
 
 def mark_words(text: str, words: list[str] | set[str], left: str = "[", right: str = "]"

@@ -32,6 +32,8 @@ from ..data.datasets import VIDEO_EXTENSIONS
 from ..index import Hit, SearchResult, VideoIndex, open_index
 from ..integers import as_int
 from ..model import DiCoSA, TextFeatures
+from ..plugins.text import PICTURES, ranked_by
+from ..search.evidence import best_within, evidence_window
 from ..search.moment import video_timelines
 from ..search.query import Query, parse_query
 from ..search.query_text import QueryText
@@ -145,6 +147,7 @@ class Engine:
         self.opened_at = datetime.datetime.now(datetime.timezone.utc)
         self.spec: EngineSpec | None = None  # what open() opened (None: made around an index)
         self.timeline_rows = timeline_rows  # the most rows of a video a hit's timeline scores
+        self._sources: dict | None = None  # sources(), counted once
         self._dtype = next(self.model.parameters()).dtype
         if len(index):  # lazily made parts (the dense summary, codes) made now, not racing
             index.search("warm up", k=1)
@@ -225,9 +228,19 @@ class Engine:
             "frame_dtype": index.store.frame_dtype,
             "timeline_rows": self.timeline_rows,
             "text": index.query_text.stats(),
+            "sources": self.sources(),
             "frame_times": "from the frame protocol and each video's frame count and rate",
             "opened_at": self.opened_at.isoformat(timespec="seconds"),
         }
+
+    def sources(self) -> dict:
+        """What a query can be matched against: ``visual`` (the pictures) and each text
+        source the index reads, with its engine and what the text index holds of it (rows
+        read, rows with lines, lines). Counted once per snapshot."""
+        if self._sources is None:
+            text = self.plugins.get("text")
+            self._sources = {"visual": True, "text": {} if text is None else text.sources()}
+        return self._sources
 
     # -- search ---------------------------------------------------------------------------
     def check(self, request: SearchRequest) -> Query:
@@ -262,8 +275,9 @@ class Engine:
         ids = np.array([h.id for h in page], dtype=np.int64)
         facts = self.index.store.columns(ids, _FACTS)  # the one metadata read of the page
         rows = [{name: facts[name][i] for name in _FACTS} for i in range(len(ids))]
+        said = self._said(ranked.result, request.offset, page)
         found = self.timelines(ranked.text, ids, [[h.row, *(m.row for m in h.moments)]
-                                                  for h in page])
+                                                  for h in page], [w for _, w in said])
         times = {**ranked.times, "moments_s": time.perf_counter() - started}
         explained = [{} for _ in page]
         if request.explain and ranked.result is not None and page:
@@ -274,10 +288,9 @@ class Engine:
         hits = [_hit(request.offset + i + 1, hit, row, moment, why)
                 for i, (hit, row, moment, why) in enumerate(
                     zip(page, rows, found, explained, strict=True))]
-        text = self.plugins.get("text")
-        if text is not None and ranked.result is not None:
-            for i, hit in enumerate(hits):  # the line that matched: what was said or written
-                hit["line"] = text.match(ranked.result, request.offset + i)
+        for hit, (lines, _) in zip(hits, said, strict=True):
+            if lines is not None:  # what was said or written that matched, best moment first
+                hit.update(line=lines[0] if lines else None, lines=lines)
         result = ranked.result
         query = result.encoded.queries[result.position] if result is not None else None
         return Answer({
@@ -286,10 +299,11 @@ class Engine:
                       "without": list(query.exclude) if query else [],
                       "mode": request.mode or self.default_mode, "k": request.k,
                       "offset": request.offset, "candidates": request.candidates,
-                      "explain": request.explain},
+                      "explain": request.explain, "source": request.source},
             "videos": len(self.index),
             "reranked": len(ranked.candidates),
             "stage": ranked.stage,
+            "ranked_by": ranked_by(result) if result is not None else PICTURES,
             "truncated": bool(result is not None and result.truncated),
             "batch": ranked.batch,
             "more": len(ranked.hits) >= request.depth and len(ranked.candidates) > request.depth,
@@ -297,6 +311,23 @@ class Engine:
             "notes": self._notes(query),
             "hits": hits,
         }, [self._file(h.id, h.path) for h in page])
+
+    def _said(self, result: SearchResult | None, offset: int, page: list[Hit]
+              ) -> list[tuple[list[dict] | None, tuple[str, tuple[float, float] | None]]]:
+        """Per hit of the page: its matched lines (None: the index has no text) and where its
+        best frame is taken from: ``("words", the deciding line within its best moment)`` or
+        ``("pictures", its best moment)`` (:mod:`dicosa.search.evidence`)."""
+        text = self.plugins.get("text")
+        out = []
+        for i, hit in enumerate(page):
+            moment = (hit.start, hit.end)
+            if text is None or result is None:
+                out.append((None, ("pictures", evidence_window(moment, None))))
+                continue
+            line = text.evidence(result, offset + i)
+            by = "pictures" if line is None else "words"
+            out.append((text.matched(result, offset + i), (by, evidence_window(moment, line))))
+        return out
 
     def search(self, request: SearchRequest) -> Answer:
         """:meth:`check`, :meth:`rank` alone and :meth:`answer`: one request, unbatched."""
@@ -370,17 +401,29 @@ class Engine:
         return np.concatenate(parts)
 
     # -- the moment -----------------------------------------------------------------------
-    def timelines(self, text: Tensor, ids: np.ndarray, keep: list[list[int]]
+    def timelines(self, text: Tensor, ids: np.ndarray, keep: list[list[int]],
+                  shown: list[tuple[str, tuple[float, float] | None]] | None = None
                   ) -> list[dict | None]:
         """Each video's relevance over its length under ``text [1, D]``, frame by frame, and
         its best frame (:func:`dicosa.search.moment.video_timelines`): a video of more than
-        ``timeline_rows`` rows scored on that many, its rows in ``keep`` among them."""
+        ``timeline_rows`` rows scored on that many, its rows in ``keep`` among them.
+        ``shown``: per video, what its best frame is taken from and the time range
+        (:func:`~dicosa.search.evidence.best_within`), said in ``best.by``."""
         if not len(ids):
             return []
         found = video_timelines(self.model, self.index.store, self.index.frames, text,
                                 ids.tolist(), self.timeline_rows,
                                 [np.array(rows, np.int64) for rows in keep])
-        return [None if t is None else t.as_dict(TIMELINE_POINTS) for t in found]
+        shown = shown or [("pictures", None)] * len(found)
+        out = []
+        for timeline, (by, window) in zip(found, shown, strict=True):
+            if timeline is None:
+                out.append(None)
+                continue
+            drawn = best_within(timeline, window).as_dict(TIMELINE_POINTS)
+            drawn["best"]["by"] = by
+            out.append(drawn)
+        return out
 
     # -- explanations ---------------------------------------------------------------------
     def _explain(self, result: SearchResult, i: int) -> dict:

@@ -80,6 +80,22 @@ class TextInfo(_Answer):
     cache: QueryCacheInfo
 
 
+class TextSource(_Answer):
+    engine: str | None = Field(description="what reads it (pysubs2, pocketsphinx, "
+                                           "whisper:MODEL, tesseract:FRAMES; null: lines kept "
+                                           "from an engine no longer read)")
+    rows: int = Field(description="rows (videos, segments) it has read")
+    rows_with_lines: int
+    lines: int = Field(description="its lines (one overlapping several rows counted once)")
+
+
+class SourcesInfo(_Answer):
+    visual: bool = Field(description="the pictures (DiCoSA): always")
+    text: dict[str, TextSource] = Field(description="text source (subtitles, speech, screen) "
+                                                    "-> what the index holds of it; empty "
+                                                    "without a text index")
+
+
 class ServerInfo(_Answer):
     pid: int = Field(description="the server process that answered")
     threads: int = Field(description="torch threads of the process that ranks (a ranker's "
@@ -106,6 +122,7 @@ class Info(_Answer):
     timeline_rows: int = Field(description="the most segments of a hit's video its timeline "
                                            "scores (dicosa serve --timeline-rows)")
     text: TextInfo
+    sources: SourcesInfo = Field(description="what a query can be matched against (source=)")
     frame_times: str
     opened_at: str
     limits: Limits
@@ -141,9 +158,14 @@ class MomentFrame(_Answer):
 
 
 class MomentBest(_Answer):
+    """The frame shown for the hit (its thumbnail): the heaviest scored frame of the hit's
+    best moment, or, where a line decided that moment, within the line's time."""
+
     frame: int
     time: float | None
     weight: float
+    by: Literal["pictures", "words"] = Field(description="what placed it: the pictures, or "
+                                                         "the line that decided the moment")
 
 
 class TimeRange(_Answer):
@@ -160,12 +182,12 @@ class TimeRange(_Answer):
 class MatchedLine(_Answer):
     """A line of the video's text (subtitles, speech, on-screen text) that the query matched."""
 
-    text: str
+    text: str = Field(description="the line, or at most 240 characters of it around the "
+                                  "query's words (an ellipsis where cut)")
     start: float | None = Field(description="seconds into the video")
     end: float | None
     source: str = Field(description="subtitles, speech or screen")
-    bm25: float = Field(description="the text index's score of the line (lower is better, "
-                                    "SQLite FTS5's sign)")
+    bm25: float = Field(description="the line's BM25 for the query (higher is better)")
     row: int = Field(description="the row (segment) the line belongs to")
     text_rank: int | None = Field(description="the row's rank among the text matches")
     words: list[str] = Field(description="the query's words the line holds")
@@ -204,7 +226,10 @@ class Hit(_Answer):
                                                  "candidates, not overlapping, best first")
     moment: Moment | None = Field(description="null for a video indexed from its title alone")
     line: MatchedLine | None = Field(None, description="with a text index: the line that "
-                                                       "matched (null: none did)")
+                                                       "matched best (null: none did)")
+    lines: list[MatchedLine] | None = Field(None, description="with a text index: the lines "
+                                                              "that matched, one per moment "
+                                                              "(best first; at most 3)")
     explain: dict[str, Any] | None = Field(
         None, description="with explain=true: words, exclusion and fusion parts by plugin")
     video: str | None = Field(description="the file's stream URL (null: it may not be served)")
@@ -226,6 +251,15 @@ class QueryEcho(_Answer):
     explain: bool
     like: int | None = Field(None, description="more-like-this: the seed video's id")
     like_row: int | None = Field(None, description="more-like-this from a moment: its row")
+    source: str | None = Field(None, description="what the query was matched against, as "
+                                                 "asked (null: the index's default, all)")
+
+
+class RankedBy(_Answer):
+    by: Literal["pictures", "words", "pictures and words"] = Field(
+        description="what ordered the hits: DiCoSA's scores, the words' BM25, or both fused "
+                    "(words count where a candidate matched a line)")
+    sources: list[str] = Field(description="the text sources the query was matched against")
 
 
 class SearchAnswer(_Answer):
@@ -235,10 +269,14 @@ class SearchAnswer(_Answer):
     videos: int = Field(description="videos in the index")
     reranked: int = Field(description="candidates DiCoSA reranked")
     stage: str
+    ranked_by: RankedBy
     truncated: bool = Field(description="the query was longer than the model reads")
     batch: int = Field(description="searches ranked together with this one")
     more: bool = Field(description="whether a next page exists")
-    times_ms: dict[str, float]
+    times_ms: dict[str, float] = Field(description="milliseconds per step: encode (the query's "
+                                                   "vector), words (its text search), "
+                                                   "first_stage, rerank (DiCoSA), hooks, top, "
+                                                   "moments, total")
     notes: list[str]
     hits: list[Hit]
 

@@ -3,14 +3,18 @@
 :class:`TextSettings` says which sources an index reads (subtitles whenever present: cheap;
 speech and OCR only when asked) and names each one's engine, which the text index records per
 row: a row read by another engine (``pocketsphinx`` then ``whisper:small``) is read again.
-:class:`TextReader` reads rows: it groups them by video so that each file's subtitles are
-parsed once and its speech transcribed once over the union of the rows' ranges, then gives
-each line to the rows that hold it (:func:`~dicosa.text.lines.assign`).
+:class:`TextReader` reads rows: it groups them by video, transcribes a video's speech once
+over the union of the rows' ranges and reads OCR on each row's frames, then gives each line to
+every row it overlaps (:func:`~dicosa.text.lines.assign`). A video's subtitles are parsed once
+per reader and kept for its next rows: a long video's segments come in several batches (the
+index commits every few rows), and each batch gets the same cues without reading the file
+again or counting them again.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -30,6 +34,7 @@ __all__ = ["DEFAULT_OCR_FRAMES", "ReadElsewhere", "ReadJob", "ReadOutcome", "Tex
 log = logging.getLogger(__name__)
 
 DEFAULT_OCR_FRAMES = 3  # frames read by OCR per row
+_KEPT_VIDEOS = 8  # videos whose subtitle lines a reader keeps for their next rows
 
 # TextReader.read's arguments: row ids [n], their videos' paths, spans start/end [n], and
 # the rows each source must read (source -> bool [n])
@@ -84,6 +89,7 @@ class TextReader:
     # read in several batches, and count as one video in the reports
     _seen: set[tuple[str, str]] = field(default_factory=set, repr=False)
     _found: set[tuple[str, str]] = field(default_factory=set, repr=False)
+    _subtitles: OrderedDict = field(default_factory=OrderedDict, repr=False)  # path -> found
 
     def __post_init__(self) -> None:
         if self.recognizer is None and self.settings.speech:
@@ -113,6 +119,9 @@ class TextReader:
 
     def _source(self, source: str, path: str, start: np.ndarray, end: np.ndarray
                 ) -> tuple[list[TextLine], SourceReport] | None:
+        if source == "subtitles" and path in self._subtitles:
+            self._subtitles.move_to_end(path)
+            return self._subtitles[path]  # read and counted with the video's first rows
         try:
             if source == "subtitles":
                 found = subtitle_lines(path)
@@ -125,8 +134,19 @@ class TextReader:
             self.unavailable[source] = str(exc)
             log.warning("%s is not read: %s", source, exc)
             return None
-        report = found[1]
+        self._count(source, path, found[1])
+        if source == "subtitles":
+            self._subtitles[path] = found
+            while len(self._subtitles) > _KEPT_VIDEOS:
+                self._subtitles.popitem(last=False)
+        return found
+
+    def _count(self, source: str, path: str, report: SourceReport) -> None:
+        """Add a read's report to the source's: a video counts once however many batches
+        of its rows were read."""
         key = (source, path)
+        if key in self._seen and source == "subtitles":
+            return  # the same cues read again (the video fell out of the kept ones)
         if key in self._seen:  # another batch of this video's segments
             report.videos = 0
         report.found = int(bool(report.found) and key not in self._found)
@@ -136,11 +156,10 @@ class TextReader:
         self.reports.setdefault(source, SourceReport(source, report.engine)).merge(report)
         for note in report.notes:
             log.warning("%s: %s", source, note)
-        return found
 
     def _give(self, found: tuple[list[TextLine], SourceReport], ids: np.ndarray,
               start: np.ndarray, end: np.ndarray, lines: list, done: list) -> None:
-        """Each line to the rows holding it; a record per row."""
+        """Each line to every row it overlaps; a record per row."""
         found_lines, report = found
         count = np.zeros(len(ids), dtype=np.int64)
         for line in found_lines:

@@ -26,6 +26,7 @@ BM25 (FTS5's ``bm25()``: k1 = 1.2, b = 0.75).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
@@ -36,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from ..files import fault_point, storage_error
-from .lines import TextLine
+from .lines import TextLine, capped
 
 __all__ = ["TEXT_FILE", "Done", "Match", "TextIndex", "TextIndexError", "check_fts5",
            "check_text_file"]
@@ -102,17 +103,46 @@ def check_fts5() -> None:
         connection.close()
 
 
+def _writable(path: Path, mode: str) -> sqlite3.Connection | None:
+    """A connection to ``path`` that can write it, None where it cannot: a read-only mount,
+    folder or file (SQLite would open such a file read-only without a word, and the first
+    write would fail as if the file were damaged). ``os.access`` asks the kernel, which
+    answers for the mount and the permissions as they apply to this user."""
+    if path.is_file() and not os.access(path, os.W_OK):
+        return None
+    try:
+        return sqlite3.connect(path.as_uri() + f"?mode={mode}", uri=True,
+                               check_same_thread=False)
+    except sqlite3.OperationalError:
+        return None
+
+
+def _read_only(exc: sqlite3.Error) -> bool:
+    """Whether SQLite refused a write because the file, its folder or the mount is
+    read-only (not because the file is damaged)."""
+    text = str(exc).lower()
+    return "readonly" in text or "read-only" in text
+
+
 class TextIndex:
     """The text index of one index folder (module docstring); thread-safe."""
 
     def __init__(self, connection: sqlite3.Connection, path: Path | None, writable: bool):
         self._db, self.path, self.writable = connection, path, writable
+        self.fts_checked = False  # problems() ran FTS5's own check
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, directory: Path | None, *, create: bool) -> TextIndex | None:
+    def open(cls, directory: Path | None, *, create: bool, write: bool | None = None
+             ) -> TextIndex | None:
         """The text index in ``directory`` (None: a new one in memory). A missing file is
         created with ``create`` (the writer), else None (a reader: no lines yet).
+
+        A reader (``write`` False, the default without ``create``) opens the file read-only
+        and never writes it, so a read-only mount or a folder or file the user cannot write
+        is searched as any other. A writer (``create``, or ``write``: ``check --repair``)
+        gets a connection that can write where the file can be written, else a read-only
+        one (``writable`` False).
 
         Raises:
             TextIndexError: the file is damaged or of another format.
@@ -121,18 +151,18 @@ class TextIndex:
             check_fts5()
             return cls._ready(sqlite3.connect(":memory:", check_same_thread=False), None, True)
         path = Path(directory).absolute() / TEXT_FILE  # a file URI is absolute
+        write = create if write is None else write
         if not path.is_file() and not create:
             return None
         if not path.is_file():
             check_fts5()
-        try:
-            connection = sqlite3.connect(path.as_uri() + ("?mode=rwc" if create else "?mode=rw"),
-                                         uri=True, check_same_thread=False)
-            writable = True
-        except sqlite3.OperationalError:  # a read-only folder or file
+        connection = None
+        if write:
+            connection = _writable(path, "rwc" if create else "rw")
+        writable = connection is not None
+        if connection is None:
             connection = sqlite3.connect(path.as_uri() + "?mode=ro", uri=True,
                                          check_same_thread=False)
-            writable = False
         return cls._ready(connection, path, writable)
 
     @classmethod
@@ -167,14 +197,15 @@ class TextIndex:
     def write(self, lines: Iterable[tuple[int, TextLine]], done: Iterable[tuple[int, Done]]
               ) -> None:
         """In one transaction: for each ``(row, Done)``, the row's earlier lines of that source
-        are replaced by the given ``(row, line)`` pairs of it, and the record kept."""
+        are replaced by the given ``(row, line)`` pairs of it, and the record kept. A line's
+        text is stored :func:`~dicosa.text.lines.capped`."""
         done, lines = list(done), list(lines)
         with self._writing():
             self._db.executemany("DELETE FROM line WHERE row = ? AND source = ?",
                                  [(row, d.source) for row, d in done])
             self._db.executemany(
                 "INSERT INTO line(row, start_s, end_s, source, text) VALUES (?, ?, ?, ?, ?)",
-                [(row, ln.start, ln.end, ln.source, ln.text) for row, ln in lines])
+                [(row, ln.start, ln.end, ln.source, capped(ln.text)) for row, ln in lines])
             self._db.executemany(
                 "INSERT OR REPLACE INTO done VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [(row, d.source, d.engine, d.lines, d.seconds, d.frames, d.note)
@@ -266,27 +297,61 @@ class TextIndex:
         return self._all("SELECT start_s, end_s, source, text FROM line WHERE row = ? "
                          "ORDER BY start_s, id", (int(row),))
 
+    def sources(self) -> set[str]:
+        """The sources that found a line in any row."""
+        return {source for (source,) in self._all(
+            "SELECT source FROM done WHERE lines > 0 GROUP BY source")}
+
     def stats(self) -> dict[str, dict]:
-        """Per source: rows read, rows with lines, lines, seconds transcribed, frames read."""
+        """Per source: rows read, rows with lines, lines, their placements in rows, seconds
+        transcribed, frames read. A line that overlaps several rows is stored with each
+        (``placements``) and counted once in ``lines`` (by its time and text: the same
+        words at the same time in two videos count once)."""
+        counted = {source: (lines, placed) for source, lines, placed in self._all(
+            "SELECT source, count(*), sum(placed) FROM (SELECT source, count(*) AS placed "
+            "FROM line GROUP BY source, start_s, end_s, text) GROUP BY source")}
         out = {}
-        for source, rows, found, lines, seconds, frames in self._all(
-                "SELECT source, count(*), sum(lines > 0), sum(lines), sum(seconds), "
-                "sum(frames) FROM done GROUP BY source"):
+        for source, rows, found, seconds, frames in self._all(
+                "SELECT source, count(*), sum(lines > 0), sum(seconds), sum(frames) FROM done "
+                "GROUP BY source"):
+            lines, placed = counted.get(source, (0, 0))
             out[source] = {"rows": rows, "rows_with_lines": int(found or 0),
-                           "lines": int(lines or 0), "seconds": float(seconds or 0),
-                           "frames": int(frames or 0)}
+                           "lines": int(lines or 0), "placements": int(placed or 0),
+                           "seconds": float(seconds or 0), "frames": int(frames or 0)}
         return out
 
     def problems(self) -> list[str]:
-        """What SQLite's integrity check and FTS5's own find wrong with the file."""
+        """What SQLite's integrity check and FTS5's own find wrong with the file.
+
+        FTS5's check is a write statement (that writes nothing), which a read-only file
+        refuses: there the word index's count of lines is compared with the table's
+        instead (:attr:`fts_checked` says which ran)."""
         try:
             found = [r for (r,) in self._all("PRAGMA integrity_check") if r != "ok"]
-            with self._lock:
-                self._db.execute("INSERT INTO line_fts(line_fts, rank) VALUES "
-                                 "('integrity-check', 1)")
+            if self.writable and self._fts_check():
+                return found[:5]
+            (lines, indexed), = self._all("SELECT (SELECT count(*) FROM line), "
+                                          "(SELECT count(*) FROM line_fts_docsize)")
+            if lines != indexed:
+                found.append(f"the word index holds {indexed} lines, the table {lines}")
         except sqlite3.DatabaseError as exc:
             return [f"integrity check failed ({exc})"]
         return found[:5]
+
+    def _fts_check(self) -> bool:
+        """FTS5's integrity check (raises where it finds damage); False where the file
+        turned out read-only."""
+        try:
+            with self._lock:
+                self._db.execute("INSERT INTO line_fts(line_fts, rank) VALUES "
+                                 "('integrity-check', 1)")
+        except sqlite3.OperationalError as exc:
+            if not _read_only(exc):
+                raise
+            self.writable = False
+            return False
+        self.fts_checked = True
+        return True
 
     def backup(self, path: Path) -> None:
         """Copy the whole index to ``path`` (an in-memory index saved into a folder)."""
@@ -303,34 +368,47 @@ def check_text_file(directory: Path, live: np.ndarray, repair: bool
     """``(problems, repaired, checked)`` of ``directory``'s text index against the live rows:
     a file that does not open or fails its integrity checks (repair: deleted, read again from
     the videos by the next ``index`` run), lines of rows the manifest does not hold (left by
-    a write that never committed: never searched; repair deletes them)."""
+    a write that never committed: never searched; repair deletes them). A file that cannot be
+    written is checked read-only (``checked`` says so), never called damaged for that."""
     path = Path(directory) / TEXT_FILE
     if not path.is_file():
         return [], [], None
     try:
-        index = TextIndex.open(directory, create=False)
+        index = TextIndex.open(directory, create=False, write=True)
         broken = index.problems()
     except TextIndexError as exc:
         index, broken = None, [str(exc)]
     if broken:
         if index is not None:
             index.close()
-        what = f"{path} is damaged ({broken[0]})"
-        if not repair:
-            return [what + "; 'check --repair' deletes it (the next 'index' run reads the "
-                    "videos' text again)"], [], None
-        path.unlink()
-        Path(str(path) + "-journal").unlink(missing_ok=True)
-        return [], [what + ": deleted; the next 'index' run reads the videos' text again"], None
+        return _damaged(path, broken[0], repair)
     try:
-        stray = np.setdiff1d(index.rows(), live)
-        checked = f"text lines of {len(np.intersect1d(index.rows(), live))} rows"
+        rows = index.rows()
+        checked = f"text lines of {len(np.intersect1d(rows, live))} rows" + (
+            "" if index.fts_checked else " (read-only: counted against the word index; "
+            "FTS5's own check needs a file it can write)")
+        stray = np.setdiff1d(rows, live)
         if not len(stray):
             return [], [], checked
         what = f"text lines of {len(stray)} row(s) the manifest does not hold"
         if repair and index.writable:
             index.remove(stray)
             return [], [what + ": deleted"], checked
-        return [], [], checked + f"; {what} (never searched; --repair deletes them)"
+        how = "--repair deletes them" if index.writable else "read-only here: not deleted"
+        return [], [], checked + f"; {what} (never searched; {how})"
     finally:
         index.close()
+
+
+def _damaged(path: Path, why: str, repair: bool) -> tuple[list[str], list[str], None]:
+    """A damaged text file: reported, or deleted with ``repair`` (where it can be)."""
+    what = f"{path} is damaged ({why})"
+    if not repair:
+        return [what + "; 'check --repair' deletes it (the next 'index' run reads the "
+                "videos' text again)"], [], None
+    try:
+        path.unlink()
+        Path(str(path) + "-journal").unlink(missing_ok=True)
+    except OSError as exc:
+        return [what + f"; it cannot be deleted here ({exc.strerror or exc})"], [], None
+    return [], [what + ": deleted; the next 'index' run reads the videos' text again"], None

@@ -14,11 +14,27 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-__all__ = ["SOURCES", "SourceReport", "SourceUnavailable", "TextLine", "assign", "row_spans",
-           "spans_of"]
+__all__ = ["MAX_LINE_CHARS", "MIN_OVERLAP_S", "SOURCES", "SourceReport", "SourceUnavailable",
+           "TextLine", "assign", "capped", "held", "row_spans", "spans_of"]
 
 SOURCES = ("subtitles", "speech", "screen")
+MAX_LINE_CHARS = 1000  # a line's text is cut here (at a space where there is one)
+# A line belongs to a row it overlaps by this much (or by half the line, if shorter): a cue
+# that ends a few frames into the next segment is timing jitter, not that segment's.
+MIN_OVERLAP_S = 0.25
 _NOTES = 20  # one-sentence problems kept per report (the rest are counted)
+
+
+def capped(text: str, limit: int = MAX_LINE_CHARS) -> str:
+    """``text`` cut to at most ``limit`` characters, at the last space before the limit
+    where there is one in its second half, an ellipsis ending the cut text."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 1]
+    space = cut.rfind(" ")
+    if space > limit // 2:
+        cut = cut[:space]
+    return cut.rstrip() + "\u2026"
 
 
 class SourceUnavailable(RuntimeError):
@@ -116,15 +132,23 @@ def assign(line_start: float, line_end: float, start: np.ndarray, end: np.ndarra
            ) -> np.ndarray:
     """Positions of the rows (spans ``start``/``end`` [n], one video's) a line belongs to.
 
-    A line belongs to every row that holds at least half of it; a line no row holds half of
-    (longer than the rows around it) to the row holding most of it; an instant (a line with
-    no length) to the rows whose span contains it.
-    """
+    A line belongs to every row it overlaps by at least :data:`MIN_OVERLAP_S` or half its
+    length, whichever is less (a 10-s cue over four 3-s segments is in all four); an instant
+    (a line with no length) to the rows whose span contains it. Which rows a line reaches does
+    not depend on which other rows are read with it."""
     length = line_end - line_start
     if length <= 0:
         return np.flatnonzero((start <= line_start) & (line_start <= end))
-    overlap = np.clip(np.minimum(end, line_end) - np.maximum(start, line_start), 0, None)
-    held = np.flatnonzero(overlap >= 0.5 * length)
-    if len(held) or not len(overlap) or overlap.max() <= 0:
-        return held
-    return np.array([int(np.argmax(overlap))])
+    overlap = np.minimum(end, line_end) - np.maximum(start, line_start)
+    return np.flatnonzero(overlap >= min(MIN_OVERLAP_S, 0.5 * length))
+
+
+def held(line_start: np.ndarray, line_end: np.ndarray, start: np.ndarray, end: np.ndarray
+         ) -> np.ndarray:
+    """The part (0..1) of each line ``[n]`` that its row (spans ``start``/``end`` [n]) holds:
+    1 for an instant inside it, or where the row's span is unknown (NaN)."""
+    length = line_end - line_start
+    overlap = np.minimum(end, line_end) - np.maximum(start, line_start)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        part = np.where(length > 0, overlap / np.where(length > 0, length, 1.0), 1.0)
+    return np.where(np.isnan(part), 1.0, np.clip(part, 0.0, 1.0))

@@ -1,31 +1,66 @@
-"""On-screen text: Tesseract OCR on a few frames of each row.
+"""On-screen text: Tesseract OCR on a few frames of each row, keeping only what reads as text.
 
 For a row covering ``start``..``end`` s, :func:`screen_lines` decodes ``count`` frames at the
 centres of ``count`` equal parts of the range (PyAV, seeking to each) and reads each with
 Tesseract (through pytesseract, which runs the ``tesseract`` program of Debian's
-``tesseract-ocr`` + ``tesseract-ocr-eng``). A frame's text is a line covering its part of the
-range, so its time is known to within half a part; the same text on consecutive frames of a
-row is one line over their parts.
+``tesseract-ocr`` + ``tesseract-ocr-eng``). Each line of text on a frame is a line covering its
+part of the range, so its time is known to within half a part; the same text on consecutive
+frames of a row is one line over their parts.
 
-Frames whose short side is under :data:`MIN_SIDE` pixels are enlarged first (Tesseract reads
-letters about 20 px high best); Tesseract segments the frame as sparse text (``--psm 11``:
-captions, signs and titles anywhere on the picture), and words it is less than
-:data:`MIN_CONFIDENCE` % sure of, or without a letter or digit, are dropped.
+**Reading a frame** (:func:`read_lines`). Tesseract given a whole natural picture reads its
+texture as words ("Wy", "AN", "4", "ws 7 fe"), some at 90 % confidence. Text put on a video
+(titles, captions, lower thirds, slides) is drawn in a flat colour far lighter or darker than
+what surrounds it, so the frame is read as two masks, :func:`ink_masks`: the pixels at least
+:data:`BRIGHT` grey (white, yellow or cyan letters, with or without an outline or box) and
+the pixels at most :data:`DARK` (black letters on a light card), each drawn black on white. A
+mask keeps the letters whole and leaves a picture's texture as a few large blobs, which
+Tesseract does not read as words. A mask whose ink covers less than :data:`MIN_INK` of the
+frame (no pixel that light or dark: no such text) or more than :data:`MAX_INK` (a frame mostly
+that light or dark: no background for letters) is not read, which spares Tesseract most
+frames without text. Frames whose short side is under :data:`MIN_SIDE` pixels are enlarged
+first (Tesseract reads letters about 20 px high best); Tesseract segments each mask as sparse
+text (``--psm 11``: captions, signs and titles anywhere on the picture).
+
+**What is kept** (:func:`text_lines`). Tesseract groups its words into lines (block,
+paragraph, line). A word is kept when Tesseract is at least :data:`WORD_CONFIDENCE` % sure of
+it and it is written as a word is: letters in one case pattern (``word``, ``WORD``,
+``Word``; an apostrophe or hyphen inside), or a number (``7``, ``12:30``, ``3.5``, ``40%``);
+surrounding punctuation is dropped. A line is kept only with an anchor: a kept word of at least
+:data:`ANCHOR_LETTERS` letters, a vowel among them, read at :data:`ANCHOR_CONFIDENCE` % or
+more; a line of one word needs an anchor of :data:`ALONE_LETTERS` letters. Texture read as
+text is short, of mixed case or unsure, and alone ("ate", "the", "dig" on Big Buck Bunny's
+grass); a caption has a real word in it.
+What this cannot read: letters neither light nor dark (mid-grey, saturated red or blue on a
+dark picture), letters as light as the picture behind them with no outline, a single
+number or a two-letter word on its own (no anchor), handwriting.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+
 from .lines import SourceReport, SourceUnavailable, TextLine
 
-__all__ = ["MIN_CONFIDENCE", "MIN_SIDE", "frame_times", "read_frame", "screen_lines"]
+__all__ = ["ALONE_LETTERS", "ANCHOR_CONFIDENCE", "ANCHOR_LETTERS", "BRIGHT", "DARK", "MAX_INK",
+           "MIN_INK", "MIN_SIDE", "WORD_CONFIDENCE", "frame_times", "ink_masks", "read_lines",
+           "screen_lines", "text_lines"]
 
 MIN_SIDE = 720
-MIN_CONFIDENCE = 60.0
+BRIGHT, DARK = 200, 55  # grey levels of drawn text: at least BRIGHT, or at most DARK
+MIN_INK, MAX_INK = 0.0005, 0.5  # a mask is read when its ink covers this share of the frame
+WORD_CONFIDENCE = 60.0
+ANCHOR_CONFIDENCE = 85.0
+ANCHOR_LETTERS = 3
+ALONE_LETTERS = 4  # a line of one word: its anchor's letters
 _CONFIG = "--psm 11"
+_EDGES = re.compile(r"^[^\w]+|[^\w]+$")
+_NUMBER = re.compile(r"^\d+(?:[.,:]\d+)*%?$")
+_VOWELS = set("aeiouyAEIOUY")
 
 
 def frame_times(start: float, end: float, count: int) -> list[float]:
@@ -34,8 +69,64 @@ def frame_times(start: float, end: float, count: int) -> list[float]:
     return [start + (i + 0.5) * step for i in range(count)]
 
 
-def read_frame(image) -> str:
-    """The words Tesseract reads in a PIL image, in reading order, one space apart.
+def ink_masks(image) -> list:
+    """The masks of a PIL image that are worth reading (module docstring): its light pixels,
+    then its dark ones, each as black ink on white, enlarged to :data:`MIN_SIDE`."""
+    from PIL import Image
+
+    gray = image.convert("L")
+    short = min(gray.size)
+    if 0 < short < MIN_SIDE:
+        scale = MIN_SIDE / short
+        gray = gray.resize((round(gray.width * scale), round(gray.height * scale)),
+                           Image.Resampling.BICUBIC)
+    pixels = np.asarray(gray)
+    masks = []
+    for ink in (pixels >= BRIGHT, pixels <= DARK):
+        if MIN_INK <= ink.mean() <= MAX_INK:
+            masks.append(Image.fromarray(np.where(ink, 0, 255).astype(np.uint8)))
+    return masks
+
+
+def _word(token: str) -> str | None:
+    """``token`` without surrounding punctuation if it is written as a word or a number."""
+    word = _EDGES.sub("", token)
+    if _NUMBER.match(word):
+        return word
+    parts = re.split(r"['’-]", word)
+    if not word or not all(p.isalpha() for p in parts):
+        return None
+    letters = "".join(parts)
+    if letters.islower() or letters.isupper() or (letters[0].isupper()
+                                                 and letters[1:].islower()):
+        return word
+    return None
+
+
+def _anchor(word: str, confidence: float, letters_needed: int) -> bool:
+    letters = [ch for ch in word if ch.isalpha()]
+    return (confidence >= ANCHOR_CONFIDENCE and len(letters) >= letters_needed
+            and bool(_VOWELS.intersection(letters)))
+
+
+def text_lines(data: dict) -> list[str]:
+    """The lines worth keeping (module docstring) of Tesseract's ``image_to_data`` dict, in
+    its order."""
+    grouped: dict[tuple, list[tuple[str, float]]] = {}
+    columns = zip(data["text"], data["conf"], data["block_num"], data["par_num"],
+                  data["line_num"], strict=True)
+    for token, confidence, *line in columns:
+        confidence = float(confidence)
+        word = _word(str(token)) if confidence >= WORD_CONFIDENCE else None
+        if word:
+            grouped.setdefault(tuple(line), []).append((word, confidence))
+    return [" ".join(w for w, _ in words) for words in grouped.values()
+            if any(_anchor(w, c, ANCHOR_LETTERS if len(words) > 1 else ALONE_LETTERS)
+                   for w, c in words)]
+
+
+def read_lines(image) -> list[str]:
+    """The lines of text Tesseract reads in a PIL image (module docstring), each once.
 
     Raises:
         SourceUnavailable: the ``tesseract`` program or pytesseract is not installed.
@@ -45,20 +136,16 @@ def read_frame(image) -> str:
     except ImportError:
         raise SourceUnavailable("pytesseract is not installed (pip install 'dicosa[text]')"
                                 ) from None
-    gray = image.convert("L")
-    short = min(gray.size)
-    if 0 < short < MIN_SIDE:
-        scale = MIN_SIDE / short
-        gray = gray.resize((round(gray.width * scale), round(gray.height * scale)))
-    try:
-        data = pytesseract.image_to_data(gray, config=_CONFIG,
-                                         output_type=pytesseract.Output.DICT)
-    except pytesseract.TesseractNotFoundError:
-        raise SourceUnavailable("Tesseract is not installed (Debian: apt-get install "
-                                "tesseract-ocr tesseract-ocr-eng)") from None
-    words = [w.strip() for w, c in zip(data["text"], data["conf"], strict=True)
-             if float(c) >= MIN_CONFIDENCE and any(ch.isalnum() for ch in w)]
-    return " ".join(words)
+    lines: list[str] = []
+    for mask in ink_masks(image):
+        try:
+            data = pytesseract.image_to_data(mask, config=_CONFIG,
+                                             output_type=pytesseract.Output.DICT)
+        except pytesseract.TesseractNotFoundError:
+            raise SourceUnavailable("Tesseract is not installed (Debian: apt-get install "
+                                    "tesseract-ocr tesseract-ocr-eng)") from None
+        lines += [line for line in text_lines(data) if line not in lines]
+    return lines
 
 
 def _frames_at(path: Path, times: list[float]) -> Iterator[tuple[float, object]]:
@@ -101,7 +188,7 @@ def screen_lines(video: str | Path, spans: list[tuple[float, float]], count: int
         read = []
         try:
             for t, image in _frames_at(video, frame_times(start, end, count)):
-                read.append((t, read_frame(image)))
+                read.append((t, read_lines(image)))
         except (av.FFmpegError, OSError, IndexError) as exc:
             report.skipped["videos whose frames do not decode"] += 1
             report.note(f"the frames of {video} could not be read for OCR ({exc})")
@@ -112,14 +199,20 @@ def screen_lines(video: str | Path, spans: list[tuple[float, float]], count: int
     return lines, report
 
 
-def _joined(video: Path, read: list[tuple[float, str]], step: float) -> list[TextLine]:
+def _joined(video: Path, read: list[tuple[float, list[str]]], step: float) -> list[TextLine]:
     """One line per run of consecutive frames reading the same text."""
     lines: list[TextLine] = []
-    for t, text in read:
-        if not text:
-            continue
+    open_: dict[str, int] = {}  # text -> its line in ``lines``, while read on every frame
+    for t, texts in read:
         start, end = t - step / 2, t + step / 2
-        if lines and lines[-1].text == text and abs(lines[-1].end - start) < 1e-6:
-            start = lines.pop().start
-        lines.append(TextLine(str(video), start, end, text, "screen"))
+        still = {}
+        for text in texts:
+            at = open_.get(text)
+            if at is not None and abs(lines[at].end - start) < 1e-6:
+                lines[at] = TextLine(str(video), lines[at].start, end, text, "screen")
+            else:
+                at = len(lines)
+                lines.append(TextLine(str(video), start, end, text, "screen"))
+            still[text] = at
+        open_ = still
     return lines

@@ -6,6 +6,13 @@ alternatives (any of them matches) that BM25 ranks by how many, and how rare, th
 ``red car "exit 42"`` finds lines holding "exit 42", ranked higher where they also say red or
 car; ``red car`` finds lines holding either.
 
+**Stop words.** An unquoted word of :data:`STOP_WORDS` (English function words: "a", "is",
+"the", "of", ...) never matches a line on its own: "a man is walking" looks for lines saying
+"man" or "walking", so a line whose only match is "is" is not a match at all (a stop word
+is in nearly every line, and OCR that misreads a texture writes them too). A query made of
+stop words alone ("the who", "to be or not to be") is searched as the phrase it is; quoted
+words are always matched as written.
+
 Nothing of the user's text reaches SQLite as syntax: words are cut out of it as runs of
 letters and digits (what FTS5's ``unicode61`` tokenizer keeps), each becomes an FTS5 string
 (``"word"``, a double quote inside doubled), and the expression is passed as a bound
@@ -19,9 +26,24 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-__all__ = ["MAX_TERMS", "TextQuery", "text_query", "words_of"]
+__all__ = ["MAX_TERMS", "SNIPPET_CHARS", "STOP_WORDS", "TextQuery", "snippet", "text_query",
+           "words_of"]
 
 MAX_TERMS = 64  # words and phrases a query keeps (the rest are ignored)
+SNIPPET_CHARS = 240  # the most of a line an answer shows (around its first matched word)
+# English function words (as words_of gives them: lower case, no accents, apostrophes cut).
+_STOP_WORDS = """
+a an the and or but nor so yet if then than as of at by for from in into on onto off out over
+under up down to with without about above below between through during before after
+again further once here there when where why how all any both each few more most other some
+such no not only own same too very can will just should would could may might must shall
+is am are was were be been being have has had having do does did doing i me my myself we us
+our ours ourselves you your yours yourself yourselves he him his himself she her hers herself
+it its itself they them their theirs themselves what which who whom whose this that these
+those s t d ll m re ve don isn aren wasn weren hasn haven hadn doesn didn wouldn shan
+shouldn couldn mustn
+"""
+STOP_WORDS = frozenset(_STOP_WORDS.split())
 _WORD = re.compile(r"[^\W_]+")
 _QUOTED = re.compile(r'"([^"]*)"')
 
@@ -48,13 +70,25 @@ class TextQuery:
     @property
     def terms(self) -> set[str]:
         """Every word the query looks for (to show where a line matched)."""
-        return set(self.words).union(*self.phrases)
+        return set(self._words()).union(*self._phrases())
+
+    def _words(self) -> tuple[str, ...]:
+        """The words that may match alone: the stop words left out where another word or a
+        phrase is there to match (module docstring)."""
+        content = tuple(w for w in self.words if w not in STOP_WORDS)
+        return content if content or self.phrases else ()
+
+    def _phrases(self) -> tuple[tuple[str, ...], ...]:
+        """The quoted phrases, or a query of stop words alone as one phrase."""
+        if self.phrases or self._words() or not self.words:
+            return self.phrases
+        return (self.words,)
 
     def expression(self) -> str | None:
         """The FTS5 query (a bound parameter for ``MATCH``), None when nothing is left to
         search for."""
-        required = [_string(p) for p in self.phrases]
-        optional = [_string((w,)) for w in self.words]
+        required = [_string(p) for p in self._phrases()]
+        optional = [_string((w,)) for w in self._words()]
         if not required:
             return " OR ".join(optional) or None
         if not optional:
@@ -78,3 +112,17 @@ def text_query(text: str) -> TextQuery:
     phrases = list(dict.fromkeys(phrases))[:MAX_TERMS]
     words = list(dict.fromkeys(words))[:max(0, MAX_TERMS - len(phrases))]
     return TextQuery(tuple(phrases), tuple(words))
+
+
+def snippet(text: str, words: set[str] | list[str], limit: int = SNIPPET_CHARS) -> str:
+    """At most ``limit`` characters of ``text`` around the first of ``words`` it holds (as
+    :func:`words_of` compares them), an ellipsis where it was cut; a short text whole."""
+    if len(text) <= limit:
+        return text
+    wanted = set(words)
+    at = next((m.start() for m in _WORD.finditer(text) if words_of(m.group(0))
+               and words_of(m.group(0))[0] in wanted), 0)
+    start = max(0, min(at - limit // 4, len(text) - limit))
+    part = text[start:start + limit]
+    return ("\u2026" if start else "") + part.strip() + (
+        "\u2026" if start + limit < len(text) else "")

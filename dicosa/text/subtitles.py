@@ -16,7 +16,8 @@ are skipped with that reason.
 **Bad cues.** Cues are sorted by start; overlapping cues are kept (each is a line). A cue
 that cannot be read (a broken timestamp), has no text, ends before it starts, or starts
 after the video's end is skipped and counted by reason; one running past the end is cut
-there. A file that cannot be read or parsed is skipped whole with one sentence.
+there; a cue's text past :data:`~dicosa.text.lines.MAX_LINE_CHARS` characters is cut (and
+counted). A file that cannot be read or parsed is skipped whole with one sentence.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import re
 import time
 from pathlib import Path
 
-from .lines import SourceReport, TextLine
+from .lines import MAX_LINE_CHARS, SourceReport, TextLine, capped
 
 __all__ = ["SUBTITLE_EXTENSIONS", "decode_text", "parse_cues", "sidecars", "subtitle_lines"]
 
@@ -37,6 +38,7 @@ _CUE_MARKERS = {"srt": re.compile(r"-->"), "vtt": re.compile(r"-->"),
                 "ass": re.compile(r"^Dialogue:", re.MULTILINE),
                 "ssa": re.compile(r"^Dialogue:", re.MULTILINE)}
 _DUPLICATE = "duplicate cues"
+_CUT = f"cues cut at {MAX_LINE_CHARS:,} characters"
 
 
 def sidecars(video: str | Path) -> list[Path]:
@@ -136,6 +138,9 @@ def _clean(cues: list[tuple[float, float, str]], duration: float, report: Source
         elif start >= duration:
             report.skipped["cues after the video's end"] += 1
         else:
+            if len(text) > MAX_LINE_CHARS:
+                report.skipped[_CUT] += 1
+                text = capped(text)
             kept.append((max(0.0, start), min(end, duration), text))
     return sorted(kept, key=lambda c: (c[0], c[1]))
 

@@ -1,6 +1,6 @@
 // dicosa's search page: plain JavaScript, no build step.
-// State lives in the URL (?q=&without=&mode=&page= or ?like=ID[&row=R]&page=), so a search can be
-// shared and the Back button works. Everything shown comes from /api/...; text from the server
+// State lives in the URL (?q=&without=&mode=&source=&page= or ?like=ID[&row=R]&page=), so a
+// search can be shared and the Back button works. Everything shown comes from /api/...; text from the server
 // is put in with textContent only.
 "use strict";
 
@@ -9,6 +9,7 @@ const $ = (id) => document.getElementById(id);
 const el = {
   form: $("search"), q: $("q"), without: $("without"), mode: $("mode"),
   modeField: $("mode-field"), facts: $("facts"), status: $("status"), notes: $("notes"),
+  source: $("source"), sourceField: $("source-field"),
   results: $("results"), pager: $("pager"), prev: $("prev"), next: $("next"),
   pageLabel: $("page-label"), playerBox: $("player-box"), player: $("player"),
   nowPlaying: $("now-playing"), closePlayer: $("close-player"),
@@ -52,7 +53,7 @@ function state() {
   const p = new URLSearchParams(location.search);
   return {
     q: p.get("q") || "", without: p.get("without") || "", mode: p.get("mode") || "",
-    like: p.get("like") || "", row: p.get("row") || "",
+    source: p.get("source") || "", like: p.get("like") || "", row: p.get("row") || "",
     page: Math.max(1, parseInt(p.get("page") || "1", 10) || 1),
   };
 }
@@ -66,6 +67,7 @@ function go(next, replace = false) {
     if (next.q) p.set("q", next.q);
     if (next.without) p.set("without", next.without);
     if (next.mode) p.set("mode", next.mode);
+    if (next.source) p.set("source", next.source);
   }
   if (next.page > 1) p.set("page", String(next.page));
   const url = `${location.pathname}${p.toString() ? "?" + p : ""}`;
@@ -108,8 +110,13 @@ async function loadInfo() {
   if (info.heads.lexical) heads.push("words");
   if (info.heads.concepts) heads.push("“without”");
   if (info.heads.fusion) heads.push("titles");
+  const words = Object.keys((info.sources && info.sources.text) || {});
   el.facts.textContent = `${info.videos.toLocaleString()} videos · ${info.model.arch}` +
-    (heads.length ? ` · ${heads.join(", ")}` : "");
+    (heads.length ? ` · ${heads.join(", ")}` : "") +
+    (words.length ? ` · words from ${words.join(", ")}` : "");
+  el.sourceField.hidden = !words.length;  // pictures only: nothing to choose
+  el.source.title = words.length ? `match the pictures, the words (${words.join(", ")}), or both`
+    : "";
   el.mode.replaceChildren();
   for (const [name, help] of Object.entries(info.modes)) {
     const option = new Option(name, name, false, name === info.default_mode);
@@ -129,6 +136,7 @@ function show() {
   el.q.value = s.q;
   el.without.value = s.without;
   if (s.mode && info.modes[s.mode]) el.mode.value = s.mode;
+  el.source.value = ["visual", "text"].includes(s.source) ? s.source : "";
   if (s.like) {
     const p = new URLSearchParams({ k: PAGE, offset: (s.page - 1) * PAGE });
     if (s.row) p.set("row", s.row);
@@ -144,6 +152,7 @@ function show() {
                                   explain: "true" });
   for (const part of s.without.split(",")) if (part.trim()) p.append("exclude", part.trim());
   if (s.mode) p.set("mode", s.mode);
+  if (s.source) p.set("source", s.source);
   run(s, `/api/search?${p}`);
 }
 
@@ -185,10 +194,13 @@ function render(s, answer) {
   } else {
     const first = answer.query.offset + 1;
     const t = answer.times_ms;
-    const parts = [["text", t.encode], ["first stage", t.first_stage], ["rerank", t.rerank],
-                   ["moments", t.moments]].filter(([, v]) => v !== undefined)
-      .map(([n, v]) => `${n} ${v.toFixed(0)}`);
-    say(`Results ${first}–${first + answer.hits.length - 1} for ${what} · ` +
+    const parts = [["query", t.encode], ["words", t.words], ["first stage", t.first_stage],
+                   ["rerank", t.rerank], ["moments", t.moments]]
+      .filter(([, v]) => v !== undefined).map(([n, v]) => `${n} ${v.toFixed(0)}`);
+    const by = answer.ranked_by;
+    const ranked = by && by.by !== "pictures" ? ` · ranked by ${by.by} (${by.sources.join(", ")})`
+      : "";
+    say(`Results ${first}–${first + answer.hits.length - 1} for ${what}${ranked} · ` +
         `${(t.total || 0).toFixed(0)} ms (${parts.join(" · ")})`);
   }
   el.pager.hidden = s.page === 1 && !answer.more;
@@ -218,10 +230,12 @@ function card(hit, answer) {
   if (hit.thumbnail) img.src = hit.thumbnail;
   else thumb.classList.add("missing");
   img.alt = `${hit.name}${best && best.time !== null ? " at " + clock(best.time) : ""}`;
+  if (best && best.by === "words") thumb.title = "where the words matched";
   thumb.querySelector(".when").textContent = best && best.time !== null ? clock(best.time) : "";
   thumb.addEventListener("click", () => play(hit, best ? best.time : 0, node));
   partial(node, hit);
   timeline(node, hit);
+  said(node, hit);
   chips(node, hit, answer);
   node.querySelector(".like").addEventListener("click",
     () => go({ like: String(hit.id), row: node.dataset.row || "", page: 1 }));
@@ -334,6 +348,53 @@ function moments(node, hit, span) {
   });
 }
 
+function folded(word) {
+  // a word as the text index compares it: lower case, accents removed
+  return word.normalize("NFD").replace(/\p{M}/gu, "").toLowerCase();
+}
+
+function marked(text, words) {
+  // the line's text with the query's words in <mark>, built from text nodes only
+  const wanted = new Set(words);
+  const parts = [];
+  let at = 0;
+  for (const m of text.matchAll(/[\p{L}\p{N}]+/gu)) {
+    if (!wanted.has(folded(m[0]))) continue;
+    parts.push(document.createTextNode(text.slice(at, m.index)));
+    const mark = document.createElement("mark");
+    mark.textContent = m[0];
+    parts.push(mark);
+    at = m.index + m[0].length;
+  }
+  parts.push(document.createTextNode(text.slice(at)));
+  return parts;
+}
+
+function said(node, hit) {
+  // What was said or written that matched, under the moments: its time (a click plays from
+  // there), its source, the line with the query's words marked.
+  const list = node.querySelector(".lines");
+  const lines = hit.lines || (hit.line ? [hit.line] : []);
+  list.hidden = !lines.length;
+  for (const line of lines) {
+    const item = document.createElement("li");
+    item.className = "said";
+    item.dataset.source = line.source;
+    const when = document.createElement("button");
+    when.type = "button";
+    when.className = "said-when";
+    when.textContent = `${line.source} ${clock(line.start)}–${clock(line.end)}`;
+    when.setAttribute("aria-label", `play from ${clock(line.start)}, where the ` +
+                      `${line.source} matched`);
+    when.addEventListener("click", () => play(hit, line.start, node));
+    const text = document.createElement("span");
+    text.className = "said-text";
+    text.append(...marked(line.text, line.words));
+    item.append(when, text);
+    list.append(item);
+  }
+}
+
 function chip(text, kind, title) {
   const li = document.createElement("li");
   li.className = `chip ${kind}`;
@@ -409,7 +470,8 @@ el.form.addEventListener("submit", (event) => {
   const q = el.q.value.trim();
   if (!q) { say("Type what to look for first.", "error"); el.q.focus(); return; }
   const mode = el.modeField.hidden || el.mode.value === info.default_mode ? "" : el.mode.value;
-  go({ q, without: el.without.value.trim(), mode, page: 1 });
+  const source = el.sourceField.hidden ? "" : el.source.value;
+  go({ q, without: el.without.value.trim(), mode, source, page: 1 });
 });
 el.prev.addEventListener("click", () => go({ ...state(), page: state().page - 1 }));
 el.next.addEventListener("click", () => go({ ...state(), page: state().page + 1 }));
