@@ -259,8 +259,8 @@ def test_index_with_a_head_and_search_by_words_on_the_command_line(model, traine
                                                                          rel=1e-4)
         assert list(result["explain"]["words"]) == [word]
     assert cli.main(["search", str(out), word, "--explain"]) == 0
-    table = capsys.readouterr().out
-    assert "(hybrid mode)" in table and "words " in table
+    table = capsys.readouterr().out  # 4 videos: every row reranked, no stage to name
+    assert "all 4 rows reranked by DiCoSA" in table and "words " in table
     assert cli.main(["search", str(out), word, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["mode"] == "hybrid"  # the default with a head
 
