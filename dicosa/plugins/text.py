@@ -234,7 +234,7 @@ class TextPlugin:
         """Rows ``missing`` read by :attr:`reads` (workers of a cluster, each holding its
         recogniser), a video's rows in one job; each job's lines committed here as it comes
         back (this process alone writes the text index), its reports added up."""
-        videos = self._ctx.store.videos_of(missing)
+        videos = self._ctx.store.videos.of(missing)
         chunks, start = [], 0
         for end in range(1, len(missing) + 1):  # whole videos, about _READ_CHUNK rows each
             if end == len(missing) or (end - start >= _READ_CHUNK
@@ -314,7 +314,7 @@ class TextPlugin:
         live = self._ctx.store.is_live(np.array([m.row for m in found], np.int64))
         ranking.matches = [m for m, ok in zip(found, live, strict=True) if ok][:TEXT_RANKED]
         rows = np.array([m.row for m in ranking.matches], np.int64)
-        spans = self._ctx.store.spans(rows)  # [n, 2]
+        spans = self._ctx.store.videos.spans(rows)  # [n, 2]
         scores = np.array([m.score for m in ranking.matches]) * held(
             np.array([m.start for m in ranking.matches]),
             np.array([m.end for m in ranking.matches]), spans[:, 0], spans[:, 1])
@@ -368,7 +368,7 @@ class TextPlugin:
         found = list(lines.values())[:limit]
         if not found and self._ctx is not None:
             matched = np.array([m.row for m in ranking.matches], dtype=np.int64)
-            videos = self._ctx.store.videos_of(matched)
+            videos = self._ctx.store.videos.of(matched)
             found = [m for m, v in zip(ranking.matches, videos, strict=True) if v == hit.id][:1]
         return [said(ranking, m) for m in found]
 

@@ -250,7 +250,7 @@ def _facts(engine: Engine | None) -> IndexFacts:
     """What of ``engine``'s index decides which requests it answers (None: not open yet)."""
     if engine is None:
         return IndexFacts()
-    return IndexFacts(tuple(engine.index.modes), "concepts" in engine.plugins,
+    return IndexFacts(tuple(engine.parts.modes), "concepts" in engine.plugins,
                       "text" in engine.plugins)
 
 
