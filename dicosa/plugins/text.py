@@ -9,11 +9,16 @@ index``, which reads subtitles whenever present) gives an index:
   held before, when the plugin is attached by the writer;
 - a first stage (``"text"``) proposing the rows whose lines match the query, so that a video
   whose pictures do not show what was said is still reranked;
+- the search option ``source`` (:data:`SOURCE`): what a query is matched against, the
+  pictures and each text source (``index.query(text, source="speech")``; an index without
+  this plugin takes ``visual`` alone, :data:`WITHOUT_TEXT`);
 - a query encoder: each query's text ranking (BM25 over FTS5, best line per row), once per
   search, in ``EncodedQueries.extra["text"]``, for the sources the search asks for
-  (``source=``: ``extra["source"]``);
-- a rerank hook fusing DiCoSA's ranking with the text ranking (:mod:`dicosa.text.fusion`);
-- ``explain``: the line that matched, its time and source, and the query's words in it.
+  (``extra["source"]``);
+- a rerank hook fusing DiCoSA's ranking with the text ranking (:mod:`dicosa.text.rrf`);
+- ``explain``: the line that matched, its time and source, and the query's words in it;
+  each hit's matched lines and a search's ``ranked_by`` in answers, and the line that decided
+  a hit's best moment (its thumbnail is taken there).
 
 **Who writes.** Only the process holding the index's writer lock writes ``text.sqlite``
 (:attr:`~dicosa.index.plugins.IndexContext.writing`); a reader that meets rows without text
@@ -31,17 +36,24 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from ..index.plugins import PICTURES, FileCheck, IndexPlugin, QueryOption
 from ..index.searcher import MOMENTS_PER_HIT
+from ..search.query import QueryError
 from ..search.types import Candidates, EncodedQueries
 from ..text.extract import DEFAULT_OCR_FRAMES, ReadElsewhere, ReadJob, TextReader, TextSettings
-from ..text.fts import TEXT_FILE, Match, TextIndex, TextIndexError
-from ..text.fusion import (
+from ..text.fts import TEXT_FILE, Match, TextIndex, TextIndexError, check_text_file
+from ..text.lines import SourceReport, held, row_spans
+from ..text.query import snippet, text_query, words_of
+from ..text.rrf import (
+    ALL_SOURCES,
     DEFAULT_RRF_K,
     DEFAULT_TEXT_WEIGHT,
     TEXT_SOURCES,
@@ -50,15 +62,13 @@ from ..text.fusion import (
     fuse,
     parse_sources,
 )
-from ..text.lines import SourceReport, held, row_spans
-from ..text.query import snippet, text_query, words_of
-from ..text.speech import Recognizer
+from ..text.speech import Recognizer, make_recognizer
 
 if TYPE_CHECKING:
     from ..index.searcher import SearchResult
 
-__all__ = ["PICTURES", "TEXT_RANKED", "TextPlugin", "TextRanking", "attach_text", "describe",
-           "format_line", "mark_words", "ranked_by", "said"]
+__all__ = ["SOURCE", "TEXT_RANKED", "WITHOUT_TEXT", "TextPlugin", "TextRanking", "attach_text",
+           "mark_words", "ranked_by", "said"]
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +76,36 @@ STAGE = "text"
 TEXT_RANKED = 1000  # rows of the text ranking each query keeps (the first stage's C at most)
 _READ_CHUNK = 16  # rows read and committed at once when filling an index
 _TOKEN = re.compile(r"[^\W_]+")
-PICTURES = {"by": "pictures", "sources": []}  # ranked_by a search that looks at no words
+
+
+def _sources(value: object, text: bool = True) -> list[str]:
+    """``source=`` checked: the sources a search looks at (:func:`~dicosa.text.rrf
+    .parse_sources`); text sources need this plugin (``text``: it is attached)."""
+    try:
+        sources = parse_sources(value)
+    except ValueError as exc:
+        raise QueryError(str(exc)) from None
+    if not text and sources - {VISUAL}:
+        raise QueryError("this index has no text lines to search: read them with "
+                         "'dicosa index FOLDER --out INDEX' (subtitles, --speech, --ocr) or "
+                         "dicosa.plugins.text.attach_text(index)")
+    return sorted(sources)
+
+
+def _sources_schema(names: tuple[str, ...], said: str) -> dict:
+    """``source``'s JSON Schema: names separated by commas (spaces around them allowed);
+    empty: every source the index has."""
+    name = r"\s*(?:" + "|".join(names) + r")\s*"
+    return {"type": "string", "pattern": f"^(?:{name}(?:,{name})*)?$",
+            "description": said + "; empty: everything the index has"}
+
+
+_NAMES = (*ALL_SOURCES, "text", "all")
+SOURCE = QueryOption("source", _sources, _sources_schema(
+    _NAMES, "what the query is matched against: " + ", ".join(_NAMES)
+    + ", or several separated by commas"))
+WITHOUT_TEXT = QueryOption("source", lambda value: _sources(value, text=False),
+                           _sources_schema((VISUAL,), "this index has no text lines: visual only"))
 
 
 @dataclass
@@ -89,7 +128,7 @@ class TextRanking:
         return bool(self.sources)
 
 
-class TextPlugin:
+class TextPlugin(IndexPlugin):
     """Text sources, their FTS5 index and fused search (:class:`~dicosa.index.plugins
     .IndexPlugin`; module docstring).
 
@@ -97,13 +136,14 @@ class TextPlugin:
         subtitles: read sidecar files and subtitle streams (default True).
         speech: ``"pocketsphinx"`` or ``"whisper:MODEL"`` to transcribe speech; False: none.
         ocr: read on-screen text with Tesseract on ``ocr_frames`` frames per row.
-        rrf_k, text_weight: the fusion's constants (:mod:`dicosa.text.fusion`).
+        rrf_k, text_weight: the fusion's constants (:mod:`dicosa.text.rrf`).
         recognizer: a recogniser object to use for ``speech`` (tests; not recorded).
 
     Options left None keep what the index recorded, else the defaults (subtitles only).
     """
 
     key = "text"
+    api_name = "text"
 
     def __init__(self, *, subtitles: bool | None = None, speech: str | bool | None = None,
                  ocr: bool | None = None, ocr_frames: int | None = None,
@@ -126,6 +166,45 @@ class TextPlugin:
         return cls(subtitles=record.get("subtitles", True), speech=record.get("speech") or False,
                    ocr=bool(frames), ocr_frames=frames or None, rrf_k=record.get("rrf_k"),
                    text_weight=record.get("text_weight"))
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, object], record: dict | None
+                     ) -> TextPlugin | None:
+        """``subtitles``, ``speech`` (an engine; "off" or "none": no speech), ``ocr`` and
+        ``ocr_frames`` (options left None keep what the index recorded); ``ray``: a
+        connected Ray module, whose workers then read speech and on-screen text. An unknown
+        speech engine is one sentence here, before any work. None where nothing is read."""
+        if not {"subtitles", "speech", "ocr", "ocr_frames"} & set(options):
+            return None
+        speech = options.get("speech")
+        if speech is not None and str(speech).lower() in ("off", "none"):
+            speech = False
+        elif speech is not None:
+            make_recognizer(speech)
+        if options.get("subtitles") is False and not speech and not options.get("ocr"):
+            return None
+        plugin = cls(subtitles=options.get("subtitles"), speech=speech, ocr=options.get("ocr"),
+                     ocr_frames=options.get("ocr_frames"))
+        ray = options.get("ray")
+        if ray is not None:
+            from ..text.ray_reads import ray_reads
+
+            cpus = int(ray.cluster_resources().get("CPU", 1))
+            plugin.reads = ray_reads(ray, readers=max(1, cpus - 1))
+        return plugin
+
+    @classmethod
+    def check_files(cls, directory: Path, live: np.ndarray, repair: bool) -> FileCheck:
+        """The text index against the live rows (:func:`~dicosa.text.fts.check_text_file`);
+        a repair deletes lines under the index's writer lock, as every write."""
+        from ..index.lock import WriterLock
+
+        if repair:
+            with WriterLock(directory):
+                problems, repaired, checked = check_text_file(directory, live, True)
+        else:
+            problems, repaired, checked = check_text_file(directory, live, False)
+        return FileCheck(problems, repaired, [checked] if checked else [])
 
     def _resolve(self, recorded: dict) -> None:
         asked = self.asked
@@ -150,6 +229,7 @@ class TextPlugin:
         ctx.add_stage(_TextStage(self), videos=lambda ids, _: ids, indexed=ctx.store.live())
         ctx.add_query_encoder(self._encode)
         ctx.add_hook(self._hook)
+        ctx.add_option(SOURCE)
         if ctx.writing():
             self.fill()
         else:
@@ -328,7 +408,7 @@ class TextPlugin:
     def _hook(self, queries: EncodedQueries, ids: np.ndarray, scores: torch.Tensor
               ) -> torch.Tensor:
         """Fused scores of the candidates ``ids [Q, C]`` (module docstring of
-        :mod:`dicosa.text.fusion`); a query that looks at no text, or matches none among its
+        :mod:`dicosa.text.rrf`); a query that looks at no text, or matches none among its
         candidates, keeps its scores."""
         rankings = queries.extra.get("text")
         if rankings is None:
@@ -377,17 +457,57 @@ class TextPlugin:
         found = self.matched(result, i, 1)
         return found[0] if found else None
 
-    def line_at(self, result: SearchResult, row: int) -> dict | None:
-        """The line of row ``row`` (a moment) that matched the query (None: none did)."""
+    def annotate(self, result: SearchResult, i: int) -> dict:
+        """``line``: the line of hit ``i`` that matched best (None: none did); ``lines``: its
+        matched lines, best moment first (:meth:`matched`)."""
+        lines = self.matched(result, i)
+        return {"line": lines[0] if lines else None, "lines": lines}
+
+    def annotate_row(self, result: SearchResult, row: int) -> dict:
+        """``line``: the line of row ``row`` (a moment) that matched the query, where one
+        did."""
         ranking = _ranking_of(result)
         found = ranking.by_row.get(int(row)) if ranking is not None else None
-        return None if found is None else said(ranking, found)
+        return {} if found is None else {"line": said(ranking, found)}
 
-    def evidence(self, result: SearchResult, i: int) -> tuple[float, float] | None:
-        """``(start, end)`` of the line that decided hit ``i``'s best moment, None where the
-        pictures did (or no line of that row matched). A line decides where the search
+    def summary(self, result: SearchResult) -> dict:
+        return {"ranked_by": ranked_by(result)}
+
+    def readable(self, said: dict) -> list[str]:
+        """Each matched line: ``speech 0:03.0-0:05.2 "the [secret] number"``."""
+        lines = said.get("lines") or ([said["line"]] if said.get("line") else [])
+        return [f"{line['source']} {_clock(line['start'])}-{_clock(line['end'])} "
+                f"\"{mark_words(line['text'], line['words'])}\"" for line in lines]
+
+    def describe(self) -> dict:
+        return {"sources": self.sources()}
+
+    def report(self, before: IndexPlugin | None) -> list[str]:
+        """What each source read (since ``before``, the plugin this one replaced, was
+        attached) and what the text index holds."""
+        reports = dict(before.reports) if isinstance(before, TextPlugin) else {}
+        for source, report in self.reports.items():
+            if source in reports:
+                reports[source].merge(report)
+            else:
+                reports[source] = report
+        lines = []
+        for source in self.settings.engines():
+            if source in reports:
+                lines.append(reports[source].summary())
+            if source in self.reader.unavailable:
+                lines.append(f"{source}: not read: {self.reader.unavailable[source]}")
+        totals = self.index.stats() if self.index is not None else {}
+        held = ", ".join(f"{s} {t['lines']} lines in {t['rows_with_lines']} of {t['rows']} "
+                         "rows" for s, t in sorted(totals.items()))
+        return [*lines, f"text index: {held or 'no lines'}"]
+
+    def evidence(self, result: SearchResult, i: int
+                 ) -> tuple[str, tuple[float, float]] | None:
+        """``("words", (start, end))`` of the line that decided hit ``i``'s best moment, None
+        where the pictures did (or no line of that row matched). A line decides where the search
         ranks by words alone, or where its term of the fused score is at least the pictures'
-        term (:func:`~dicosa.text.fusion.fuse`: ``w * s / s_best / (k + r_text)`` against
+        term (:func:`~dicosa.text.rrf.fuse`: ``w * s / s_best / (k + r_text)`` against
         ``1 / (k + r_visual)``, ``r_visual`` the row's rank by DiCoSA among the
         candidates)."""
         ranking = _ranking_of(result)
@@ -407,7 +527,7 @@ class TextPlugin:
                      / (self.rrf_k + ranking.ranks[hit.row]))
             if words < picture:
                 return None
-        return found.start, found.end
+        return "words", (found.start, found.end)
 
     def explain(self, result: SearchResult, i: int) -> dict | None:
         """The matched line (:meth:`match`): its text, time, source and the query's words in
@@ -510,17 +630,6 @@ def ranked_by(result: SearchResult) -> dict:
     return {"by": "pictures and words" if matched else "pictures", "sources": sources}
 
 
-def describe(ranked: dict) -> str:
-    """A header's words for :func:`ranked_by`: ``reranked by DiCoSA fused with the words of
-    subtitles``."""
-    sources = ", ".join(ranked["sources"])
-    if ranked["by"] == "words":
-        return f"ranked by the words of {sources} (BM25)"
-    if ranked["by"] == "pictures and words":
-        return f"reranked by DiCoSA fused with the words of {sources}"
-    return "reranked by DiCoSA" + (f" (no line of {sources} matched)" if sources else "")
-
-
 def mark_words(text: str, words: list[str] | set[str], left: str = "[", right: str = "]"
                ) -> str:
     """``text`` with each of ``words`` (as :func:`~dicosa.text.query.words_of` gives them)
@@ -529,12 +638,6 @@ def mark_words(text: str, words: list[str] | set[str], left: str = "[", right: s
     return _TOKEN.sub(lambda m: f"{left}{m.group(0)}{right}"
                       if words_of(m.group(0)) and words_of(m.group(0))[0] in wanted
                       else m.group(0), text)
-
-
-def format_line(line: dict) -> str:
-    """One readable line: ``speech 0:03.0-0:05.2 "the [secret] number"``."""
-    return (f"{line['source']} {_clock(line['start'])}-{_clock(line['end'])} "
-            f"\"{mark_words(line['text'], line['words'])}\"")
 
 
 def _clock(seconds: float) -> str:
