@@ -61,7 +61,7 @@ BUILTIN_PLUGINS = {
 }
 # query option -> "module:NAME" of the QueryOption that checks it where the index lacks the
 # plugin that registers it (a search of the pictures alone is still a search).
-BUILTIN_OPTIONS = {"source": "dicosa.plugins.text:WITHOUT_TEXT"}
+BUILTIN_OPTIONS = {"source": "dicosa.plugins.text_ranking:WITHOUT_TEXT"}
 # What ranked a search's hits where no plugin says otherwise (an answer's ``ranked_by``).
 PICTURES = {"by": "pictures", "sources": []}
 

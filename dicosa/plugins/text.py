@@ -9,11 +9,12 @@ index``, which reads subtitles whenever present) gives an index:
   held before, when the plugin is attached by the writer;
 - a first stage (``"text"``) proposing the rows whose lines match the query, so that a video
   whose pictures do not show what was said is still reranked;
-- the search option ``source`` (:data:`SOURCE`): what a query is matched against, the
-  pictures and each text source (``index.query(text, source="speech")``; an index without
-  this plugin takes ``visual`` alone, :data:`WITHOUT_TEXT`);
-- a query encoder: each query's text ranking (BM25 over FTS5, best line per row), once per
-  search, in ``EncodedQueries.extra["text"]``, for the sources the search asks for
+- the search option ``source`` (:data:`~dicosa.plugins.text_ranking.SOURCE`): what a query
+  is matched against, the pictures and each text source (``index.query(text,
+  source="speech")``; an index without this plugin takes ``visual`` alone);
+- a query encoder: each query's text ranking (BM25 over FTS5, best line per row,
+  :class:`~dicosa.plugins.text_ranking.TextRanking`), once per search, in
+  ``EncodedQueries.extra["text"]``, for the sources the search asks for
   (``extra["source"]``);
 - a rerank hook fusing DiCoSA's ranking with the text ranking (:mod:`dicosa.text.rrf`);
 - ``explain``: the line that matched, its time and source, and the query's words in it;
@@ -34,98 +35,40 @@ Its record (``meta["text"]``): ``{"subtitles", "speech", "ocr_frames", "rrf_k",
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from ..index.plugins import PICTURES, FileCheck, IndexPlugin, QueryOption
+from ..index.plugins import FileCheck, IndexPlugin
 from ..index.searcher import MOMENTS_PER_HIT
-from ..search.query import QueryError
 from ..search.types import Candidates, EncodedQueries
 from ..text.extract import DEFAULT_OCR_FRAMES, ReadElsewhere, ReadJob, TextReader, TextSettings
-from ..text.fts import TEXT_FILE, Match, TextIndex, TextIndexError, check_text_file
-from ..text.lines import SourceReport, held, row_spans
-from ..text.query import snippet, text_query, words_of
+from ..text.fts import TEXT_FILE, TextIndex, TextIndexError, check_text_file
+from ..text.lines import SourceReport, row_spans
+from ..text.query import text_query
 from ..text.rrf import (
-    ALL_SOURCES,
     DEFAULT_RRF_K,
     DEFAULT_TEXT_WEIGHT,
     TEXT_SOURCES,
     VISUAL,
-    competition_ranks,
-    fuse,
     parse_sources,
 )
 from ..text.speech import Recognizer, make_recognizer
+from .text_ranking import SOURCE, TEXT_RANKED, TextRanking, line_text, ranked_by, ranking_of
 
 if TYPE_CHECKING:
     from ..index.searcher import SearchResult
 
-__all__ = ["SOURCE", "TEXT_RANKED", "WITHOUT_TEXT", "TextPlugin", "TextRanking", "attach_text",
-           "mark_words", "ranked_by", "said"]
+__all__ = ["TextPlugin", "attach_text"]
 
 log = logging.getLogger(__name__)
 
 STAGE = "text"
-TEXT_RANKED = 1000  # rows of the text ranking each query keeps (the first stage's C at most)
 _READ_CHUNK = 16  # rows read and committed at once when filling an index
-_TOKEN = re.compile(r"[^\W_]+")
-
-
-def _sources(value: object, text: bool = True) -> list[str]:
-    """``source=`` checked: the sources a search looks at (:func:`~dicosa.text.rrf
-    .parse_sources`); text sources need this plugin (``text``: it is attached)."""
-    try:
-        sources = parse_sources(value)
-    except ValueError as exc:
-        raise QueryError(str(exc)) from None
-    if not text and sources - {VISUAL}:
-        raise QueryError("this index has no text lines to search: read them with "
-                         "'dicosa index FOLDER --out INDEX' (subtitles, --speech, --ocr) or "
-                         "dicosa.plugins.text.attach_text(index)")
-    return sorted(sources)
-
-
-def _sources_schema(names: tuple[str, ...], said: str) -> dict:
-    """``source``'s JSON Schema: names separated by commas (spaces around them allowed);
-    empty: every source the index has."""
-    name = r"\s*(?:" + "|".join(names) + r")\s*"
-    return {"type": "string", "pattern": f"^(?:{name}(?:,{name})*)?$",
-            "description": said + "; empty: everything the index has"}
-
-
-_NAMES = (*ALL_SOURCES, "text", "all")
-SOURCE = QueryOption("source", _sources, _sources_schema(
-    _NAMES, "what the query is matched against: " + ", ".join(_NAMES)
-    + ", or several separated by commas"))
-WITHOUT_TEXT = QueryOption("source", lambda value: _sources(value, text=False),
-                           _sources_schema((VISUAL,), "this index has no text lines: visual only"))
-
-
-@dataclass
-class TextRanking:
-    """One query's text side: the sources it looks at and its matching rows, best first."""
-
-    visual: bool  # the pictures count
-    sources: tuple[str, ...]  # the text sources searched
-    terms: set[str]
-    matches: list[Match] = field(default_factory=list)
-    ranks: dict[int, int] = field(default_factory=dict)  # row -> 1-based text rank (ties shared)
-    shares: dict[int, float] = field(default_factory=dict)  # row -> BM25 / the best BM25
-    by_row: dict[int, Match] = field(default_factory=dict)  # row -> its best line
-    held: tuple[str, ...] = ()  # the searched sources the index holds lines of
-    # row -> its rank by DiCoSA among the candidates (competition ranks; made on first need)
-    picture_ranks: dict[int, int] | None = field(default=None, repr=False)
-
-    @property
-    def text(self) -> bool:
-        return bool(self.sources)
 
 
 class TextPlugin(IndexPlugin):
@@ -380,30 +323,12 @@ class TextPlugin(IndexPlugin):
                                   held=tuple(s for s in text_sources if s in self.present()))
             expression = parsed.expression()
             if expression and text_sources and self.index is not None:
-                self._rank(ranking, self.index.search(expression, text_sources,
-                                                      TEXT_RANKED + 64))
+                ranking.take(self.index.search(expression, text_sources, TEXT_RANKED + 64),
+                             self._ctx.store)
             rankings.append(ranking)
         encoded.extra["text"] = rankings
         # the words' own search, apart from the query's encoding in the search's times
         encoded.extra.setdefault("encoder_times", {})["words_s"] = time.perf_counter() - began
-
-    def _rank(self, ranking: TextRanking, found: list[Match]) -> None:
-        """``ranking``'s text ranks and shares from the best line of each matching row: its
-        BM25 times the part of the line the row holds (:func:`~dicosa.text.lines.held`: a
-        segment that holds a cue's last 0.3 s ranks below the one holding the rest)."""
-        live = self._ctx.store.is_live(np.array([m.row for m in found], np.int64))
-        ranking.matches = [m for m, ok in zip(found, live, strict=True) if ok][:TEXT_RANKED]
-        rows = np.array([m.row for m in ranking.matches], np.int64)
-        spans = self._ctx.store.spans(rows)  # [n, 2]
-        scores = np.array([m.score for m in ranking.matches]) * held(
-            np.array([m.start for m in ranking.matches]),
-            np.array([m.end for m in ranking.matches]), spans[:, 0], spans[:, 1])
-        ranks = competition_ranks(scores)
-        best = scores.max(initial=0.0)
-        ranking.ranks = {int(r): int(k) for r, k in zip(rows, ranks, strict=True)}
-        ranking.shares = {int(r): float(v / best) if best > 0 else 1.0
-                          for r, v in zip(rows, scores, strict=True)}
-        ranking.by_row = {m.row: m for m in ranking.matches}
 
     def _hook(self, queries: EncodedQueries, ids: np.ndarray, scores: torch.Tensor
               ) -> torch.Tensor:
@@ -415,18 +340,9 @@ class TextPlugin(IndexPlugin):
             return scores
         out = scores.clone()
         for q, ranking in enumerate(rankings):
-            if not ranking.text:
-                continue
-            text_rank = np.array([ranking.ranks.get(int(i), 0) if i >= 0 else 0
-                                  for i in ids[q]], dtype=np.int64)
-            if ranking.visual and not text_rank.any():
-                continue
-            share = np.array([ranking.shares.get(int(i), 0.0) for i in ids[q]])
-            visual = scores[q].double().numpy()
-            visual = np.where(ids[q] >= 0, visual, -np.inf)
-            fused = fuse(visual, text_rank, share, use_visual=ranking.visual, k=self.rrf_k,
-                         weight=self.text_weight)
-            out[q] = torch.from_numpy(fused).to(out.dtype)
+            fused = ranking.fused(ids[q], scores[q], self.rrf_k, self.text_weight)
+            if fused is not None:
+                out[q] = torch.from_numpy(fused).to(out.dtype)
         return out
 
     def matched(self, result: SearchResult, i: int, limit: int = MOMENTS_PER_HIT
@@ -435,7 +351,7 @@ class TextPlugin(IndexPlugin):
         the line of each of its moments' rows that has one, each once (at most ``limit``);
         where none has, the best line of any row of its video (a long video's line may be in
         a row that is not among its moments)."""
-        ranking = _ranking_of(result)
+        ranking = ranking_of(result)
         if ranking is None or not ranking.matches:
             return []
         hit = result.hits[i]
@@ -450,7 +366,7 @@ class TextPlugin(IndexPlugin):
             matched = np.array([m.row for m in ranking.matches], dtype=np.int64)
             videos = self._ctx.store.videos_of(matched)
             found = [m for m, v in zip(ranking.matches, videos, strict=True) if v == hit.id][:1]
-        return [said(ranking, m) for m in found]
+        return [ranking.said(m) for m in found]
 
     def match(self, result: SearchResult, i: int) -> dict | None:
         """The line of hit ``i`` that matched the query best (None: none did)."""
@@ -466,9 +382,9 @@ class TextPlugin(IndexPlugin):
     def annotate_row(self, result: SearchResult, row: int) -> dict:
         """``line``: the line of row ``row`` (a moment) that matched the query, where one
         did."""
-        ranking = _ranking_of(result)
+        ranking = ranking_of(result)
         found = ranking.by_row.get(int(row)) if ranking is not None else None
-        return {} if found is None else {"line": said(ranking, found)}
+        return {} if found is None else {"line": ranking.said(found)}
 
     def summary(self, result: SearchResult) -> dict:
         return {"ranked_by": ranked_by(result)}
@@ -476,8 +392,7 @@ class TextPlugin(IndexPlugin):
     def readable(self, said: dict) -> list[str]:
         """Each matched line: ``speech 0:03.0-0:05.2 "the [secret] number"``."""
         lines = said.get("lines") or ([said["line"]] if said.get("line") else [])
-        return [f"{line['source']} {_clock(line['start'])}-{_clock(line['end'])} "
-                f"\"{mark_words(line['text'], line['words'])}\"" for line in lines]
+        return [line_text(line) for line in lines]
 
     def describe(self) -> dict:
         return {"sources": self.sources()}
@@ -505,28 +420,13 @@ class TextPlugin(IndexPlugin):
     def evidence(self, result: SearchResult, i: int
                  ) -> tuple[str, tuple[float, float]] | None:
         """``("words", (start, end))`` of the line that decided hit ``i``'s best moment, None
-        where the pictures did (or no line of that row matched). A line decides where the search
-        ranks by words alone, or where its term of the fused score is at least the pictures'
-        term (:func:`~dicosa.text.rrf.fuse`: ``w * s / s_best / (k + r_text)`` against
-        ``1 / (k + r_visual)``, ``r_visual`` the row's rank by DiCoSA among the
-        candidates)."""
-        ranking = _ranking_of(result)
-        hit = result.hits[i]
-        found = None if ranking is None else ranking.by_row.get(hit.row)
-        if found is None:
+        where the pictures did or no line of that row matched
+        (:meth:`~dicosa.plugins.text_ranking.TextRanking.decides`)."""
+        ranking = ranking_of(result)
+        row = result.hits[i].row
+        found = None if ranking is None else ranking.by_row.get(row)
+        if found is None or not ranking.decides(row, result, self.rrf_k, self.text_weight):
             return None
-        if ranking.visual:
-            if ranking.picture_ranks is None:  # once per search, for all its hits
-                dicosa = np.where(result.ids >= 0, result.dicosa.double().numpy(), -np.inf)
-                ranking.picture_ranks = dict(zip(result.ids.tolist(),
-                                                 competition_ranks(dicosa).tolist(),
-                                                 strict=True))
-            rank = ranking.picture_ranks.get(hit.row, 0)
-            picture = 1.0 / (self.rrf_k + rank) if rank > 0 else 0.0
-            words = (self.text_weight * ranking.shares[hit.row]
-                     / (self.rrf_k + ranking.ranks[hit.row]))
-            if words < picture:
-                return None
         return "words", (found.start, found.end)
 
     def explain(self, result: SearchResult, i: int) -> dict | None:
@@ -577,8 +477,6 @@ class _TextStage:
         """An in-memory text index goes into the folder the index is saved to."""
         plugin = self.plugin
         if plugin.index is not None and plugin.index.path is None and directory is not None:
-            from pathlib import Path
-
             target = Path(directory) / TEXT_FILE
             plugin.index.backup(target)
             plugin.index.close()
@@ -598,48 +496,3 @@ def attach_text(index, *, subtitles: bool | None = None, speech: str | bool | No
         return index.use(TextPlugin(subtitles=subtitles, speech=speech, ocr=ocr,
                                     ocr_frames=ocr_frames, rrf_k=rrf_k, text_weight=text_weight,
                                     recognizer=recognizer))
-
-
-def _ranking_of(result: SearchResult) -> TextRanking | None:
-    rankings = result.encoded.extra.get("text")
-    return rankings[result.position] if rankings else None
-
-
-def said(ranking: TextRanking, found: Match) -> dict:
-    """A matched line as answers give it: a snippet of its text around the query's words
-    (at most :data:`~dicosa.text.query.SNIPPET_CHARS`), its time, source, BM25, row, the
-    row's text rank and the query's words in it (stop words never among them)."""
-    words = sorted(set(words_of(found.text)) & ranking.terms)
-    return {"text": snippet(found.text, words), "start": found.start, "end": found.end,
-            "source": found.source, "bm25": found.score, "row": found.row,
-            "text_rank": ranking.ranks.get(found.row), "words": words}
-
-
-def ranked_by(result: SearchResult) -> dict:
-    """What ranked a search's hits: ``{"by": "pictures" | "words" | "pictures and words",
-    "sources": the text sources searched that the index holds lines of}``. Words count
-    where a candidate matched a line (a query that matched none keeps DiCoSA's scores); a
-    search of words alone is ranked by them even where nothing matched (it has no hits)."""
-    ranking = _ranking_of(result)
-    if ranking is None or not ranking.text:
-        return dict(PICTURES)
-    sources = list(ranking.held)
-    if not ranking.visual:
-        return {"by": "words", "sources": sources or list(ranking.sources)}
-    matched = any(int(row) in ranking.ranks for row in result.ids.tolist() if row >= 0)
-    return {"by": "pictures and words" if matched else "pictures", "sources": sources}
-
-
-def mark_words(text: str, words: list[str] | set[str], left: str = "[", right: str = "]"
-               ) -> str:
-    """``text`` with each of ``words`` (as :func:`~dicosa.text.query.words_of` gives them)
-    between ``left`` and ``right``."""
-    wanted = set(words)
-    return _TOKEN.sub(lambda m: f"{left}{m.group(0)}{right}"
-                      if words_of(m.group(0)) and words_of(m.group(0))[0] in wanted
-                      else m.group(0), text)
-
-
-def _clock(seconds: float) -> str:
-    minutes, rest = divmod(max(0.0, seconds), 60)
-    return f"{int(minutes)}:{rest:04.1f}"
