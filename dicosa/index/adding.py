@@ -40,7 +40,7 @@ class Adding:
         The writer lock is held from the listing to the end, so two writers never encode the
         same video.
         """
-        from ..search.fusion import normalise_titles
+        from ..search.title_fusion import normalise_titles
 
         batch_size, shard_size = _count(batch_size, "batch_size"), _count(shard_size,
                                                                          "shard_size")

@@ -118,7 +118,7 @@ def build_index_on_ray(
     ``frame_dtype``), which mean what they mean there. The index's writer lock is held
     from the listing to the merge.
     """
-    from ..search.fusion import normalise_titles
+    from ..search.title_fusion import normalise_titles
 
     settings = ray_settings or RaySettings()
     out = Path(out_dir)

@@ -24,8 +24,8 @@ class Searching:
     def searcher(self, hooks: Sequence[RerankHook] | None = None,
                  options: dict | None = None) -> Searcher:
         """The query path over this index's current parts (:mod:`dicosa.index.searcher`);
-        ``options`` go into every batch's ``EncodedQueries.extra`` before the query encoders
-        run (``{"source": ...}``)."""
+        ``options`` (checked: :meth:`check_request`) go into every batch's
+        ``EncodedQueries.extra`` before the query encoders run."""
         explainers = {key: plugin.explain for key, plugin in self.plugins.items()}
         encoders = list(self.query_encoders)
         if options:
@@ -33,24 +33,6 @@ class Searching:
         return Searcher(self._require_model(), self.tokenizer, self.device, self.store,
                         self._stages, self.modes, list(self.hooks if hooks is None else hooks),
                         encoders, explainers, self.frames, self.query_text)
-
-    def _source_option(self, source) -> dict | None:
-        """``source=`` checked: the sources a search looks at (:mod:`dicosa.text.fusion`);
-        text sources need the text plugin."""
-        if source is None:
-            return None
-        from ..search.query import QueryError
-        from ..text.fusion import VISUAL, parse_sources
-
-        try:
-            sources = parse_sources(source)
-        except ValueError as exc:
-            raise QueryError(str(exc)) from None
-        if sources - {VISUAL} and "text" not in self.plugins:
-            raise QueryError("this index has no text lines to search: read them with "
-                             "'dicosa index FOLDER --out INDEX' (subtitles, --speech, "
-                             "--ocr) or dicosa.plugins.text.attach_text(index)")
-        return {"source": sorted(sources)}
 
     def configure_queries(self, tower: str = "float", cache: int = 0) -> QueryText:
         """Encode queries with ``tower`` (``"float"``: the model's text tower; ``"packed"``:
@@ -79,14 +61,13 @@ class Searching:
     def query(self, text: str | Sequence[str], k: int = 10,
               candidates: int | None = DEFAULT_CANDIDATES, *,
               hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
-              exclude: Sequence[str] = (), mode: str | None = None,
-              source: str | Sequence[str] | None = None
+              exclude: Sequence[str] = (), mode: str | None = None, **options: object
               ) -> SearchResult | list[SearchResult]:
         """:meth:`search` with everything it computed: a :class:`SearchResult` per text (hits,
         seconds per stage, the encoded query, the candidates, ``truncated``, ``explain``)."""
         k, candidates = check_search(text, k, candidates)
         texts = [text] if isinstance(text, str) else list(text)
-        options = self._source_option(source)
+        options = self.check_request(**options)
         results = self.searcher(hooks, options).run(texts, k, candidates, exclude=exclude,
                                                     mode=mode, chunk=chunk)
         for result in results:
@@ -99,8 +80,8 @@ class Searching:
     def search(self, text: str | Sequence[str], k: int = 10,
                candidates: int | None = DEFAULT_CANDIDATES, *,
                hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
-               exclude: Sequence[str] = (), mode: str | None = None,
-               source: str | Sequence[str] | None = None) -> list[Hit] | list[list[Hit]]:
+               exclude: Sequence[str] = (), mode: str | None = None, **options: object
+               ) -> list[Hit] | list[list[Hit]]:
         """The ``k`` best videos for ``text``, best first; a list of texts gives one list per
         text.
 
@@ -115,24 +96,24 @@ class Searching:
             mode: a key of :attr:`modes`: which first stages propose candidates (``"dense"``;
                 with a lexical head ``"lexical"``, ``"bow"`` or ``"hybrid"``). None: every
                 registered stage.
-            source: what the query is matched against (with the text plugin): ``"visual"``
-                (DiCoSA alone), ``"subtitles"``, ``"speech"``, ``"screen"``, ``"text"`` (the
-                three), ``"all"``, or several (a list, or comma-separated); a text source
-                alone ranks by the words only. None: everything the index has.
+            options: the search options the plugins register (:attr:`query_options`), e.g.
+                the text plugin's ``source``: what the query is matched against,
+                ``"visual"`` (DiCoSA alone), ``"subtitles"``, ``"speech"``, ``"screen"``,
+                ``"text"`` (the three), ``"all"``, or several (a list, or comma-separated).
+                None: what the option does by default.
         """
         return self.search_with_stats(text, k, candidates, hooks=hooks, chunk=chunk,
-                                      exclude=exclude, mode=mode, source=source)[0]
+                                      exclude=exclude, mode=mode, **options)[0]
 
     def search_with_stats(self, text: str | Sequence[str], k: int = 10,
                           candidates: int | None = DEFAULT_CANDIDATES, *,
                           hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
                           exclude: Sequence[str] = (), mode: str | None = None,
-                          source: str | Sequence[str] | None = None
-                          ) -> tuple[list[Hit] | list[list[Hit]], dict]:
+                          **options: object) -> tuple[list[Hit] | list[list[Hit]], dict]:
         """:meth:`search` and what it did: seconds per stage and candidates kept per query."""
         results = self.query([text] if isinstance(text, str) else text, k, candidates,
                              hooks=hooks, chunk=chunk, exclude=exclude, mode=mode,
-                             source=source)
+                             **options)
         stats = {**results[0].times, "stage": results[0].stage, "mode": mode,
                  "candidates": [r.candidates for r in results],
                  "truncated": [r.truncated for r in results]}

@@ -310,7 +310,7 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
              strict: bool = True, tokenizer: Callable | None = None,
              device: torch.device | str | None = None, plugins: bool = True,
              skip: Iterable[str] = (), verify: bool | None = None,
-             lock_timeout: float | None = None) -> VideoIndex:
+             lock_timeout: float | None = None, options: dict | None = None) -> VideoIndex:
         """Open an index written by :meth:`build` or :meth:`save` (format version 1-3).
 
         The store is memory-mapped; the dense first stage is opened from its files, or
@@ -320,7 +320,9 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
             model: the model to search with; it must have the weights and config the index
                 was built with. None opens the index for reading only (no search, no plugin).
             strict: a model that differs raises ValueError (True) or warns (False).
-            plugins: restore every plugin the manifest records (but those in ``skip``).
+            plugins: restore every plugin the manifest records (but those in ``skip``);
+                a front end's ``options`` may replace or leave out one
+                (:meth:`restore_plugins`).
             verify: check each shard file against its recorded checksum now (reads the
                 whole store); None: when the store is under 1 GiB.
 
@@ -335,7 +337,7 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
         if model is not None:
             index.attach(model, strict=strict)
             if plugins:
-                index.restore_plugins(skip)
+                index.restore_plugins(skip, options)
         return index
 
     def _verify(self, verify: bool | None) -> None:
@@ -438,9 +440,11 @@ def segment_policy(segments: SegmentPolicy | dict | bool | None,
 def open_index(directory: str | os.PathLike, model: DiCoSA | None = None, *,
                device: torch.device | str | None = None, strict: bool = True,
                skip: Iterable[str] = (), lock_timeout: float | None = None,
-               towers: str = "all", verify: bool | None = None) -> VideoIndex:
+               towers: str = "all", verify: bool | None = None,
+               options: dict | None = None) -> VideoIndex:
     """An index ready to search as it was recorded: the model its manifest names (unless
-    ``model`` is given) and every plugin it recorded (but those in ``skip``).
+    ``model`` is given) and every plugin it recorded (but those in ``skip``; ``options``:
+    a front end's, :meth:`VideoIndex.restore_plugins`).
     ``towers="text"`` loads that model without CLIP's image tower: a process that only
     searches (adding videos then says it needs the whole model). ``verify``: as
     :meth:`VideoIndex.load`'s."""
@@ -453,4 +457,4 @@ def open_index(directory: str | os.PathLike, model: DiCoSA | None = None, *,
                              "model (dicosa search --checkpoint CKPT)")
         model = model_from_source(source, towers)
     return VideoIndex.load(directory, model, device=device, strict=strict, skip=skip,
-                           lock_timeout=lock_timeout, verify=verify)
+                           lock_timeout=lock_timeout, verify=verify, options=options)

@@ -495,17 +495,6 @@ def finite_rows(frames: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
     return finite.all(dim=1).numpy()
 
 
-def file_sha256(path: Path) -> str | None:
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as fh:
-            while block := fh.read(1 << 22):
-                digest.update(block)
-    except FileNotFoundError:
-        return None
-    return digest.hexdigest()
-
-
 def _tensor(array: np.ndarray) -> torch.Tensor:
     """A tensor of ``array`` (copied when it is a read-only map, as torch wants)."""
     return torch.from_numpy(np.require(array, requirements=["C", "W"]))

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..files import file_sha256
 from ..model import VideoFeatures
 from .frame_codec import check_frame_dtype, dequantise
 from .row_checksums import damaged_videos
@@ -45,7 +46,6 @@ from .shards import (
     Shard,
     StoreError,
     VideoRun,
-    file_sha256,
     finite_rows,
     open_shard,
     populate,
