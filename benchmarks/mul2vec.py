@@ -12,7 +12,7 @@ missing. Methods:
   mul2vec  S + β·cos(θ_query, g_video): the Mul2vec head's topic vectors
   both     S + β·cos(θ_query, g_video) + β'·cos(e_query, e_title) (not a bar; for the default)
 
-Each β (and the imputation trust of dicosa.search.fusion.fill_missing) is chosen per seed
+Each β (and the imputation trust of dicosa.search.title_fusion.fill_missing) is chosen per seed
 on the validation videos (carved from the training split as in
 DiCoSA's training), maximising R@1+R@5+R@10 averaged over the conditions (one β for
 every condition: a deployment does not know how damaged its collection is); test figures
@@ -48,7 +48,7 @@ from dicosa.heads.mul2vec import Mul2vecHead
 from dicosa.heads.train import parse_head_overrides
 from dicosa.metrics import ranks_t2v, retrieval_metrics
 from dicosa.model import TextFeatures, VideoFeatures
-from dicosa.search.fusion import fused_scores
+from dicosa.search.title_fusion import fused_scores
 
 CONDITIONS = {
     "clean": {},

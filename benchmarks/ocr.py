@@ -46,7 +46,7 @@ from pathlib import Path
 from common import environment, report
 
 from dicosa.text.lines import SourceUnavailable
-from dicosa.text.ocr import MIN_SIDE, frame_times, read_lines
+from dicosa.text.ocr import MIN_SIDE, read_lines, sample_times
 from dicosa.text.query import words_of
 
 # split | text | sample | size px | x | y | style: the validation captions chose the
@@ -183,7 +183,7 @@ def _read_clip(clip: Path, reader) -> tuple[list[str], int, float]:
 
     with av.open(str(clip)) as container:
         rate = float(container.streams.video[0].average_rate)
-    picks = {math.ceil(t * rate - 1e-6) for t in frame_times(0.0, 3.0, 3)}
+    picks = {math.ceil(t * rate - 1e-6) for t in sample_times(0.0, 3.0, 3)}
     lines, frames, seconds = [], 0, 0.0
     for _, image in _frames(clip, picks.__contains__):
         began = time.perf_counter()

@@ -196,14 +196,6 @@ def checkpoint_config(state: Mapping[str, Any]) -> Config:
     return config_from_dict(yaml.safe_load(state["config"]))
 
 
-def file_sha256(path: str | Path, block: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as fh:
-        while chunk := fh.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def git_sha() -> str | None:
     """The commit of the source tree, with ``-dirty`` when it has local changes; None for an
     installed copy (whose folder may lie inside some other repository)."""

@@ -30,11 +30,6 @@ def register_architectures() -> None:
         open_clip.add_model_config(_CONFIG_DIR)
 
 
-def available_architectures() -> list[str]:
-    register_architectures()
-    return open_clip.list_models()
-
-
 def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file

@@ -31,13 +31,13 @@ from pathlib import Path
 from torch import Tensor
 
 from .checkpoint import (
-    file_sha256,
     offline_model,
     read_checkpoint_file,
     save_checkpoint,
 )
 from .config import Config, ModelConfig, find_config, load_config
 from .errors import ConversionError
+from .files import file_sha256
 
 __all__ = ["RELEASED_CONFIG", "ConversionError", "convert_checkpoint", "convert_released",
            "summary_hint"]

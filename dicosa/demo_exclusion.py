@@ -7,7 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from .plugins.exclusion import ExclusionPlugin, explain_hits, format_explanation
+from .plugins.exclusion import ExclusionPlugin, explain_hits
 
 __all__ = ["clip_objects", "exclusion_pair", "run_exclusion_demo"]
 
@@ -86,7 +86,8 @@ def run_exclusion_demo(index, checkpoint: Path, data: Path, out: Path, *,
                                                       1):
         print(f"  {rank}. {hit.score:.4f}  {name}  objects: {', '.join(sorted(seen))}"
               f"{'  <- shows ' + b if has_b else ''}")
-        print(f"       {format_explanation(_numbered(explained[rank - 1]))}")
+        (line,) = plugin.readable({"explain": _numbered(explained[rank - 1])})
+        print(f"       {line}")
     plain = index.search(_article(a), k=k, candidates=len(index.store))
     plain_b = sum(b in _shown(objects, h)[1] for h in plain)
     print(f"{sum(shows_b)} of {len(hits)} results show {b} ({plain_b} of {len(plain)} for "
@@ -104,14 +105,15 @@ def run_exclusion_demo(index, checkpoint: Path, data: Path, out: Path, *,
 
 def _legend(explained: list[dict]) -> list[str]:
     """Every concept dimension the explanations name, with its words, once."""
-    named = [d for e in explained for d in (*e["matched_words"], *e["excluded_empty_words"])]
+    named = [f"{d['dimension']} ({', '.join(d['words']) or '-'})" for e in explained
+             for d in (*e["matched_words"], *e["excluded_empty_words"])]
     return list(dict.fromkeys(named))
 
 
 def _numbered(explained: dict) -> dict:
     """An explanation whose dimensions are named by number alone (their words: the legend)."""
-    def numbers(items: list[str]) -> list[str]:
-        return [item.split(" ", 1)[0] for item in items]
+    def numbers(named: list[dict]) -> list[dict]:
+        return [{**d, "words": []} for d in named]
 
     return {**explained, "matched_words": numbers(explained["matched_words"]),
             "excluded_empty_words": numbers(explained["excluded_empty_words"])}

@@ -25,7 +25,6 @@ from . import postprocess as PP
 from .checkpoint import (
     CheckpointError,
     checkpoint_config,
-    file_sha256,
     load_checkpoint,
     load_model_weights,
     offline_model,
@@ -36,6 +35,7 @@ from .clip import get_tokenizer
 from .config import Config, ModelConfig
 from .data.datasets import DATASETS, RetrievalSplit, load_split
 from .data.loader import VideoDataset
+from .files import file_sha256
 from .metrics import evaluate_similarity
 from .model import DiCoSA, TextFeatures, VideoFeatures
 from .precision import autocast, eval_mixed_precision, resolve_device

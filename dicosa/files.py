@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import signal
 from pathlib import Path
 
 from .errors import StorageError
 
-__all__ = ["StorageError", "fault_point", "storage_error", "write_bytes_atomic",
+__all__ = ["StorageError", "fault_point", "file_sha256", "storage_error", "write_bytes_atomic",
            "write_text_atomic"]
 
 _KILL, _FAIL, _LOG = "DICOSA_KILL_AT_WRITE", "DICOSA_FAIL_AT_WRITE", "DICOSA_FAULT_LOG"
@@ -114,3 +115,16 @@ def _sync_folder(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def file_sha256(path: str | os.PathLike, block: int = 1 << 22) -> str | None:
+    """The sha256 of a file's bytes (hex), read ``block`` bytes at a time; None where no file
+    is (a checksum compared with a recorded one then differs)."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(block):
+                digest.update(chunk)
+    except FileNotFoundError:
+        return None
+    return digest.hexdigest()

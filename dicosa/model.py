@@ -106,8 +106,7 @@ class ConceptHead(nn.Module):
     The projections start as the identity, i.e. as the released split: text and video
     factors then begin as aligned as CLIP's vectors are. Independent default initialisations
     scramble the two modalities differently (on ViT-B/32 the mean cosine of matched factors
-    fell from 0.70 to 0.00 in the review of issue 11) and the head had to relearn CLIP's
-    alignment.
+    falls from 0.70 to 0.00) and the head has to relearn CLIP's alignment.
     """
 
     def __init__(self, dim: int, num_concepts: int, expansion: int = 4, project: bool = True,

@@ -25,8 +25,8 @@ weight reordered once into oneDNN's own blocked layout (the ops ``_reorder_linea
 ``_linear_pointwise`` of ``torch.ops.mkldnn``, which PyTorch's compiler uses for frozen CPU
 linears): float32 products with float32 sums, in another order than MKL's. PyTorch's
 ``nn.Linear`` calls MKL, whose kernels for a few rows against a plain row-major weight are
-slower on the 2-core AMD EPYC measured: ViT-B/32, 2 threads, a lone query 17.9–20.8 → 9.9–11.1
-ms, a batch of 8 45–57 → 34–38 ms (2026-11-26, medians of 50). The ops are underscored, so
+slower on the 2-core AMD EPYC measured: a lone ViT-B/32 query about half as long again
+(benchmarks/RESULTS.md, "The text tower on oneDNN"). The ops are underscored, so
 the tower checks them on a probe when it is built; where they are missing, differ, or oneDNN
 is off (``torch.backends.mkldnn.enabled``) the layers stay ``nn.Linear``, computed as below.
 
@@ -60,8 +60,8 @@ class TextTowerError(ValueError):
 
 
 # Without oneDNN: rows up to which a float Linear is computed as W xᵀ rather than x Wᵀ: at
-# a few rows MKL is faster this way (ViT-B/32, 6 rows: 15.6 against 18.5 ms a query; at 37
-# rows x Wᵀ is ahead, 2026-11-26).
+# a few rows MKL is faster this way (ViT-B/32: at 6 rows, at 37 no longer; benchmarks/
+# RESULTS.md, "The text tower on oneDNN").
 _FEW_ROWS = 16
 
 

@@ -30,7 +30,7 @@ from dicosa.index import ManifestError, VideoIndex
 from dicosa.index.check import check_index
 from dicosa.loading import load_model
 from dicosa.model import TextFeatures
-from dicosa.plugins.fusion import FusionPlugin
+from dicosa.plugins.titles import TitlesPlugin
 from dicosa.search.store import StoreError
 from dicosa.search.types import EncodedQueries
 
@@ -281,7 +281,7 @@ def _act(folder: Path, model, action: str, n: int | None, clips) -> None:
     elif action == "remove":
         index.remove(_paths(clips["a"][:3]))
     else:
-        index.use(FusionPlugin(None, beta_title=0.3))
+        index.use(TitlesPlugin(None, beta_title=0.3))
 
 
 @pytest.mark.parametrize("action", ["add", "remove", "attach"])

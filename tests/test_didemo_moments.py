@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from dicosa.data.datasets import load_split
-from dicosa.data.didemo_sample import write_didemo_sample
 from dicosa.data.long_synthetic import Scene
 from dicosa.data.moments import didemo_range, load_didemo_moments
 from dicosa.moment_metrics import evaluate_rankings
+
+from ._didemo_sample import write_didemo_sample
 
 
 @pytest.mark.parametrize("first, last, duration, expected", [

@@ -20,12 +20,12 @@ from dicosa.search.exclusion import (
     best_windows,
     demote,
     demotions,
-    describe_evidence,
     exclusion_dimensions,
     explain_exclusion,
     magnitude_scores,
     window_presence,
 )
+from dicosa.search.exclusion_explained import describe_evidence
 from dicosa.search.query import Query
 from dicosa.search.types import EncodedQueries
 

@@ -135,8 +135,8 @@ def test_exclusion_on_the_command_line(collection, capsys, monkeypatch, tmp_path
     # Exclusions without a head (none given, none recorded): one sentence each.
     assert cli.main([*base, "--exclude", article(B)]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: --exclude needs a concepts head: add --concepts HEAD.pt (train one with "
-        "'dicosa heads train concepts')")
+        "error: this index cannot leave things out; that takes a concepts head: add "
+        "--concepts HEAD.pt (train one with 'dicosa heads train concepts')")
     assert cli.main([*base, "--explain"]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: --explain needs a head to explain: --concepts HEAD.pt (exclusion), "
@@ -159,7 +159,7 @@ def test_exclusion_on_the_command_line(collection, capsys, monkeypatch, tmp_path
     assert cli.main([*base, *options, "--concepts", str(collection["head"]), "--json"]) == 0
     results = json.loads(capsys.readouterr().out)["results"]
     assert not any(B in collection["scenes"][r["id"]] for r in results)
-    assert all(r["explain"]["matched"] for r in results)
+    assert all(r["explain"]["exclusion"]["matched"] for r in results)
     # The index remembers the head: the same search without --concepts answers the same.
     assert cli.main([*base, *options, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["results"] == results

@@ -12,8 +12,8 @@ from dicosa.__main__ import main
 from dicosa.data.synthetic import make_synthetic
 from dicosa.index import VideoIndex
 from dicosa.model import DiCoSA, VideoFeatures
-from dicosa.plugins.fusion import TITLES_FILE, attach_fusion, explain_hits
-from dicosa.search.fusion import read_titles
+from dicosa.plugins.titles import TITLES_FILE, attach_titles, explain_hits
+from dicosa.search.title_fusion import read_titles
 
 from .conftest import tiny_config
 
@@ -75,7 +75,7 @@ def test_plain_search_never_ranks_a_text_only_row_by_nan(index):
 
 
 def test_text_only_row_is_found_by_its_title_through_fusion(index):
-    hook = attach_fusion(index, beta_title=5.0, trust=1.0)
+    hook = attach_titles(index, beta_title=5.0, trust=1.0)
     try:
         hits = index.search(TITLE, k=2, candidates=3)  # the title stage must propose it
         assert hits[0].path.endswith("broken.mp4")
@@ -89,7 +89,7 @@ def test_text_only_row_is_found_by_its_title_through_fusion(index):
 
 
 def test_fused_scores_decompose_into_their_parts(index):
-    hook = attach_fusion(index, beta_title=0.7, trust=0.5)
+    hook = attach_titles(index, beta_title=0.7, trust=0.5)
     try:
         result = index.query("a red square", k=len(index), candidates=len(index))
         hits = result.hits
@@ -125,9 +125,10 @@ def test_cli_titles_round_trip(folder, tmp_path, capsys, monkeypatch):
                  "--beta-title", "5", "--trust", "1", "--explain", "--json", *TINY]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["results"][0]["path"].endswith("broken.mp4")
-    assert set(result["fusion"][0]) >= {"dicosa", "title", "fused", "text_only"}
-    assert result["fusion"][0]["text_only"] is True
-    assert np.isfinite([p["fused"] for p in result["fusion"]]).all()
+    parts = [r["explain"]["fusion"] for r in result["results"]]
+    assert set(parts[0]) >= {"dicosa", "title", "fused", "text_only"}
+    assert parts[0]["text_only"] is True
+    assert np.isfinite([p["fused"] for p in parts]).all()
     assert main(["search", str(out), TITLE, "-k", "2", "--fusion", "--explain", *TINY]) == 0
     assert "fusion parts" in capsys.readouterr().out
     recorded_fusion_is_kept(out, result, capsys)
@@ -143,7 +144,7 @@ def recorded_fusion_is_kept(out, fused: dict, capsys) -> None:
     search = ["search", str(out), TITLE, "-k", "3", "--candidates", "2", "--json", *TINY]
     assert main([*search, "--explain"]) == 0  # no fusion option: the recorded one
     again = json.loads(capsys.readouterr().out)
-    assert again["results"] == fused["results"] and again["fusion"] == fused["fusion"]
+    assert again["results"] == fused["results"]  # their explanations too
     assert main([*search, "--fusion", "--trust", "0"]) == 0  # one weight changed
     capsys.readouterr()
     assert recorded() == {"head": None, "beta_semantic": 0.0, "beta_title": 5.0, "trust": 0.0}
@@ -168,7 +169,7 @@ def test_mul2vec_fusion_finds_the_text_only_row_and_decomposes(index, model):
     torch.manual_seed(0)  # untrained: θ_q = f(e_q) equals the text-only row's g = f(e_title)
     head = Mul2vecHead(Mul2vecConfig(), dim=model.embed_dim, vocab=["a"], num_docs=1,
                        num_entities=1).eval()
-    hook = attach_fusion(index, head, beta_semantic=0.3)
+    hook = attach_titles(index, head, beta_semantic=0.3)
     try:
         hits = index.search(TITLE, k=2, candidates=2)  # the semantic stage must propose it
         assert hits[0].path.endswith("broken.mp4") and "semantic" in hits[0].stage
@@ -192,11 +193,11 @@ def test_a_mul2vec_head_file_is_recorded_with_its_weights(index, model, tmp_path
                        num_entities=1).eval()
     path = save_head(head, tmp_path / "m2v.pt", model)
     folder = shutil.copytree(index.directory, tmp_path / "index")
-    attach_fusion(VideoIndex.load(folder, model), path, trust=0.25)
+    attach_titles(VideoIndex.load(folder, model), path, trust=0.25)
     assert VideoIndex.load(folder).meta["fusion"] == {
         "head": str(path.resolve()), "beta_semantic": 0.2, "beta_title": 0.0, "trust": 0.25}
     before = (folder / "manifest.json").stat().st_mtime_ns
-    attach_fusion(VideoIndex.load(folder, model), head)  # an object: nothing recorded
+    attach_titles(VideoIndex.load(folder, model), head)  # an object: nothing recorded
     assert (folder / "manifest.json").stat().st_mtime_ns == before
 
 
@@ -213,10 +214,10 @@ def test_titles_are_encoded_once_and_kept_beside_the_index(index, model, tmp_pat
                         lambda tokens: encoded.append(len(tokens)) or encode_text(tokens))
 
     copy = VideoIndex.load(tmp_path / "index", model)
-    hook = attach_fusion(copy, beta_title=5.0, trust=1.0)
+    hook = attach_titles(copy, beta_title=5.0, trust=1.0)
     first = hook.rows.title_text.copy()
     assert sum(encoded) == 5  # broken.mp4 and video0-3 have titles
-    again = attach_fusion(VideoIndex.load(tmp_path / "index", model))
+    again = attach_titles(VideoIndex.load(tmp_path / "index", model))
     np.testing.assert_array_equal(again.rows.title_text, first)
     assert sum(encoded) == 5
 

@@ -26,12 +26,14 @@ from dicosa.data.synthetic import make_synthetic
 from dicosa.index import VideoIndex
 from dicosa.index.check import check_index
 from dicosa.index.parallel import PARTS, RAY_PART
+from dicosa.model import DiCoSA
 
 from ._ray_cluster import REPO, start_cluster
 from ._slow_ray_index import CRASH
 from ._system import reason
 from ._text_media import write_clip
 from ._videos import write_scenes
+from .conftest import tiny_config
 
 ray = pytest.importorskip("ray")
 
@@ -266,3 +268,20 @@ def test_ray_options_are_checked_before_anything_runs(folder, tmp_path):
                           env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert done.returncode != 0 and "--ray-decode-cpus" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_cpu_encoder_takes_its_nodes_cores_not_the_one_thread_ray_gives_it():
+    """Ray starts a one-CPU actor with OMP_NUM_THREADS=1; the encoder, sharing the node's
+    cores with the decoders as a single process does, sets torch's threads itself."""
+    from dicosa.index.ray_work import EncodeVideos
+
+    model = DiCoSA.from_config(tiny_config()).eval()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # as Ray leaves it
+        EncodeVideos(model, None, None, batch_size=1)
+        assert torch.get_num_threads() == (os.cpu_count() or 1)
+        EncodeVideos(model, None, None, batch_size=1, threads=1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -256,9 +256,9 @@ def test_index_with_a_head_and_search_by_words_on_the_command_line(model, traine
     assert answer["mode"] == "bow" and answer["results"]
     for result in answer["results"]:
         assert result["stage"] == "bow"
-        assert sum(result["explain"]["words"].values()) == pytest.approx(result["stage_score"],
-                                                                         rel=1e-4)
-        assert list(result["explain"]["words"]) == [word]
+        words = result["explain"]["words"]["words"]
+        assert sum(words.values()) == pytest.approx(result["stage_score"], rel=1e-4)
+        assert list(words) == [word]
     assert cli.main(["search", str(out), word, "--explain"]) == 0
     table = capsys.readouterr().out  # 4 videos: every row reranked, no stage to name
     assert "all 4 rows reranked by DiCoSA" in table and "words " in table
@@ -274,8 +274,8 @@ def test_command_line_errors_are_one_sentence(model, trained, videos, tmp_path, 
     capsys.readouterr()
     assert cli.main(["search", str(out), QUERY, "--mode", "bow"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: --mode bow needs an index with a lexical head: build it with 'dicosa "
-        "index FOLDER --out INDEX --head HEAD.pt'")
+        "error: this index has no 'bow' search mode (it has dense); it comes with a lexical "
+        "head: build it with 'dicosa index FOLDER --out INDEX --head HEAD.pt'")
     torch.manual_seed(1)
     other = DiCoSA.from_config(tiny_config())
     alien = save_head(trained[1], tmp_path / "alien.pt", other)

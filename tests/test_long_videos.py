@@ -293,7 +293,8 @@ def test_evaluate_moments_on_a_didemo_sample(tmp_path, capsys):
     the sample's 22-30 s videos (a random-weight model: the figures are not the point, their
     table and its JSON are)."""
     from dicosa.cli.evaluate_cmd import main
-    from dicosa.data.didemo_sample import write_didemo_sample
+
+    from ._didemo_sample import write_didemo_sample
 
     root = write_didemo_sample(tmp_path / "didemo")
     out = tmp_path / "moments.json"

@@ -26,14 +26,14 @@ from dicosa.heads.mul2vec import (
 )
 from dicosa.metrics import ranks_t2v
 from dicosa.model import DiCoSA, TextFeatures, VideoFeatures
-from dicosa.search.fusion import (
+from dicosa.search.query import parse_query
+from dicosa.search.title_fusion import (
     FusionRerank,
     SemanticStage,
     fill_missing,
     fused_scores,
     fusion_rows,
 )
-from dicosa.search.query import parse_query
 from dicosa.search.types import EncodedQueries, FirstStage
 
 from .conftest import tiny_checkpoint, tiny_config

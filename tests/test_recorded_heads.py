@@ -63,7 +63,8 @@ def test_index_records_the_concepts_head_and_search_reuses_it(built, tmp_path, c
     assert cli.main(search) == 0
     recorded = json.loads(capsys.readouterr().out)
     assert recorded["results"] == given["results"]
-    assert all("matched" in r["explain"] for r in recorded["results"])  # the exclusion ran
+    assert all("matched" in r["explain"]["exclusion"]
+               for r in recorded["results"])  # the exclusion ran
 
 
 def test_exclusion_settings_are_recorded_and_kept(built, tmp_path, capsys, monkeypatch):

@@ -92,7 +92,7 @@ def test_health_ready_and_info(client, engine):
     assert info["videos"] == len(CLIPS) and info["default_mode"] == "dense"
     assert info["model"] == {"source": "synthetic.yaml", "arch": "dicosa-tiny", "frames": 4,
                              "dim": engine.model.embed_dim, "max_words": 16}
-    assert info["heads"] == {"lexical": None, "concepts": False, "fusion": None}
+    assert info["plugins"] == {}  # no head, no text: nothing but the pictures
     assert info["backend"] == "exact" and set(info["modes"]) == {"dense"}
     assert info["limits"]["page"] == Limits().page
     assert "paths" not in json.dumps(info) and str(engine.directory) not in json.dumps(info)
@@ -557,7 +557,7 @@ class _StubEngine:
     def __init__(self):
         self.calls = []
 
-    def rank(self, texts, *, depth, candidates, exclude=(), mode=None, source=None):
+    def rank(self, texts, *, depth, candidates, exclude=(), mode=None, options=()):
         from dicosa.serve.engine import Ranked
 
         self.calls.append(list(texts))

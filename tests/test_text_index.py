@@ -13,9 +13,9 @@ import pytest
 from dicosa.search.evidence import best_within, evidence_window
 from dicosa.search.moment import Timeline
 from dicosa.text.fts import TEXT_FILE, Done, TextIndex, TextIndexError, check_text_file
-from dicosa.text.fusion import competition_ranks, fuse, parse_sources
 from dicosa.text.lines import MAX_LINE_CHARS, TextLine, capped, held
 from dicosa.text.query import SNIPPET_CHARS, STOP_WORDS, snippet, text_query, words_of
+from dicosa.text.rrf import competition_ranks, fuse, parse_sources
 
 LINES = {0: [("subtitles", "my name is Oscar and I live by the river")],
          1: [("subtitles", "hello world"), ("speech", "Oscar says hi")],

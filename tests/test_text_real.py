@@ -110,7 +110,7 @@ def test_subtitle_counts_equal_the_cues_and_a_long_cue_reaches_every_row(built, 
     _, _, printed = built
     assert "subtitles (pysubs2): 3 of 4 videos with subtitles, 9 lines" in printed
     assert f"1 cues cut at {MAX_LINE_CHARS:,} characters" in printed
-    text = engine.plugins["text"]
+    text = engine.index.plugins["text"]
     assert text.index.stats()["subtitles"]["lines"] == 9
     store = engine.index.store
     table = store.table.all()  # index: the row ids
@@ -133,8 +133,7 @@ def test_subtitle_counts_equal_the_cues_and_a_long_cue_reaches_every_row(built, 
 # -- say why ----------------------------------------------------------------------------------
 def test_info_lists_the_text_sources_and_answers_say_what_ranked(client):
     info = client.get("/api/info").json()
-    assert info["sources"]["visual"] is True
-    subtitles = info["sources"]["text"]["subtitles"]
+    subtitles = info["plugins"]["text"]["sources"]["subtitles"]
     assert subtitles["engine"] == "pysubs2" and subtitles["lines"] == 9
     assert subtitles["rows"] >= subtitles["rows_with_lines"] >= 3
     words = client.get("/api/search", params={"q": "rabbit wakes", "source": "subtitles"}).json()

@@ -248,7 +248,8 @@ def test_the_command_line(model, videos, tmp_path, capsys, monkeypatch):
     first = answer["results"][0]
     assert first["path"].endswith("oak.mp4") and first["line"]["text"] == SAID["oak"]
     assert main(["search", str(out), "treasure", "--source", "visual", "--json"]) == 0
-    assert all("line" not in r for r in json.loads(capsys.readouterr().out)["results"])
+    assert all(r["line"] is None and r["lines"] == []  # as /api/search says it
+               for r in json.loads(capsys.readouterr().out)["results"])
     assert main(["search", str(out), "gate", "--source", "subtitles"]) == 0
     table = capsys.readouterr().out
     assert 'subtitles 0:00.2-0:01.5 "Meet me at [gate] seven"' in table

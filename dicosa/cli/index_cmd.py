@@ -102,34 +102,27 @@ def add_parser(commands) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..index.listing import require_videos
     from ..index.parallel import PeerFailed, build_index
+    from ..index.plugins import chosen_plugins
     from ..index.ray_build import build_index_on_ray
-    from ..plugins.lexical import check_sparse_backend, load_lexical_head
 
     require_videos(args.videos)
-    sparse_options = options(args.sparse_option) if args.sparse_option else None
-    if args.head is None and (args.sparse_backend or sparse_options):
-        raise ValueError("--sparse-backend and --sparse-option set up the sparse stage of a "
-                         "lexical head: add --head HEAD.pt")
-    if args.sparse_backend or sparse_options:
-        # seismic missing or a bad option fails before any video is encoded
-        check_sparse_backend(args.sparse_backend or "exact", sparse_options)
-    text = _text_plugin(args)  # an unknown --speech engine fails before any encoding
-    model, source, frames = _model(args)
-    summary = _summary(args, model)
-    # A head of another model fails before anything is encoded.
-    if args.head is not None:
-        load_lexical_head(args.head, model)
-    if args.concepts is not None:
-        from ..heads import load_head
-
-        load_head(args.concepts, model, kind="concepts")
-    common = {"batch_size": args.batch_size, "shard_size": args.shard_size,
-              "meta": {"model": source}, "backend": args.backend or "default", "uri": args.uri,
-              "stage_options": options(args.stage_option) or None, "titles": args.titles,
-              "frame_sampling": frames.sampling, "frame_padding": frames.padding,
-              "segments": _segments(args), "lock_timeout": 0 if args.no_wait else None,
-              "frame_dtype": args.frame_dtype, **summary}
     with _cluster(args) as ray:  # on Ray, the build and the text sources run in one job
+        # What a plugin cannot take (an unknown --speech engine, seismic not installed) fails
+        # here, and a head of another model below, before any video is encoded.
+        plugins = [plugin for plugin in chosen_plugins(
+            {**vars(args), "sparse_option": options(args.sparse_option), "ray": ray}).values()
+            if plugin is not False]
+        model, source, frames = _model(args)
+        summary = _summary(args, model)
+        for plugin in plugins:
+            plugin.validate(model)
+        common = {"batch_size": args.batch_size, "shard_size": args.shard_size,
+                  "meta": {"model": source}, "backend": args.backend or "default",
+                  "uri": args.uri, "stage_options": options(args.stage_option) or None,
+                  "titles": args.titles, "frame_sampling": frames.sampling,
+                  "frame_padding": frames.padding, "segments": _segments(args),
+                  "lock_timeout": 0 if args.no_wait else None,
+                  "frame_dtype": args.frame_dtype, **summary}
         try:
             report = (build_index_on_ray(model, args.videos, args.out,
                                          ray_settings=_ray_settings(args), **common)
@@ -144,30 +137,14 @@ def run(args: argparse.Namespace) -> int:
         index = report.index
         if index is None:  # not the main process: it reports for all
             return 0
-        _attach_heads(args, index, sparse_options)
-        if text is not None:
-            if ray is not None:
-                from ..text.ray_reads import ray_reads
-
-                cpus = int(ray.cluster_resources().get("CPU", 1))
-                text.reads = ray_reads(ray, readers=max(1, cpus - 1))
-            _read_text(index, text)
+        for plugin in plugins:  # attached under the writer lock (the text read now), said
+            before = index.plugins.get(plugin.key)
+            with index.writing():
+                index.use(plugin)
+            for line in plugin.report(before):
+                print(line)
     _report(index, report, args.out)
     return 0
-
-
-def _attach_heads(args: argparse.Namespace, index, sparse_options: dict | None) -> None:
-    from ..plugins.exclusion import ExclusionPlugin
-    from ..plugins.lexical import LexicalPlugin
-
-    if args.head is not None:
-        lexical = index.use(LexicalPlugin(args.head, args.sparse_backend, sparse_options))
-        backend = "" if lexical.stage.backend == "exact" else f" ({lexical.stage.backend})"
-        print(f"sparse {lexical.head.kind} stage{backend}: {len(lexical.stage)} videos, "
-              f"{len(lexical.head.words)} words")
-    if args.concepts is not None:
-        index.use(ExclusionPlugin(args.concepts))
-        print(f"concept codes of {len(index)} videos, for 'A without B' searches")
 
 
 @contextlib.contextmanager
@@ -194,46 +171,6 @@ def _ray_settings(args: argparse.Namespace):
 
     return RaySettings(address=args.ray_address, encoders=args.ray_encoders,
                        decode_cpus=args.ray_decode_cpus)
-
-
-def _text_plugin(args: argparse.Namespace):
-    """The text plugin the options ask for (None: --no-subtitles and nothing else asked
-    of an index that records no text); options left out keep what the index recorded."""
-    from ..plugins.text import TextPlugin
-    from ..text.speech import make_recognizer
-
-    speech = args.speech
-    if speech is not None and speech.lower() in ("off", "none"):
-        speech = False
-    elif speech is not None:
-        make_recognizer(speech)
-    if args.subtitles is False and not speech and not args.ocr:
-        return None
-    return TextPlugin(subtitles=args.subtitles, speech=speech, ocr=args.ocr,
-                      ocr_frames=args.ocr_frames)
-
-
-def _read_text(index, plugin) -> None:
-    """Attach the text plugin under the writer lock (the videos' text is read now, what was
-    read before kept) and say what each source found."""
-    before = index.plugins.get("text")
-    with index.writing():
-        plugin = index.use(plugin)
-    reports = dict(before.reports) if before is not None else {}
-    for source, report in plugin.reports.items():
-        if source in reports:
-            reports[source].merge(report)
-        else:
-            reports[source] = report
-    for source in plugin.settings.engines():
-        if source in reports:
-            print(reports[source].summary())
-        if source in plugin.reader.unavailable:
-            print(f"{source}: not read: {plugin.reader.unavailable[source]}")
-    totals = plugin.index.stats() if plugin.index is not None else {}
-    held = ", ".join(f"{s} {t['lines']} lines in {t['rows_with_lines']} of {t['rows']} rows"
-                     for s, t in sorted(totals.items()))
-    print(f"text index: {held or 'no lines'}")
 
 
 def _report(index, report, out: str) -> None:

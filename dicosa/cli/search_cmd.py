@@ -1,9 +1,11 @@
 """``dicosa search INDEX "a man is skiing"``: rank an index's videos for a query.
 
 The index opens with everything it recorded (:func:`dicosa.index.open_index`: the model and
-every plugin); options only override: ``--head``/``--concepts``/``--exclusion-set``/
-``--mul2vec``/``--fusion`` attach (and record) another plugin in place of the recorded one,
-``--no-fusion`` searches without the recorded fusion and leaves its record.
+every plugin); options only override: each plugin reads the ones it declares
+(:meth:`~dicosa.index.plugins.IndexPlugin.from_options`: ``--head``, ``--concepts``,
+``--exclusion-set``, ``--mul2vec``, ``--fusion`` and its weights put another plugin in place of
+the recorded one, and record it; ``--no-fusion`` searches without the recorded fusion and
+leaves its record). The index checks the request and says what its plugins add to each hit.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ import json
 from .common import model_options, options, positive_int
 
 __all__ = ["add_parser", "run"]
-
-_WEIGHTS = ("beta_semantic", "beta_title", "trust")
 
 
 def add_parser(commands) -> None:
@@ -38,7 +38,7 @@ def add_parser(commands) -> None:
                    help="why each result ranks where it does: the concept dimensions it "
                         "matched (concepts head), its score parts (fusion) and the words it "
                         "shares with the query (lexical head)")
-    p.add_argument("--mode", choices=("dense", "lexical", "bow", "hybrid"), default=None,
+    p.add_argument("--mode", default=None,
                    help="which first stage proposes candidates: dense, lexical (the head's "
                         "query on the sparse stage), bow (the query's own words, no network) "
                         "or hybrid (dense and lexical united; the default with a lexical "
@@ -82,161 +82,77 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.query.strip():
         raise QueryError("the query is empty: give the text to search for")
-    if args.no_fusion and (args.mul2vec is not None or args.fusion):
-        raise QueryError("--no-fusion searches without fusion: drop --mul2vec/--fusion, or "
-                         "--no-fusion")
     model = None
     if args.checkpoint is not None or args.config is not None:
         from ..loading import load_model
 
         model = load_model(args.checkpoint, args.config, args.set, towers="text")[0]
-    index = open_index(args.index, model, strict=not args.no_strict, skip=_overridden(args),
-                       towers="text")
-    _apply_overrides(index, args)
-    if args.exclude and "concepts" not in index.plugins:
-        raise QueryError("--exclude needs a concepts head: add --concepts HEAD.pt (train one "
-                         "with 'dicosa heads train concepts')")
+    index = open_index(args.index, model, strict=not args.no_strict, towers="text",
+                       options={**vars(args), "exclusion_set": options(args.exclusion_set)})
+    index.check_request(args.exclude, args.mode, source=args.source)
     if args.explain and not index.plugins:
         raise QueryError("--explain needs a head to explain: --concepts HEAD.pt (exclusion), "
                          "--mul2vec HEAD.pt / --fusion (score parts) or an index built with "
                          "--head HEAD.pt (words)")
-    mode = _mode(index, args)
     candidates = None if args.exhaustive else args.candidates
     result = index.query(args.query, k=args.k, candidates=candidates, exclude=args.exclude,
-                         mode=mode, source=args.source)
-    explained = ([result.explain(i) for i in range(len(result.hits))] if args.explain
-                 else [])
-    text = index.plugins.get("text")
-    lines = [text.matched(result, i) if text is not None else []
-             for i in range(len(result.hits))]
+                         mode=args.mode or index.default_mode, source=args.source)
     if args.moments:
-        _print_moments(args, index, result, candidates, text)
+        _print_moments(args, index, result, candidates)
     elif args.json:
-        _print_json(args, index, result, candidates, explained, lines)
+        _print_json(args, index, result, candidates)
     else:
-        _print_table(args, index, result, candidates, explained, lines)
+        _print_table(args, index, result, candidates)
     return 0
 
 
-def _overridden(args: argparse.Namespace) -> set[str]:
-    """Recorded plugins the options replace (or, --no-fusion, leave out)."""
-    skip = set()
-    if args.head:
-        skip.add("lexical")
-    if args.concepts or args.exclusion_set:
-        skip.add("concepts")
-    if (args.no_fusion or args.mul2vec or args.fusion
-            or any(getattr(args, w) is not None for w in _WEIGHTS)):
-        skip.add("fusion")
-    return skip
-
-
-def _apply_overrides(index, args: argparse.Namespace) -> None:
-    from ..index.plugins import recorded_file
-    from ..plugins import ExclusionPlugin, FusionPlugin, LexicalPlugin
-    from ..plugins.exclusion import settings_config
-
-    if args.head:  # recorded in place of the old one
-        index.use(LexicalPlugin(args.head), wait=False)
-    if args.concepts or args.exclusion_set:
-        record = index.meta.get("concepts") or {}
-        head = args.concepts or recorded_file(record, "concepts", "--concepts")
-        if head is None:
-            raise ValueError("--exclusion-set changes a concepts head's settings: add "
-                             "--concepts HEAD.pt")
-        config = settings_config(record, **options(args.exclusion_set))
-        index.use(ExclusionPlugin(head, config), wait=False)
-    if not args.no_fusion and "fusion" in _overridden(args):
-        recorded = index.meta.get("fusion")
-        head = args.mul2vec
-        if head is None and not args.fusion:
-            if recorded is None:
-                return  # weights alone, and no fusion recorded: nothing to fuse
-            head = recorded_file(recorded, "fusion", "--mul2vec")  # None: late fusion
-        same_kind = recorded is not None and (recorded.get("head") is None) == (head is None)
-        weights = {w: recorded.get(w) if getattr(args, w) is None and same_kind
-                   else getattr(args, w) for w in _WEIGHTS}
-        index.use(FusionPlugin(head, **weights), wait=False)
-
-
-def _mode(index, args: argparse.Namespace) -> str:
-    """``--mode``, by default hybrid where the index has a lexical stage, else dense."""
-    from ..search.query import QueryError
-
-    lexical = "lexical" in index.plugins
-    if args.mode is None:
-        return "hybrid" if lexical else "dense"
-    if args.mode != "dense" and not lexical:
-        raise QueryError(f"--mode {args.mode} needs an index with a lexical head: build it with "
-                         "'dicosa index FOLDER --out INDEX --head HEAD.pt'")
-    return args.mode
-
-
-def _split(explained: list[dict]) -> tuple[list[dict], list[dict] | None]:
-    """Per hit: the exclusion's and the words' keys side by side; the fusion parts apart (the
-    text plugin's matched line is printed for every hit, with or without --explain)."""
-    merged = [{**e.get("concepts", {}), **e.get("lexical", {})} for e in explained]
-    parts = [e["fusion"] for e in explained if "fusion" in e] or None
-    return (merged if any(merged) else []), parts
-
-
-def _print_json(args, index, result, candidates, explained, lines) -> None:
-    from ..plugins.text import ranked_by
-
-    merged, parts = _split(explained)
+def _print_json(args, index, result, candidates) -> None:
+    said = index.annotations
     stats = {**result.times, "stage": result.stage, "mode": result.mode,
              "candidates": [result.candidates], "truncated": [result.truncated]}
     print(json.dumps({"query": args.query, "index": str(args.index), "mode": result.mode,
                       "exclude": args.exclude, "candidates": candidates, "stats": stats,
-                      "ranked_by": ranked_by(result), "truncated": result.truncated,
-                      "results": [{"rank": r, **hit.as_dict(),
-                                   **({"explain": merged[r - 1]} if merged else {}),
-                                   **({"line": lines[r - 1][0], "lines": lines[r - 1]}
-                                      if lines[r - 1] else {})}
-                                  for r, hit in enumerate(result.hits, 1)],
-                      **({"fusion": parts} if parts is not None else {})}))
+                      **said.answer(result), "truncated": result.truncated,
+                      "results": [{"rank": r, **hit.as_dict(), **said.hit(result, r - 1),
+                                   **({"explain": said.explain(result, r - 1)}
+                                      if args.explain else {})}
+                                  for r, hit in enumerate(result.hits, 1)]}))
 
 
-def _print_moments(args, index, result, candidates, text) -> None:
-    """``--moments``: the best time ranges, each with its matched line, as a table or
-    (``--json``) a list."""
-    from ..plugins.text import describe, format_line, ranked_by
+def _print_moments(args, index, result, candidates) -> None:
+    """``--moments``: the best time ranges, each with what the plugins add to it (the matched
+    line), as a table or (``--json``) a list."""
     from ..search.moment import format_span
 
+    said = index.annotations
     found = result.top_moments(args.k)
-    said = [text.line_at(result, m.row) if text is not None else None for _, _, m in found]
-    ranked = ranked_by(result)
     if args.json:
         print(json.dumps({"query": args.query, "index": str(args.index), "mode": result.mode,
                           "candidates": candidates, "truncated": result.truncated,
-                          "ranked_by": ranked,
+                          **said.answer(result),
                           "moments": [{"rank": r, "path": path, "id": video, **m.as_dict(),
-                                       **({"line": line} if line else {})}
-                                      for r, ((path, video, m), line) in enumerate(
-                                          zip(found, said, strict=True), 1)]}))
+                                       **said.row(result, m.row)}
+                                      for r, (path, video, m) in enumerate(found, 1)]}))
         return
     print(f'top {len(found)} moments of {len(index)} videos for "{args.query}" '
-          f"({describe(ranked)})")
+          f"({_ranked(said.answer(result)['ranked_by'])})")
     print(f"{'rank':>4}  {'score':>8}  {'moment':<13}  path")
-    for rank, ((path, _, moment), line) in enumerate(zip(found, said, strict=True), 1):
+    for rank, (path, _, moment) in enumerate(found, 1):
         print(f"{rank:>4}  {moment.score:>8.4f}  {format_span(moment.start, moment.end):<13}  "
               f"{path}")
-        if line:
-            print(f"{'':>16}{format_line(line)}")
+        for line in said.readable_row(result, moment.row):
+            print(f"{'':>16}{line}")
 
 
-def _print_table(args, index, result, candidates, explained, lines) -> None:
-    from ..plugins.exclusion import format_explanation
-    from ..plugins.fusion import format_parts
-    from ..plugins.lexical import format_words
-    from ..plugins.text import format_line
+def _print_table(args, index, result, candidates) -> None:
     from ..search.moment import format_span
 
+    said = index.annotations
     if result.truncated:
         print(f"note: the query is longer than the {index.model.config.max_words} tokens the "
               "model reads; it was searched as far as the model reads it")
     print(f'top {len(result.hits)} of {len(index)} videos for "{args.query}" '
-          f"({_how(result, candidates)})")
+          f"({_how(result, candidates, said.answer(result)['ranked_by'])})")
     print(f"{'rank':>4}  {'score':>8}  {'stage':<10}  {'moment':<13}  path")
     for rank, hit in enumerate(result.hits, 1):
         when = format_span(hit.start, hit.end)
@@ -244,30 +160,30 @@ def _print_table(args, index, result, candidates, explained, lines) -> None:
         for moment in hit.moments[1:]:
             print(f"{'':>4}  {moment.score:>8.4f}  {'':<10}  "
                   f"{format_span(moment.start, moment.end):<13}  (another moment)")
-        said = explained[rank - 1] if explained else {}
-        if said.get("concepts"):
-            print(f"{'':>16}{format_explanation(said['concepts'])}")
-        if said.get("lexical"):
-            print(f"{'':>16}{format_words(said['lexical'])}")
-        for line in lines[rank - 1]:
-            print(f"{'':>16}{format_line(line)}")
-    parts = [e["fusion"] for e in explained if "fusion" in e]
-    if parts:
-        print(format_parts(parts))
+        for line in said.readable(result, rank - 1, args.explain):
+            print(f"{'':>16}{line}")
 
 
-def _how(result, candidates: int | None) -> str:
-    """How the hits were found and what ranked them, as the table's header says it: every
-    row scored, or which first stage proposed how many candidates; then DiCoSA, the words,
-    or both (:func:`~dicosa.plugins.text.ranked_by`)."""
-    from ..plugins.text import describe, ranked_by
-
-    ranked = ranked_by(result)
+def _how(result, candidates: int | None, ranked: dict) -> str:
+    """How the hits were found and what ranked them (``ranked``: the answer's ``ranked_by``),
+    as the table's header says it: every row scored, or which first stage proposed how many
+    candidates; then DiCoSA, the words, or both."""
     if candidates is None:
         return "every video scored by DiCoSA" + (
-            "" if ranked["by"] == "pictures" else f"; {describe(ranked)}")
+            "" if ranked["by"] == "pictures" else f"; {_ranked(ranked)}")
     if result.stage == "all":  # the collection is no larger than the candidates asked for
-        return f"all {result.candidates} rows {describe(ranked)}"
+        return f"all {result.candidates} rows {_ranked(ranked)}"
     stage = ("the first stage" if result.stage == "first stage"  # labelled row by row
              else f"the {result.stage} stage")
-    return f"{result.candidates} candidates from {stage} ({result.mode} mode) {describe(ranked)}"
+    return f"{result.candidates} candidates from {stage} ({result.mode} mode) {_ranked(ranked)}"
+
+
+def _ranked(ranked: dict) -> str:
+    """An answer's ``ranked_by`` in words: ``reranked by DiCoSA fused with the words of
+    subtitles``."""
+    sources = ", ".join(ranked["sources"])
+    if ranked["by"] == "words":
+        return f"ranked by the words of {sources} (BM25)"
+    if ranked["by"] == "pictures and words":
+        return f"reranked by DiCoSA fused with the words of {sources}"
+    return "reranked by DiCoSA" + (f" (no line of {sources} matched)" if sources else "")

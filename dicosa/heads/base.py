@@ -195,9 +195,3 @@ def head_key(head: nn.Module) -> str:
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
-
-
-def head_fingerprint(path: str | Path) -> dict:
-    """The fingerprint stored in a head file (to compare with an index's)."""
-    return read_head_file(path)["fingerprint"]
-

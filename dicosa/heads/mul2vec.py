@@ -13,7 +13,7 @@ The paper leaves open how a new document or video gets its vector without retrai
 DLM trains two amortised encoders, θ = f(e) from a DiCoSA text vector (queries, titles) and
 g = f_v(p) from a video proxy, so an indexed video's semantic vector is built from whichever
 of its title and frames it has (:meth:`Mul2vecHead.entity_vectors`) and a query's from its
-text (:meth:`Mul2vecHead.query_vectors`); fused scoring is in :mod:`dicosa.search.fusion`.
+text (:meth:`Mul2vecHead.query_vectors`); fused scoring is in :mod:`dicosa.search.title_fusion`.
 """
 
 from __future__ import annotations
@@ -264,7 +264,8 @@ class Mul2vecHead(Head):
     def fit(cls, model: nn.Module, data: HeadData, config: Mul2vecConfig, *, seed: int = 0,
             progress: bool = True) -> Mul2vecHead:
         """Train on the training split's captions; report the held-out MAE and validation
-        recall of the semantic score alone (no fusion: that is :mod:`dicosa.search.fusion`)."""
+        recall of the semantic score alone (no fusion: that is
+        :mod:`dicosa.search.title_fusion`)."""
         torch.manual_seed(seed)
         generator = torch.Generator().manual_seed(seed)
         train = data.train

@@ -77,7 +77,7 @@ def word_vectors(model: torch.nn.Module, vocab: Vocabulary, how: str) -> Tensor:
     projections.
 
     ``"embedding"``: CLIP's input token embedding through the text projection (VDR's MLM-head
-    analogue, as the issue asks); ``"encoded"``: the text vector of ``"a {word}"`` from the
+    analogue); ``"encoded"``: the text vector of ``"a {word}"`` from the
     frozen text tower (the zero-shot baseline's vectors); ``"random"``: Gaussian (the
     collapse ablation of VDR's appendix C).
     """

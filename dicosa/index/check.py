@@ -10,10 +10,12 @@ What is checked, in order:
    were kept: only that the files map);
 3. every other live row's stored features are finite (a damaged row would score NaN);
 4. the dense first stage's files open and match the store (else it is rebuilt when opened);
-5. the derived files (a lexical stage, concept codes, title vectors, the faiss stage's
-   pending and removed lists, the per-frame stage's under ``frames/``) load; the text index
-   (``text.sqlite``) passes SQLite's and FTS5's integrity checks, and holds lines of live
-   rows only (lines of rows a write never committed are never searched; reported);
+5. the derived files (the faiss stage's pending and removed lists, the per-frame stage's
+   under ``frames/``) load, and each plugin checks its own
+   (:meth:`~dicosa.index.plugins.IndexPlugin.check_files`): a lexical stage, concept codes
+   and title vectors load; the text index (``text.sqlite``) passes SQLite's and FTS5's
+   integrity checks, and holds lines of live rows only (lines of rows a write never
+   committed are never searched; reported);
 6. files in the folder that no commit names (left by a write that never committed).
 
 It also lists the partial videos (a decode that lost part of the file: cut short, damaged
@@ -39,31 +41,23 @@ import numpy as np
 from ..model import DiCoSA
 from ..search.store import FrameStore, StoreError, finite_rows
 from ..search.store_check import checksum_failures
-from .manifest import MANIFEST, RESERVED, Manifest, ManifestError
+from .manifest import Manifest, ManifestError
+from .plugins import BUILTIN_PLUGINS, FileCheck, check_derived, plugin_class
 
 __all__ = ["CheckReport", "check_index"]
 
-# Derived files and how to see that one loads; each is rebuilt when missing.
+# The dense stages' derived files and how to see that one loads; each is rebuilt when
+# missing. The plugins check their own (IndexPlugin.check_files).
 _DERIVED = {
     "dense.pending.npz": lambda p: np.load(p).files,
     "dense.removed.npy": np.load,
     "dense.exact.npz": lambda p: np.load(p).files,
-    "concepts.codes.npy": np.load,
-    "fusion.titles.npy": np.load,
-    "sparse-lexical.npz": lambda p: np.load(p).files,
-    "semantic.npz": lambda p: np.load(p).files,
-    "title.npz": lambda p: np.load(p).files,
     # the per-frame stage's (summary "frames"), in its folder
     "frames/frames.npz": lambda p: np.load(p).files,
     "frames/dense.pending.npz": lambda p: np.load(p).files,
     "frames/dense.removed.npy": np.load,
     "frames/dense.exact.npz": lambda p: np.load(p).files,
 }
-# Files an index folder may hold besides shards and derived files.
-_KNOWN = {MANIFEST, RESERVED, ".writer.lock", ".writer.json", "first_stage.json",
-          "dense.faiss", "lexical.json", "concepts.codes.json", "fusion.titles.json",
-          "summary_head.pt", "milvus.db", "seismic.json", "seismic.index", "text.sqlite",
-          "text.sqlite-journal"}
 _SHARD = re.compile(r"^shard-\d{5}\.(safetensors|csv)$")
 _REPAIR = "'dicosa check --repair' encodes them again from their videos"
 
@@ -80,6 +74,11 @@ class CheckReport:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def add(self, found: FileCheck) -> None:
+        self.problems += found.problems
+        self.repaired += found.repaired
+        self.checked += found.checked
 
     def lines(self) -> list[str]:
         out = [f"checked {self.directory}: " + ", ".join(self.checked)]
@@ -110,8 +109,10 @@ def check_index(directory: str | Path, repair: bool = False,
         manifest, store = _open(directory)  # what the repair committed
     else:
         report.problems += [f"{what} ({_paths(store, ids)}); {_REPAIR}" for what, ids in damaged]
-    _derived(directory, repair, report)
-    _text(directory, store, repair, report)
+    report.add(check_derived(directory, _DERIVED, repair))
+    live = store.live()
+    for key in BUILTIN_PLUGINS:  # each plugin's own files, recorded or left behind
+        report.add(plugin_class(key).check_files(directory, live, repair))
     _uncommitted(directory, manifest, repair, report)
     _partial(store, report)
     report.checked.append(f"first stage synced: {_synced(manifest, store)}")
@@ -168,37 +169,6 @@ def _repair(directory: Path, store: FrameStore, damaged: list[tuple[str, np.ndar
     if done.not_encoded:
         report.notes.append("'dicosa index FOLDER --out INDEX' adds those videos anew where "
                             "their files can be read")
-
-
-def _derived(directory: Path, repair: bool, report: CheckReport) -> None:
-    for name, read in _DERIVED.items():
-        path = directory / name
-        if not path.is_file():
-            continue
-        try:
-            read(path)
-        except Exception as exc:
-            what = f"{path} does not load ({type(exc).__name__})"
-            if repair:
-                path.unlink()
-                report.repaired.append(what + ": deleted, rebuilt when next needed")
-            else:
-                report.problems.append(what + "; 'check --repair' deletes it (derivable)")
-
-
-def _text(directory: Path, store: FrameStore, repair: bool, report: CheckReport) -> None:
-    from ..text.fts import check_text_file
-    from .lock import WriterLock
-
-    if repair:  # deleting lines is a write: under the writer lock, like every other
-        with WriterLock(directory):
-            problems, repaired, checked = check_text_file(directory, store.live(), True)
-    else:
-        problems, repaired, checked = check_text_file(directory, store.live(), False)
-    report.problems += problems
-    report.repaired += repaired
-    if checked:
-        report.checked.append(checked)
 
 
 def _uncommitted(directory: Path, manifest: Manifest, repair: bool,

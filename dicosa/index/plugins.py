@@ -1,12 +1,26 @@
-"""The plugin contract: how a head joins an index at search time.
+"""The plugin contract: how a head or a text source joins an index.
 
-A plugin (the lexical head's words, the concepts head's exclusions, title fusion; one module
-each under ``dicosa/plugins/``) implements :class:`IndexPlugin`. It attaches itself through an
-:class:`IndexContext`, the narrow set of things an index lets it touch (add a first stage, a
-query encoder, a rerank hook, search modes; read the model, the store and the folder), says
-what the index should record of it in the manifest, rebuilds itself from that record, and
-explains a hit of a :class:`~dicosa.index.searcher.SearchResult`. No plugin imports the index.
+A plugin (the lexical head's words, the concepts head's exclusions, title fusion, the videos'
+text; one module each under ``dicosa/plugins/``) subclasses :class:`IndexPlugin`, whose
+methods have defaults, and
 
+- attaches itself through an :class:`IndexContext`, the narrow set of things an index lends
+  it: first stages, query encoders, rerank hooks, search modes (one of them may be the
+  index's default), query options it checks (:class:`QueryOption`); the model, the store and
+  the folder; its class says what a request may ask of it (its modes, leaving things out)
+  and how an index gets it, for the sentence that refuses a request an index without it;
+- says what the manifest keeps of it under its :attr:`~IndexPlugin.key` and comes back from
+  that record (:meth:`~IndexPlugin.restore`) or from a front end's options in its place
+  (:meth:`~IndexPlugin.from_options`); checks its head against the model before any work
+  (:meth:`~IndexPlugin.validate`) and its own files for ``dicosa check``
+  (:meth:`~IndexPlugin.check_files`);
+- explains a hit (:meth:`~IndexPlugin.explain`, under its :attr:`~IndexPlugin.api_name` in
+  answers), annotates hits, moments and answers, says all that as readable lines, and
+  describes itself for ``/api/info`` and ``dicosa index``.
+
+No plugin imports the index object's modules, and no front end imports a plugin: the
+command line and the service reach them through the index
+(:class:`~dicosa.index.plugin_host.PluginHost`, :mod:`~dicosa.index.annotations`).
 ``VideoIndex.use(plugin)`` attaches and records; ``VideoIndex.load`` and ``open_index``
 restore every recorded plugin, found by its record's key in :data:`BUILTIN_PLUGINS` (names
 of classes, kept as data so that this module imports no plugin).
@@ -16,10 +30,10 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
@@ -33,16 +47,43 @@ from .stages import StageSet
 if TYPE_CHECKING:
     from .searcher import SearchResult
 
-__all__ = ["BUILTIN_PLUGINS", "IndexContext", "IndexPlugin", "RecordedFileMissing",
-           "plugin_class", "recorded_file"]
+__all__ = ["BUILTIN_OPTIONS", "BUILTIN_PLUGINS", "PICTURES", "FileCheck", "IndexContext",
+           "IndexPlugin", "QueryOption", "RecordedFileMissing", "check_derived",
+           "chosen_plugins", "how_to_get", "plugin_class", "query_option", "recorded_file"]
 
-# manifest meta key -> "module:Class" of the plugin that restores it
+# manifest meta key -> "module:Class" of the plugin that restores it. The keys are what
+# indexes have recorded since they were first written ("fusion": title fusion).
 BUILTIN_PLUGINS = {
     "lexical": "dicosa.plugins.lexical:LexicalPlugin",
     "concepts": "dicosa.plugins.exclusion:ExclusionPlugin",
-    "fusion": "dicosa.plugins.fusion:FusionPlugin",
+    "fusion": "dicosa.plugins.titles:TitlesPlugin",
     "text": "dicosa.plugins.text:TextPlugin",
 }
+# query option -> "module:NAME" of the QueryOption that checks it where the index lacks the
+# plugin that registers it (a search of the pictures alone is still a search).
+BUILTIN_OPTIONS = {"source": "dicosa.plugins.text_ranking:WITHOUT_TEXT"}
+# What ranked a search's hits where no plugin says otherwise (an answer's ``ranked_by``).
+PICTURES = {"by": "pictures", "sources": []}
+
+
+@dataclass(frozen=True)
+class QueryOption:
+    """A search option a plugin registers: ``index.query(text, name=value)``."""
+
+    name: str
+    # the value as asked -> as the query encoders read it (``EncodedQueries.extra[name]``);
+    # a value it cannot take is a QueryError of one sentence
+    check: Callable[[object], object]
+    schema: dict  # its value's JSON Schema, as the service publishes it
+
+
+@dataclass
+class FileCheck:
+    """What checking a plugin's files found (``dicosa check``)."""
+
+    problems: list[str] = field(default_factory=list)  # not repaired
+    repaired: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -64,6 +105,8 @@ class IndexContext:
     # in memory): only then may a plugin write files of its own beside the index.
     writing: Callable[[], bool] = field(default=lambda: True)
     added: list[tuple[str, object]] = field(default_factory=list)  # what attach added
+    options: dict[str, QueryOption] = field(default_factory=dict)  # what attach registered
+    default_mode: str | None = None  # the search mode the plugin makes the index's default
 
     def add_stage(self, stage: FirstStage,
                   videos: Callable[[np.ndarray, VideoFeatures], object] | None = None,
@@ -83,9 +126,16 @@ class IndexContext:
         self.hooks.append(hook)
         self.added.append(("hook", hook))
 
-    def add_modes(self, **modes: SearchMode) -> None:
+    def add_modes(self, default: str | None = None, **modes: SearchMode) -> None:
+        """Register search modes; ``default``: the one of them a search without a mode uses."""
         self.modes.update(modes)
         self.added.append(("modes", tuple(modes)))
+        self.default_mode = default or self.default_mode
+
+    def add_option(self, option: QueryOption) -> None:
+        """Register a search option: its checked value reaches the query encoders as
+        ``EncodedQueries.extra[option.name]``."""
+        self.options[option.name] = option
 
     @torch.inference_mode()
     def encode_text(self, texts: list[str]) -> TextFeatures:
@@ -110,34 +160,125 @@ class IndexContext:
                 for name in item:
                     self.modes.pop(name, None)
         self.added.clear()
+        self.options.clear()
+        self.default_mode = None
 
 
-@runtime_checkable
-class IndexPlugin(Protocol):
-    """A head's search-side adapter (see the module docstring)."""
+class IndexPlugin:
+    """A head's or a text source's part of an index (see the module docstring); every
+    method but :meth:`attach` and :meth:`restore` has a default that does nothing."""
 
     key: ClassVar[str]  # its record in the manifest's meta
+    api_name: ClassVar[str]  # its explanations' name in answers (JSON)
+    # files it derives in the index folder -> how to see that one loads (dicosa check)
+    derived: ClassVar[dict[str, Callable[[Path], object]]] = {}
+    # What it gives an index that a request may ask for (the search modes it adds; whether it
+    # leaves things out, "A without B"), and how an index gets it: the sentence that refuses
+    # such a request of an index without it says so.
+    modes: ClassVar[dict[str, SearchMode]] = {}
+    leaves_out: ClassVar[bool] = False
+    how: ClassVar[str] = ""
 
     def attach(self, ctx: IndexContext) -> None:
-        """Register stages, encoders, hooks and modes through ``ctx``; may be called again
-        with a fresh context (an index reloaded after another process's commit)."""
+        """Register stages, encoders, hooks, modes and options through ``ctx``; may be
+        called again with a fresh context (an index reloaded after another process's
+        commit)."""
+        raise NotImplementedError
 
     def record(self) -> dict | None:
         """What the manifest keeps to restore it (None: nothing; a plugin made from objects
         rather than files cannot be restored by another process)."""
+        return None
 
     @classmethod
     def restore(cls, record: dict, ctx: IndexContext) -> IndexPlugin:
-        """The plugin a record describes (its head files loaded and checked against
-        ``ctx.model``), not yet attached."""
+        """The plugin a record describes, not yet attached."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, object], record: dict | None
+                     ) -> IndexPlugin | bool | None:
+        """The plugin a front end's ``options`` ask for in place of ``record`` (what the
+        index recorded; None: nothing): a plugin (attached and recorded), None (they ask
+        nothing of it: the record is restored) or False (left out of these searches, its
+        record kept). ``options`` are the command line's, by their argparse names
+        (``head``, ``concepts``, ``exclusion_set`` as a dict, ``mul2vec``, ``speech`` ...);
+        what a plugin cannot take is one sentence, before any work."""
+        return None
+
+    def validate(self, model: DiCoSA) -> None:
+        """Check its head file against ``model`` (before any video is encoded)."""
+
+    @classmethod
+    def check_files(cls, directory: Path, live: np.ndarray, repair: bool) -> FileCheck:
+        """Check the files it keeps in ``directory`` against the live rows (``repair``:
+        delete what does not load; it is derived, and rebuilt when next needed)."""
+        return check_derived(directory, cls.derived, repair)
 
     def explain(self, result: SearchResult, i: int) -> dict | None:
         """Why hit ``i`` of ``result`` ranks where it does, as plain JSON-able values."""
+        return None
+
+    def annotate(self, result: SearchResult, i: int) -> dict:
+        """Keys it adds to hit ``i``'s answer (the text plugin's matched lines)."""
+        return {}
+
+    def annotate_row(self, result: SearchResult, row: int) -> dict:
+        """Keys it adds to the answer of a moment, store row ``row``."""
+        return {}
+
+    def summary(self, result: SearchResult) -> dict:
+        """Keys it adds to a search's answer (the text plugin's ``ranked_by``)."""
+        return {}
+
+    def evidence(self, result: SearchResult, i: int) -> tuple[str, tuple[float, float]] | None:
+        """``(by, (start, end))``: what decided hit ``i``'s best moment, where it was not the
+        pictures, and the time range its best frame is taken from (None: the pictures)."""
+        return None
+
+    def readable(self, said: dict) -> list[str]:
+        """Lines for a person of what it said of one hit or moment: ``said`` holds its
+        annotations and, when asked, ``"explain"``: its explanation."""
+        return []
+
+    def describe(self) -> dict:
+        """What it gives this index, for ``/api/info``."""
+        return {}
+
+    def report(self, before: IndexPlugin | None) -> list[str]:
+        """What attaching it did, for ``dicosa index`` (``before``: the plugin of the same
+        key it replaced)."""
+        return []
 
 
-def plugin_class(key: str) -> type:
+def plugin_class(key: str) -> type[IndexPlugin]:
     """The plugin class that restores manifest record ``key``."""
-    module, _, name = BUILTIN_PLUGINS[key].partition(":")
+    return _named(BUILTIN_PLUGINS[key])
+
+
+def chosen_plugins(options: Mapping[str, object], meta: Mapping[str, object] | None = None
+                   ) -> dict[str, IndexPlugin | bool]:
+    """Each built-in plugin's answer to a front end's ``options`` (:meth:`IndexPlugin
+    .from_options`; ``meta``: what the index recorded), by key, where it has one."""
+    meta = meta or {}
+    chosen = {key: plugin_class(key).from_options(options, meta.get(key))
+              for key in BUILTIN_PLUGINS}
+    return {key: plugin for key, plugin in chosen.items() if plugin is not None}
+
+
+def how_to_get(offers: Callable[[type[IndexPlugin]], bool]) -> str:
+    """How an index gets the built-in plugin ``offers`` picks ("": none does)."""
+    return next((cls.how for cls in map(plugin_class, BUILTIN_PLUGINS) if offers(cls)), "")
+
+
+def query_option(name: str) -> QueryOption | None:
+    """How option ``name`` is checked where the index lacks the built-in plugin that
+    registers it (None: no built-in plugin registers it)."""
+    return _named(BUILTIN_OPTIONS[name]) if name in BUILTIN_OPTIONS else None
+
+
+def _named(where: str):
+    module, _, name = where.partition(":")
     return getattr(importlib.import_module(module), name)
 
 
@@ -154,3 +295,24 @@ def recorded_file(record: dict, key: str, option: str) -> str | None:
             f"the {key} head recorded in the index, {path}, is missing; pass {option} HEAD.pt "
             "with its new location")
     return os.fspath(path) if path else None
+
+
+def check_derived(directory: Path, files: Mapping[str, Callable[[Path], object]],
+                  repair: bool) -> FileCheck:
+    """Whether each of ``files`` (name in ``directory`` -> how to read it) that is there
+    loads; ``repair`` deletes one that does not (it is rebuilt when next needed)."""
+    found = FileCheck()
+    for name, read in files.items():
+        path = Path(directory) / name
+        if not path.is_file():
+            continue
+        try:
+            read(path)
+        except Exception as exc:
+            what = f"{path} does not load ({type(exc).__name__})"
+            if repair:
+                path.unlink()
+                found.repaired.append(what + ": deleted, rebuilt when next needed")
+            else:
+                found.problems.append(what + "; 'check --repair' deletes it (derivable)")
+    return found

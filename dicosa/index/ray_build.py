@@ -72,6 +72,7 @@ class RaySettings:
     encoders: int | None = None  # encoder actors (default: one per GPU; without GPUs, 1)
     encoder_cpus: float = 1.0  # CPUs each encoder actor holds
     decode_cpus: float = 1.0  # CPUs each decode task holds
+    encoder_threads: int | None = None  # torch threads of a CPU encoder (None: its node's cores)
     tries: int = 3  # runs of one call before its videos are tried one by one
     # A local cluster's CPUs (default: the machine's, plus the encoders' where there is no
     # GPU: the encoding process shares the cores with the decoders, as a single-process
@@ -117,7 +118,7 @@ def build_index_on_ray(
     ``frame_dtype``), which mean what they mean there. The index's writer lock is held
     from the listing to the merge.
     """
-    from ..search.fusion import normalise_titles
+    from ..search.title_fusion import normalise_titles
 
     settings = ray_settings or RaySettings()
     out = Path(out_dir)
@@ -236,7 +237,8 @@ class _Plan:
                 compute=ray.data.ActorPoolStrategy(size=self.encoders,
                                                    max_tasks_in_flight_per_actor=2),
                 fn_constructor_kwargs={"model": [ray.put(self.model)], "frames": part.frames,
-                                       "segments": policy, "batch_size": batch_size},
+                                       "segments": policy, "batch_size": batch_size,
+                                       "threads": self.settings.encoder_threads},
                 max_restarts=-1, max_task_retries=retries)
             return data.map_batches(
                 write_shards, batch_size=self.shard_size, num_cpus=0,

@@ -22,6 +22,7 @@ per video; a column of Python objects carries what a stage hands on:
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from pathlib import Path
@@ -79,16 +80,23 @@ class EncodeVideos:
 
     ``model``: the model, or a list holding a Ray object reference to it: the driver puts it
     in the object store once, and an actor (a restarted one too) fetches it from there; the
-    constructor's own arguments stay small.
+    constructor's own arguments stay small. ``threads``: torch threads on a CPU (None: the
+    node's cores).
     """
 
     def __init__(self, model: DiCoSA | list, frames: FrameProtocol,
-                 segments: SegmentPolicy | None, batch_size: int):
+                 segments: SegmentPolicy | None, batch_size: int, threads: int | None = None):
         if isinstance(model, list):
             import ray
 
             model = ray.get(model[0])
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.type == "cpu":
+            # Ray starts an actor of one CPU with OMP_NUM_THREADS=1; a CPU encoder shares its
+            # node's cores with the decode tasks, as a single-process build's encoder shares
+            # them with its DataLoader workers (2 threads on 2 cores: 0.70 -> 0.80 of the
+            # single process's throughput, benchmarks/RESULTS.md)
+            torch.set_num_threads(threads or os.cpu_count() or 1)
         self.model = model.to(self.device).eval()
         self.frames, self.segments, self.batch_size = frames, segments, batch_size
 

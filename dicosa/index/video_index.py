@@ -51,6 +51,7 @@ from ..search.shards import VideoRun
 from ..search.store import FrameStore
 from ..search.store_check import verify as verify_store
 from ..search.types import RerankHook
+from .annotations import Annotations
 from .encode import clips_as_features
 from .hits import Hit
 from .ingest import Clip, ingest, new_or_changed
@@ -58,7 +59,7 @@ from .listing import list_videos
 from .lock import IndexBusyError
 from .manifest import MANIFEST, Manifest, read_reserved
 from .plugin_host import PluginHost
-from .plugins import IndexContext, IndexPlugin
+from .plugins import IndexContext, IndexPlugin, chosen_plugins
 from .resume import (
     check_frame_dtype,
     check_frames,
@@ -251,7 +252,7 @@ class VideoIndex:
              strict: bool = True, tokenizer: Callable | None = None,
              device: torch.device | str | None = None, plugins: bool = True,
              skip: Iterable[str] = (), verify: bool | None = None,
-             lock_timeout: float | None = None) -> VideoIndex:
+             lock_timeout: float | None = None, options: dict | None = None) -> VideoIndex:
         """Open an index written by :meth:`build` or :meth:`save` (format version 1-3).
 
         The store is memory-mapped; the dense first stage is opened from its files, or
@@ -261,7 +262,10 @@ class VideoIndex:
             model: the model to search with; it must have the weights and config the index
                 was built with. None opens the index for reading only (no search, no plugin).
             strict: a model that differs raises ValueError (True) or warns (False).
-            plugins: restore every plugin the manifest records (but those in ``skip``).
+            plugins: restore every plugin the manifest records (but those in ``skip``);
+                a front end's ``options`` may replace or leave out one
+                (:meth:`IndexPlugin.from_options`; one put in a record's place is recorded,
+                when no other process is writing).
             verify: check each shard file against its recorded checksum now (reads the
                 whole store); None: when the store is under 1 GiB.
 
@@ -276,7 +280,9 @@ class VideoIndex:
         if model is not None:
             index.attach(model, strict=strict)
             if plugins:
-                index.plugins.restore(index.meta, skip)
+                chosen = chosen_plugins(options, index.meta) if options else None
+                index.plugins.restore(index.meta, skip, chosen,
+                                      lambda plugin: index.use(plugin, wait=False))
         return index
 
     def _verify(self, verify: bool | None) -> None:
@@ -437,8 +443,7 @@ class VideoIndex:
     def query(self, text: str | Sequence[str], k: int = 10,
               candidates: int | None = DEFAULT_CANDIDATES, *,
               hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
-              exclude: Sequence[str] = (), mode: str | None = None,
-              source: str | Sequence[str] | None = None
+              exclude: Sequence[str] = (), mode: str | None = None, **options: object
               ) -> SearchResult | list[SearchResult]:
         """The ``k`` best videos for ``text`` and everything the search computed: a
         :class:`SearchResult` (hits best first, seconds per stage, the encoded query, the
@@ -456,14 +461,15 @@ class VideoIndex:
             mode: a search mode (``index.plugins.modes``): which first stages propose
                 candidates (``"dense"``; with a lexical head ``"lexical"``, ``"bow"`` or
                 ``"hybrid"``). None: every registered stage.
-            source: what the query is matched against (with the text plugin): ``"visual"``
-                (DiCoSA alone), ``"subtitles"``, ``"speech"``, ``"screen"``, ``"text"`` (the
-                three), ``"all"``, or several (a list, or comma-separated); a text source
-                alone ranks by the words only. None: everything the index has.
+            options: the search options the plugins register
+                (``index.plugins.query_options``), e.g. the text plugin's ``source``: what
+                the query is matched against, ``"visual"`` (DiCoSA alone), ``"subtitles"``,
+                ``"speech"``, ``"screen"``, ``"text"`` (the three), ``"all"``, or several (a
+                list, or comma-separated). None: what the option does by default.
         """
         k, candidates = check_search(text, k, candidates)
         texts = [text] if isinstance(text, str) else list(text)
-        searcher = Searcher(self.snapshot(hooks, self._source_option(source)))
+        searcher = Searcher(self.snapshot(hooks, self.check_request(**options)))
         results = searcher.run(texts, k, candidates, exclude=exclude, mode=mode, chunk=chunk)
         for result in results:
             if result.truncated:
@@ -480,23 +486,23 @@ class VideoIndex:
         found = self.query(text, k, candidates, **options)
         return found.hits if isinstance(found, SearchResult) else [r.hits for r in found]
 
-    def _source_option(self, source) -> dict | None:
-        """``source=`` checked: the sources a search looks at (:mod:`dicosa.text.fusion`);
-        text sources need the text plugin."""
-        if source is None:
-            return None
-        from ..search.query import QueryError
-        from ..text.fusion import VISUAL, parse_sources
+    def check_request(self, exclude: Sequence[str] = (), mode: str | None = None,
+                      **options: object) -> dict:
+        """The one check of a search's request against this index (its plugins', one
+        sentence where it cannot answer: :meth:`PluginHost.check_request
+        <dicosa.index.plugin_host.PluginHost.check_request>`); the options as the query
+        encoders read them."""
+        return self.plugins.check_request(exclude, mode, **options)
 
-        try:
-            sources = parse_sources(source)
-        except ValueError as exc:
-            raise QueryError(str(exc)) from None
-        if sources - {VISUAL} and "text" not in self.plugins:
-            raise QueryError("this index has no text lines to search: read them with "
-                             "'dicosa index FOLDER --out INDEX' (subtitles, --speech, "
-                             "--ocr) or dicosa.plugins.text.attach_text(index)")
-        return {"source": sorted(sources)}
+    @property
+    def default_mode(self) -> str:
+        """The search mode of a search that names none (a plugin's, else dense)."""
+        return self.plugins.default_mode
+
+    @property
+    def annotations(self) -> Annotations:
+        """What the plugins add to answers, as the front ends ask for it."""
+        return self.plugins.annotations
 
     # -- writes ---------------------------------------------------------------------------
     def add(self, videos: str | os.PathLike | Iterable[str | os.PathLike], *,
@@ -515,7 +521,7 @@ class VideoIndex:
         The writer lock is held from the listing to the end, so two writers never encode the
         same video.
         """
-        from ..search.fusion import normalise_titles
+        from ..search.title_fusion import normalise_titles
 
         batch_size = at_least(batch_size, "batch_size")
         shard_size = at_least(shard_size, "shard_size")
@@ -604,9 +610,11 @@ class VideoIndex:
 def open_index(directory: str | os.PathLike, model: DiCoSA | None = None, *,
                device: torch.device | str | None = None, strict: bool = True,
                skip: Iterable[str] = (), lock_timeout: float | None = None,
-               towers: str = "all", verify: bool | None = None) -> VideoIndex:
+               towers: str = "all", verify: bool | None = None,
+               options: dict | None = None) -> VideoIndex:
     """An index ready to search as it was recorded: the model its manifest names (unless
-    ``model`` is given) and every plugin it recorded (but those in ``skip``).
+    ``model`` is given) and every plugin it recorded (but those in ``skip``; ``options``:
+    a front end's, :meth:`VideoIndex.load`).
     ``towers="text"`` loads that model without CLIP's image tower: a process that only
     searches (adding videos then says it needs the whole model). ``verify``: as
     :meth:`VideoIndex.load`'s."""
@@ -619,4 +627,4 @@ def open_index(directory: str | os.PathLike, model: DiCoSA | None = None, *,
                              "model (dicosa search --checkpoint CKPT)")
         model = model_from_source(source, towers)
     return VideoIndex.load(directory, model, device=device, strict=strict, skip=skip,
-                           lock_timeout=lock_timeout, verify=verify)
+                           lock_timeout=lock_timeout, verify=verify, options=options)

@@ -3,7 +3,7 @@
 :class:`ExclusionPlugin` (``index.use(ExclusionPlugin(HEAD))``, or ``--concepts HEAD``)
 gives an index what :class:`~dicosa.search.exclusion.ExclusionRerank` needs:
 
-- the head's code of every row (:class:`ConceptCodes`), computed from the store's frames in
+- the head's code of every row (:class:`RowCodes`), computed from the store's frames in
   chunks and kept in the index folder as ``concepts.codes.npy`` (+ ``concepts.codes.json``:
   which head made them; :class:`~dicosa.search.row_cache.RowCache`), so reopening the index
   reuses them. Row ids are never reused, so the codes are one array indexed by row id; rows
@@ -16,7 +16,7 @@ gives an index what :class:`~dicosa.search.exclusion.ExclusionRerank` needs:
   on validation, say), so that they need not be passed on every search.
 
 :meth:`ExclusionPlugin.explain` says, for a hit, which concept dimensions matched A and which
-of B's were empty.
+of B's were empty; answers name it ``exclusion``.
 """
 
 from __future__ import annotations
@@ -24,22 +24,19 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..heads.base import head_key, load_head
-from ..search.exclusion import (
-    ExclusionConfig,
-    ExclusionExplanation,
-    ExclusionRerank,
-    describe_dimensions,
-    describe_evidence,
-)
+from ..index.plugins import IndexPlugin, recorded_file
+from ..search.exclusion import ExclusionConfig, ExclusionRerank
+from ..search.exclusion_explained import ExclusionExplanation, describe_evidence
 from ..search.row_cache import RowCache
 from ..search.store import FrameStore
 
@@ -47,8 +44,8 @@ if TYPE_CHECKING:
     from ..heads.concepts import ConceptCodesHead
     from ..index.searcher import Hit, SearchResult
 
-__all__ = ["ConceptCodes", "ExclusionPlugin", "attach_exclusion", "explain_hits",
-           "format_explanation", "recorded_config"]
+__all__ = ["ExclusionPlugin", "RowCodes", "attach_exclusion", "explain_hits",
+           "recorded_config"]
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +54,10 @@ CODES_FILE = f"{CODES}.npy"
 _CHUNK = 256  # rows per head forward when computing codes
 
 
-class ConceptCodes:
-    """The head's code of every store row, ``ids [n] int64 -> [n, d]`` float32, filled lazily
-    for rows the array does not cover yet and written back to the index folder."""
+class RowCodes:
+    """The head's concept code of every store row, ``ids [n] int64 -> [n, d]`` float32,
+    filled lazily for rows the array does not cover yet and written back to the index
+    folder."""
 
     def __init__(self, store: FrameStore, directory: Path | None, head: ConceptCodesHead):
         self.store, self.head = store, head
@@ -94,7 +92,7 @@ class ConceptCodes:
         return np.concatenate(parts)
 
 
-class ExclusionPlugin:
+class ExclusionPlugin(IndexPlugin):
     """The concepts head at search time (:class:`~dicosa.index.plugins.IndexPlugin`).
 
     Args:
@@ -106,6 +104,11 @@ class ExclusionPlugin:
     """
 
     key = "concepts"
+    api_name = "exclusion"
+    leaves_out = True
+    how = ("a concepts head: add --concepts HEAD.pt (train one with 'dicosa heads train "
+           "concepts')")
+    derived: ClassVar[dict] = {CODES_FILE: np.load}
 
     def __init__(self, head: str | os.PathLike | ConceptCodesHead,
                  config: ExclusionConfig | None = None):
@@ -113,21 +116,36 @@ class ExclusionPlugin:
         self.head = None if self.path else head
         self.config = config
         self.rerank: ExclusionRerank | None = None
+        self._rows = 0
 
     @classmethod
-    def restore(cls, record: dict, ctx, **overrides) -> ExclusionPlugin:
-        """The recorded head with the recorded settings (``overrides``: ExclusionConfig
-        fields on top; an unknown one is one sentence)."""
-        from ..index.plugins import recorded_file
+    def restore(cls, record: dict, ctx) -> ExclusionPlugin:
+        """The recorded head with the recorded settings."""
+        return cls(recorded_file(record, "concepts", "--concepts"), settings_config(record))
 
-        return cls(recorded_file(record, "concepts", "--concepts"),
-                   settings_config(record, **overrides))
+    @classmethod
+    def from_options(cls, options: Mapping[str, object], record: dict | None
+                     ) -> ExclusionPlugin | None:
+        """``concepts`` (a head file) and ``exclusion_set`` (ExclusionConfig fields, on top
+        of the recorded settings) replace the recorded exclusion."""
+        head, settings = options.get("concepts"), options.get("exclusion_set") or {}
+        if head is None and not settings:
+            return None
+        record = record or {}
+        head = head or recorded_file(record, "concepts", "--concepts")
+        if head is None:
+            raise ValueError("--exclusion-set changes a concepts head's settings: add "
+                             "--concepts HEAD.pt")
+        return cls(head, settings_config(record, **settings) if settings else None)
+
+    def validate(self, model) -> None:
+        if self.path is not None:
+            self.head = load_head(Path(self.path), model, kind="concepts")
 
     def attach(self, ctx) -> None:
-        if self.path is not None:
-            self.head = load_head(Path(self.path), ctx.model, kind="concepts")
+        self.validate(ctx.model)
         head = self.head.to("cpu").eval()
-        codes = ConceptCodes(ctx.store, ctx.directory, head)
+        codes = RowCodes(ctx.store, ctx.directory, head)
         codes.update()
         self.config = self.config or settings_config(ctx.meta.get("concepts") or {})
         self.rerank = ExclusionRerank(self.config, head=head, video_codes=codes,
@@ -135,6 +153,7 @@ class ExclusionPlugin:
         rerank, tokenize = self.rerank, _on(ctx.tokenizer, ctx.device)
         ctx.add_hook(rerank)
         ctx.add_query_encoder(lambda encoded: rerank.prepare(encoded, ctx.model, tokenize))
+        self._rows = len(ctx.store)
 
     def record(self) -> dict | None:
         """The head's file and the settings that are not the defaults."""
@@ -149,6 +168,32 @@ class ExclusionPlugin:
         named by its words) and B's best window score; None for a query without exclusion."""
         explained = explain_hits(self, result, [result.hits[i]])
         return explained[0] if explained else None
+
+    def readable(self, said: dict, limit: int = 3) -> list[str]:
+        """The evidence of B and what it cost (``demoted by 0.112: "a blue square" in frames
+        2-3 ...`` or ``kept its place: ...``), then the concept dimensions (``matched A on 12
+        (red, circle); B empty on 7 (blue, square)``)."""
+        explained = said.get("explain")
+        if explained is None:
+            return []
+
+        def some(named: list[dict]) -> str:
+            items = [f"{d['dimension']} ({', '.join(d['words'])})" if d["words"]
+                     else str(d["dimension"]) for d in named]
+            more = f" +{len(items) - limit}" if len(items) > limit else ""
+            return "; ".join(items[:limit]) + more if items else "none"
+
+        line = explained["why"]
+        if explained["matched_words"] or explained["excluded_empty_words"]:
+            line += (f"; matched A on {some(explained['matched_words'])}; "
+                     f"B empty on {some(explained['excluded_empty_words'])}")
+        return [line]
+
+    def describe(self) -> dict:
+        return {"method": self.config.method if self.config is not None else None}
+
+    def report(self, before: IndexPlugin | None) -> list[str]:
+        return [f"concept codes of {self._rows} rows, for 'A without B' searches"]
 
 
 def attach_exclusion(index, head: str | os.PathLike | ConceptCodesHead,
@@ -191,23 +236,11 @@ def explain_hits(plugin: ExclusionPlugin, result: SearchResult,
 
 
 def _as_dict(e: ExclusionExplanation, head: ConceptCodesHead) -> dict:
-    out = asdict(e)
-    out["why"] = describe_evidence(e)
-    out["matched_words"] = describe_dimensions([d for d, _ in e.matched], head.dimension_words)
-    out["excluded_empty_words"] = describe_dimensions(e.excluded_empty, head.dimension_words)
-    return out
+    """An explanation as plain values, its evidence in words and each concept dimension as
+    ``{"dimension", "words"}``."""
+    def named(dims) -> list[dict]:
+        return [{"dimension": int(d), "words": head.dimension_words(int(d))} for d in dims]
 
-
-def format_explanation(explained: dict, limit: int = 3) -> str:
-    """One readable line: the evidence of B and what it cost (``demoted by 0.112: "a blue
-    square" in frames 2-3 ...`` or ``kept its place: ...``), then the concept dimensions
-    (``matched A on 12 (red, circle); B empty on 7 (blue, square)``)."""
-    def some(items: list[str]) -> str:
-        more = f" +{len(items) - limit}" if len(items) > limit else ""
-        return "; ".join(items[:limit]) + more if items else "none"
-
-    line = explained["why"]
-    if explained["matched_words"] or explained["excluded_empty_words"]:
-        line += (f"; matched A on {some(explained['matched_words'])}; "
-                 f"B empty on {some(explained['excluded_empty_words'])}")
-    return line
+    return {**asdict(e), "why": describe_evidence(e),
+            "matched_words": named(d for d, _ in e.matched),
+            "excluded_empty_words": named(e.excluded_empty)}

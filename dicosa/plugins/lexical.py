@@ -18,7 +18,7 @@
   {"backend", "options"}``, so it reopens the same backend. Both backends keep the same rows
   file, so switching reuses the stored vectors.
 
-:func:`explain_words` splits each hit's sparse score into words.
+:func:`explain_words` splits each hit's sparse score into words; answers name it ``words``.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -37,6 +38,7 @@ import torch
 from ..files import write_text_atomic
 from ..heads.base import HeadMismatchError, head_key, load_head
 from ..heads.lexical import LexicalHead, TokenStates, to_csr
+from ..index.plugins import IndexPlugin, recorded_file
 from ..index.searcher import SearchMode
 from ..model import TextFeatures, VideoFeatures
 from ..search.seismic import SeismicConfig, SeismicStage, import_seismic, seismic_config
@@ -46,12 +48,11 @@ from ..search.types import EncodedQueries
 if TYPE_CHECKING:
     from ..index.searcher import Hit, SearchResult
 
-__all__ = ["LEXICAL_MODES", "SPARSE_BACKENDS", "LexicalPlugin", "attach_lexical",
-           "check_sparse_backend", "explain_words", "format_words", "load_lexical_head"]
+__all__ = ["SPARSE_BACKENDS", "LexicalPlugin", "attach_lexical",
+           "check_sparse_backend", "explain_words", "load_lexical_head"]
 
 STAGE = "lexical"  # the SparseStage's name: its file is sparse-lexical.npz
 INFO_FILE = "lexical.json"
-LEXICAL_MODES = ("lexical", "bow", "hybrid")
 SPARSE_BACKENDS = ("exact", "seismic")
 _CHUNK = 256  # rows per head forward when computing video vectors
 
@@ -106,7 +107,7 @@ def load_lexical_head(path: str | os.PathLike, model: torch.nn.Module) -> Lexica
     return head
 
 
-class LexicalPlugin:
+class LexicalPlugin(IndexPlugin):
     """The lexical head at search time (:class:`~dicosa.index.plugins.IndexPlugin`).
 
     Args:
@@ -120,6 +121,14 @@ class LexicalPlugin:
     """
 
     key = "lexical"
+    api_name = "words"
+    modes: ClassVar[dict] = {
+        "lexical": SearchMode((STAGE,), "the lexical head's query against the sparse stage"),
+        "bow": SearchMode((STAGE,), "the query's own words (no network) against the sparse "
+                          "stage"),
+        "hybrid": SearchMode(("dense", STAGE), "dense and lexical candidates united")}
+    how = "a lexical head: build it with 'dicosa index FOLDER --out INDEX --head HEAD.pt'"
+    derived: ClassVar[dict] = {f"sparse-{STAGE}.npz": lambda p: np.load(p).files}
 
     def __init__(self, head: str | os.PathLike | LexicalHead, backend: str | None = None,
                  options: dict | SeismicConfig | None = None):
@@ -138,11 +147,30 @@ class LexicalPlugin:
 
     @classmethod
     def restore(cls, record: dict, ctx) -> LexicalPlugin:
-        from ..index.plugins import recorded_file
-
         sparse = record.get("sparse") or {}
         return cls(recorded_file(record, "lexical", "--head"), sparse.get("backend"),
                    sparse.get("options"))
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, object], record: dict | None
+                     ) -> LexicalPlugin | None:
+        """``head`` (a head file) replaces the recorded one, on the sparse backend
+        ``sparse_backend`` with ``sparse_option`` (a dict) or the recorded one; a backend or
+        its options without a head, an unknown backend or seismic not installed are one
+        sentence."""
+        backend, settings = options.get("sparse_backend"), options.get("sparse_option") or None
+        if options.get("head") is None:
+            if backend or settings:
+                raise SparseIndexError("--sparse-backend and --sparse-option set up the sparse "
+                                       "stage of a lexical head: add --head HEAD.pt")
+            return None
+        if backend or settings:
+            check_sparse_backend(backend or "exact", settings)
+        return cls(options["head"], backend, settings)
+
+    def validate(self, model) -> None:
+        if self.path is not None:
+            self._head = load_lexical_head(self.path, model)
 
     def attach(self, ctx) -> None:
         stored = (ctx.meta.get("lexical") or {}).get("sparse") or {}
@@ -150,18 +178,13 @@ class LexicalPlugin:
         options = (stored.get("options") if self.options is None
                    and backend == stored.get("backend") else self.options)
         self.config = check_sparse_backend(backend, options)
-        if self._head is None or self.path is not None:
-            self._head = load_lexical_head(self.path, ctx.model)
+        self.validate(ctx.model)
         head = self._head.to("cpu").eval()
         self._head, self._ctx = head, ctx
         stage, held = _open_stage(ctx.directory, head, self.config)
         ctx.add_stage(stage, videos=lambda ids, video: video_vectors(head, video), indexed=held)
         ctx.add_query_encoder(lambda encoded: _encode_queries(ctx, head, encoded))
-        ctx.add_modes(
-            lexical=SearchMode((STAGE,), "the lexical head's query against the sparse stage"),
-            bow=SearchMode((STAGE,), "the query's own words (no network) against the sparse "
-                           "stage"),
-            hybrid=SearchMode(("dense", STAGE), "dense and lexical candidates united"))
+        ctx.add_modes(default="hybrid", **self.modes)
         self.stage = stage
         # Only what changed is written: reattaching the recorded head writes nothing. A
         # switch of backend saves, so that the files of the one left behind are removed.
@@ -184,6 +207,25 @@ class LexicalPlugin:
         """The words hit ``i`` shares with the query and what each adds to its sparse score
         (they sum to it), in the query the search's mode used."""
         return explain_words(self, result, [result.hits[i]])[0]
+
+    def readable(self, said: dict, limit: int = 5) -> list[str]:
+        """``words red 0.412, square 0.201 (+1) = sparse 0.650``."""
+        explained = said.get("explain")
+        if explained is None:
+            return []
+        words = list(explained["words"].items())
+        more = f" (+{len(words) - limit})" if len(words) > limit else ""
+        shown = ", ".join(f"{w} {c:.3f}" for w, c in words[:limit]) or "none shared"
+        return [f"words {shown}{more} = sparse {explained['sparse_score']:.3f}"]
+
+    def describe(self) -> dict:
+        return {"head": self.head.kind, "backend": self.stage.backend,
+                "words": len(self.head.words)}
+
+    def report(self, before: IndexPlugin | None) -> list[str]:
+        backend = "" if self.stage.backend == "exact" else f" ({self.stage.backend})"
+        return [f"sparse {self.head.kind} stage{backend}: {len(self.stage)} videos, "
+                f"{len(self.head.words)} words"]
 
 
 def attach_lexical(index, head: str | os.PathLike | LexicalHead, backend: str | None = None,
@@ -284,11 +326,3 @@ def _query_vector(plugin: LexicalPlugin, result: SearchResult) -> np.ndarray:
         _encode_queries(plugin._ctx, plugin.head, one)
         return one.extra["lexical"].toarray()[0]
     return encoded.extra["lexical"][result.position].toarray()[0]
-
-
-def format_words(explained: dict, limit: int = 5) -> str:
-    """One readable line: ``words red 0.412, square 0.201 (+1) = sparse 0.650``."""
-    words = list(explained["words"].items())
-    more = f" (+{len(words) - limit})" if len(words) > limit else ""
-    shown = ", ".join(f"{w} {c:.3f}" for w, c in words[:limit]) or "none shared"
-    return f"words {shown}{more} = sparse {explained['sparse_score']:.3f}"

@@ -9,11 +9,17 @@ index``, which reads subtitles whenever present) gives an index:
   held before, when the plugin is attached by the writer;
 - a first stage (``"text"``) proposing the rows whose lines match the query, so that a video
   whose pictures do not show what was said is still reranked;
-- a query encoder: each query's text ranking (BM25 over FTS5, best line per row), once per
-  search, in ``EncodedQueries.extra["text"]``, for the sources the search asks for
-  (``source=``: ``extra["source"]``);
-- a rerank hook fusing DiCoSA's ranking with the text ranking (:mod:`dicosa.text.fusion`);
-- ``explain``: the line that matched, its time and source, and the query's words in it.
+- the search option ``source`` (:data:`~dicosa.plugins.text_ranking.SOURCE`): what a query
+  is matched against, the pictures and each text source (``index.query(text,
+  source="speech")``; an index without this plugin takes ``visual`` alone);
+- a query encoder: each query's text ranking (BM25 over FTS5, best line per row,
+  :class:`~dicosa.plugins.text_ranking.TextRanking`), once per search, in
+  ``EncodedQueries.extra["text"]``, for the sources the search asks for
+  (``extra["source"]``);
+- a rerank hook fusing DiCoSA's ranking with the text ranking (:mod:`dicosa.text.rrf`);
+- ``explain``: the line that matched, its time and source, and the query's words in it;
+  each hit's matched lines and a search's ``ranked_by`` in answers, and the line that decided
+  a hit's best moment (its thumbnail is taken there).
 
 **Who writes.** Only the process holding the index's writer lock writes ``text.sqlite``
 (:attr:`~dicosa.index.plugins.IndexContext.writing`); a reader that meets rows without text
@@ -29,67 +35,43 @@ Its record (``meta["text"]``): ``{"subtitles", "speech", "ocr_frames", "rrf_k",
 from __future__ import annotations
 
 import logging
-import re
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from ..index.plugins import FileCheck, IndexPlugin
 from ..index.searcher import MOMENTS_PER_HIT
 from ..search.types import Candidates, EncodedQueries
 from ..text.extract import DEFAULT_OCR_FRAMES, ReadElsewhere, ReadJob, TextReader, TextSettings
-from ..text.fts import TEXT_FILE, Match, TextIndex, TextIndexError
-from ..text.fusion import (
+from ..text.fts import TEXT_FILE, TextIndex, TextIndexError, check_text_file
+from ..text.lines import SourceReport, row_spans
+from ..text.query import text_query
+from ..text.rrf import (
     DEFAULT_RRF_K,
     DEFAULT_TEXT_WEIGHT,
     TEXT_SOURCES,
     VISUAL,
-    competition_ranks,
-    fuse,
     parse_sources,
 )
-from ..text.lines import SourceReport, held, row_spans
-from ..text.query import snippet, text_query, words_of
-from ..text.speech import Recognizer
+from ..text.speech import Recognizer, make_recognizer
+from .text_ranking import SOURCE, TEXT_RANKED, TextRanking, line_text, ranked_by, ranking_of
 
 if TYPE_CHECKING:
     from ..index.searcher import SearchResult
 
-__all__ = ["PICTURES", "TEXT_RANKED", "TextPlugin", "TextRanking", "attach_text", "describe",
-           "format_line", "mark_words", "ranked_by", "said"]
+__all__ = ["TextPlugin", "attach_text"]
 
 log = logging.getLogger(__name__)
 
 STAGE = "text"
-TEXT_RANKED = 1000  # rows of the text ranking each query keeps (the first stage's C at most)
 _READ_CHUNK = 16  # rows read and committed at once when filling an index
-_TOKEN = re.compile(r"[^\W_]+")
-PICTURES = {"by": "pictures", "sources": []}  # ranked_by a search that looks at no words
 
 
-@dataclass
-class TextRanking:
-    """One query's text side: the sources it looks at and its matching rows, best first."""
-
-    visual: bool  # the pictures count
-    sources: tuple[str, ...]  # the text sources searched
-    terms: set[str]
-    matches: list[Match] = field(default_factory=list)
-    ranks: dict[int, int] = field(default_factory=dict)  # row -> 1-based text rank (ties shared)
-    shares: dict[int, float] = field(default_factory=dict)  # row -> BM25 / the best BM25
-    by_row: dict[int, Match] = field(default_factory=dict)  # row -> its best line
-    held: tuple[str, ...] = ()  # the searched sources the index holds lines of
-    # row -> its rank by DiCoSA among the candidates (competition ranks; made on first need)
-    picture_ranks: dict[int, int] | None = field(default=None, repr=False)
-
-    @property
-    def text(self) -> bool:
-        return bool(self.sources)
-
-
-class TextPlugin:
+class TextPlugin(IndexPlugin):
     """Text sources, their FTS5 index and fused search (:class:`~dicosa.index.plugins
     .IndexPlugin`; module docstring).
 
@@ -97,13 +79,14 @@ class TextPlugin:
         subtitles: read sidecar files and subtitle streams (default True).
         speech: ``"pocketsphinx"`` or ``"whisper:MODEL"`` to transcribe speech; False: none.
         ocr: read on-screen text with Tesseract on ``ocr_frames`` frames per row.
-        rrf_k, text_weight: the fusion's constants (:mod:`dicosa.text.fusion`).
+        rrf_k, text_weight: the fusion's constants (:mod:`dicosa.text.rrf`).
         recognizer: a recogniser object to use for ``speech`` (tests; not recorded).
 
     Options left None keep what the index recorded, else the defaults (subtitles only).
     """
 
     key = "text"
+    api_name = "text"
 
     def __init__(self, *, subtitles: bool | None = None, speech: str | bool | None = None,
                  ocr: bool | None = None, ocr_frames: int | None = None,
@@ -126,6 +109,45 @@ class TextPlugin:
         return cls(subtitles=record.get("subtitles", True), speech=record.get("speech") or False,
                    ocr=bool(frames), ocr_frames=frames or None, rrf_k=record.get("rrf_k"),
                    text_weight=record.get("text_weight"))
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, object], record: dict | None
+                     ) -> TextPlugin | None:
+        """``subtitles``, ``speech`` (an engine; "off" or "none": no speech), ``ocr`` and
+        ``ocr_frames`` (options left None keep what the index recorded); ``ray``: a
+        connected Ray module, whose workers then read speech and on-screen text. An unknown
+        speech engine is one sentence here, before any work. None where nothing is read."""
+        if not {"subtitles", "speech", "ocr", "ocr_frames"} & set(options):
+            return None
+        speech = options.get("speech")
+        if speech is not None and str(speech).lower() in ("off", "none"):
+            speech = False
+        elif speech is not None:
+            make_recognizer(speech)
+        if options.get("subtitles") is False and not speech and not options.get("ocr"):
+            return None
+        plugin = cls(subtitles=options.get("subtitles"), speech=speech, ocr=options.get("ocr"),
+                     ocr_frames=options.get("ocr_frames"))
+        ray = options.get("ray")
+        if ray is not None:
+            from ..text.ray_reads import ray_reads
+
+            cpus = int(ray.cluster_resources().get("CPU", 1))
+            plugin.reads = ray_reads(ray, readers=max(1, cpus - 1))
+        return plugin
+
+    @classmethod
+    def check_files(cls, directory: Path, live: np.ndarray, repair: bool) -> FileCheck:
+        """The text index against the live rows (:func:`~dicosa.text.fts.check_text_file`);
+        a repair deletes lines under the index's writer lock, as every write."""
+        from ..index.lock import WriterLock
+
+        if repair:
+            with WriterLock(directory):
+                problems, repaired, checked = check_text_file(directory, live, True)
+        else:
+            problems, repaired, checked = check_text_file(directory, live, False)
+        return FileCheck(problems, repaired, [checked] if checked else [])
 
     def _resolve(self, recorded: dict) -> None:
         asked = self.asked
@@ -150,6 +172,7 @@ class TextPlugin:
         ctx.add_stage(_TextStage(self), videos=lambda ids, _: ids, indexed=ctx.store.live())
         ctx.add_query_encoder(self._encode)
         ctx.add_hook(self._hook)
+        ctx.add_option(SOURCE)
         if ctx.writing():
             self.fill()
         else:
@@ -300,53 +323,26 @@ class TextPlugin:
                                   held=tuple(s for s in text_sources if s in self.present()))
             expression = parsed.expression()
             if expression and text_sources and self.index is not None:
-                self._rank(ranking, self.index.search(expression, text_sources,
-                                                      TEXT_RANKED + 64))
+                ranking.take(self.index.search(expression, text_sources, TEXT_RANKED + 64),
+                             self._ctx.store)
             rankings.append(ranking)
         encoded.extra["text"] = rankings
         # the words' own search, apart from the query's encoding in the search's times
         encoded.extra.setdefault("encoder_times", {})["words_s"] = time.perf_counter() - began
 
-    def _rank(self, ranking: TextRanking, found: list[Match]) -> None:
-        """``ranking``'s text ranks and shares from the best line of each matching row: its
-        BM25 times the part of the line the row holds (:func:`~dicosa.text.lines.held`: a
-        segment that holds a cue's last 0.3 s ranks below the one holding the rest)."""
-        live = self._ctx.store.is_live(np.array([m.row for m in found], np.int64))
-        ranking.matches = [m for m, ok in zip(found, live, strict=True) if ok][:TEXT_RANKED]
-        rows = np.array([m.row for m in ranking.matches], np.int64)
-        spans = self._ctx.store.videos.spans(rows)  # [n, 2]
-        scores = np.array([m.score for m in ranking.matches]) * held(
-            np.array([m.start for m in ranking.matches]),
-            np.array([m.end for m in ranking.matches]), spans[:, 0], spans[:, 1])
-        ranks = competition_ranks(scores)
-        best = scores.max(initial=0.0)
-        ranking.ranks = {int(r): int(k) for r, k in zip(rows, ranks, strict=True)}
-        ranking.shares = {int(r): float(v / best) if best > 0 else 1.0
-                          for r, v in zip(rows, scores, strict=True)}
-        ranking.by_row = {m.row: m for m in ranking.matches}
-
     def _hook(self, queries: EncodedQueries, ids: np.ndarray, scores: torch.Tensor
               ) -> torch.Tensor:
         """Fused scores of the candidates ``ids [Q, C]`` (module docstring of
-        :mod:`dicosa.text.fusion`); a query that looks at no text, or matches none among its
+        :mod:`dicosa.text.rrf`); a query that looks at no text, or matches none among its
         candidates, keeps its scores."""
         rankings = queries.extra.get("text")
         if rankings is None:
             return scores
         out = scores.clone()
         for q, ranking in enumerate(rankings):
-            if not ranking.text:
-                continue
-            text_rank = np.array([ranking.ranks.get(int(i), 0) if i >= 0 else 0
-                                  for i in ids[q]], dtype=np.int64)
-            if ranking.visual and not text_rank.any():
-                continue
-            share = np.array([ranking.shares.get(int(i), 0.0) for i in ids[q]])
-            visual = scores[q].double().numpy()
-            visual = np.where(ids[q] >= 0, visual, -np.inf)
-            fused = fuse(visual, text_rank, share, use_visual=ranking.visual, k=self.rrf_k,
-                         weight=self.text_weight)
-            out[q] = torch.from_numpy(fused).to(out.dtype)
+            fused = ranking.fused(ids[q], scores[q], self.rrf_k, self.text_weight)
+            if fused is not None:
+                out[q] = torch.from_numpy(fused).to(out.dtype)
         return out
 
     def matched(self, result: SearchResult, i: int, limit: int = MOMENTS_PER_HIT
@@ -355,7 +351,7 @@ class TextPlugin:
         the line of each of its moments' rows that has one, each once (at most ``limit``);
         where none has, the best line of any row of its video (a long video's line may be in
         a row that is not among its moments)."""
-        ranking = _ranking_of(result)
+        ranking = ranking_of(result)
         if ranking is None or not ranking.matches:
             return []
         hit = result.hits[i]
@@ -370,44 +366,68 @@ class TextPlugin:
             matched = np.array([m.row for m in ranking.matches], dtype=np.int64)
             videos = self._ctx.store.videos.of(matched)
             found = [m for m, v in zip(ranking.matches, videos, strict=True) if v == hit.id][:1]
-        return [said(ranking, m) for m in found]
+        return [ranking.said(m) for m in found]
 
     def match(self, result: SearchResult, i: int) -> dict | None:
         """The line of hit ``i`` that matched the query best (None: none did)."""
         found = self.matched(result, i, 1)
         return found[0] if found else None
 
-    def line_at(self, result: SearchResult, row: int) -> dict | None:
-        """The line of row ``row`` (a moment) that matched the query (None: none did)."""
-        ranking = _ranking_of(result)
-        found = ranking.by_row.get(int(row)) if ranking is not None else None
-        return None if found is None else said(ranking, found)
+    def annotate(self, result: SearchResult, i: int) -> dict:
+        """``line``: the line of hit ``i`` that matched best (None: none did); ``lines``: its
+        matched lines, best moment first (:meth:`matched`)."""
+        lines = self.matched(result, i)
+        return {"line": lines[0] if lines else None, "lines": lines}
 
-    def evidence(self, result: SearchResult, i: int) -> tuple[float, float] | None:
-        """``(start, end)`` of the line that decided hit ``i``'s best moment, None where the
-        pictures did (or no line of that row matched). A line decides where the search
-        ranks by words alone, or where its term of the fused score is at least the pictures'
-        term (:func:`~dicosa.text.fusion.fuse`: ``w * s / s_best / (k + r_text)`` against
-        ``1 / (k + r_visual)``, ``r_visual`` the row's rank by DiCoSA among the
-        candidates)."""
-        ranking = _ranking_of(result)
-        hit = result.hits[i]
-        found = None if ranking is None else ranking.by_row.get(hit.row)
-        if found is None:
+    def annotate_row(self, result: SearchResult, row: int) -> dict:
+        """``line``: the line of row ``row`` (a moment) that matched the query, where one
+        did."""
+        ranking = ranking_of(result)
+        found = ranking.by_row.get(int(row)) if ranking is not None else None
+        return {} if found is None else {"line": ranking.said(found)}
+
+    def summary(self, result: SearchResult) -> dict:
+        return {"ranked_by": ranked_by(result)}
+
+    def readable(self, said: dict) -> list[str]:
+        """Each matched line: ``speech 0:03.0-0:05.2 "the [secret] number"``."""
+        lines = said.get("lines") or ([said["line"]] if said.get("line") else [])
+        return [line_text(line) for line in lines]
+
+    def describe(self) -> dict:
+        return {"sources": self.sources()}
+
+    def report(self, before: IndexPlugin | None) -> list[str]:
+        """What each source read (since ``before``, the plugin this one replaced, was
+        attached) and what the text index holds."""
+        reports = dict(before.reports) if isinstance(before, TextPlugin) else {}
+        for source, report in self.reports.items():
+            if source in reports:
+                reports[source].merge(report)
+            else:
+                reports[source] = report
+        lines = []
+        for source in self.settings.engines():
+            if source in reports:
+                lines.append(reports[source].summary())
+            if source in self.reader.unavailable:
+                lines.append(f"{source}: not read: {self.reader.unavailable[source]}")
+        totals = self.index.stats() if self.index is not None else {}
+        held = ", ".join(f"{s} {t['lines']} lines in {t['rows_with_lines']} of {t['rows']} "
+                         "rows" for s, t in sorted(totals.items()))
+        return [*lines, f"text index: {held or 'no lines'}"]
+
+    def evidence(self, result: SearchResult, i: int
+                 ) -> tuple[str, tuple[float, float]] | None:
+        """``("words", (start, end))`` of the line that decided hit ``i``'s best moment, None
+        where the pictures did or no line of that row matched
+        (:meth:`~dicosa.plugins.text_ranking.TextRanking.decides`)."""
+        ranking = ranking_of(result)
+        row = result.hits[i].row
+        found = None if ranking is None else ranking.by_row.get(row)
+        if found is None or not ranking.decides(row, result, self.rrf_k, self.text_weight):
             return None
-        if ranking.visual:
-            if ranking.picture_ranks is None:  # once per search, for all its hits
-                dicosa = np.where(result.ids >= 0, result.dicosa.double().numpy(), -np.inf)
-                ranking.picture_ranks = dict(zip(result.ids.tolist(),
-                                                 competition_ranks(dicosa).tolist(),
-                                                 strict=True))
-            rank = ranking.picture_ranks.get(hit.row, 0)
-            picture = 1.0 / (self.rrf_k + rank) if rank > 0 else 0.0
-            words = (self.text_weight * ranking.shares[hit.row]
-                     / (self.rrf_k + ranking.ranks[hit.row]))
-            if words < picture:
-                return None
-        return found.start, found.end
+        return "words", (found.start, found.end)
 
     def explain(self, result: SearchResult, i: int) -> dict | None:
         """The matched line (:meth:`match`): its text, time, source and the query's words in
@@ -457,8 +477,6 @@ class _TextStage:
         """An in-memory text index goes into the folder the index is saved to."""
         plugin = self.plugin
         if plugin.index is not None and plugin.index.path is None and directory is not None:
-            from pathlib import Path
-
             target = Path(directory) / TEXT_FILE
             plugin.index.backup(target)
             plugin.index.close()
@@ -478,65 +496,3 @@ def attach_text(index, *, subtitles: bool | None = None, speech: str | bool | No
         return index.use(TextPlugin(subtitles=subtitles, speech=speech, ocr=ocr,
                                     ocr_frames=ocr_frames, rrf_k=rrf_k, text_weight=text_weight,
                                     recognizer=recognizer))
-
-
-def _ranking_of(result: SearchResult) -> TextRanking | None:
-    rankings = result.encoded.extra.get("text")
-    return rankings[result.position] if rankings else None
-
-
-def said(ranking: TextRanking, found: Match) -> dict:
-    """A matched line as answers give it: a snippet of its text around the query's words
-    (at most :data:`~dicosa.text.query.SNIPPET_CHARS`), its time, source, BM25, row, the
-    row's text rank and the query's words in it (stop words never among them)."""
-    words = sorted(set(words_of(found.text)) & ranking.terms)
-    return {"text": snippet(found.text, words), "start": found.start, "end": found.end,
-            "source": found.source, "bm25": found.score, "row": found.row,
-            "text_rank": ranking.ranks.get(found.row), "words": words}
-
-
-def ranked_by(result: SearchResult) -> dict:
-    """What ranked a search's hits: ``{"by": "pictures" | "words" | "pictures and words",
-    "sources": the text sources searched that the index holds lines of}``. Words count
-    where a candidate matched a line (a query that matched none keeps DiCoSA's scores); a
-    search of words alone is ranked by them even where nothing matched (it has no hits)."""
-    ranking = _ranking_of(result)
-    if ranking is None or not ranking.text:
-        return dict(PICTURES)
-    sources = list(ranking.held)
-    if not ranking.visual:
-        return {"by": "words", "sources": sources or list(ranking.sources)}
-    matched = any(int(row) in ranking.ranks for row in result.ids.tolist() if row >= 0)
-    return {"by": "pictures and words" if matched else "pictures", "sources": sources}
-
-
-def describe(ranked: dict) -> str:
-    """A header's words for :func:`ranked_by`: ``reranked by DiCoSA fused with the words of
-    subtitles``."""
-    sources = ", ".join(ranked["sources"])
-    if ranked["by"] == "words":
-        return f"ranked by the words of {sources} (BM25)"
-    if ranked["by"] == "pictures and words":
-        return f"reranked by DiCoSA fused with the words of {sources}"
-    return "reranked by DiCoSA" + (f" (no line of {sources} matched)" if sources else "")
-
-
-def mark_words(text: str, words: list[str] | set[str], left: str = "[", right: str = "]"
-               ) -> str:
-    """``text`` with each of ``words`` (as :func:`~dicosa.text.query.words_of` gives them)
-    between ``left`` and ``right``."""
-    wanted = set(words)
-    return _TOKEN.sub(lambda m: f"{left}{m.group(0)}{right}"
-                      if words_of(m.group(0)) and words_of(m.group(0))[0] in wanted
-                      else m.group(0), text)
-
-
-def format_line(line: dict) -> str:
-    """One readable line: ``speech 0:03.0-0:05.2 "the [secret] number"``."""
-    return (f"{line['source']} {_clock(line['start'])}-{_clock(line['end'])} "
-            f"\"{mark_words(line['text'], line['words'])}\"")
-
-
-def _clock(seconds: float) -> str:
-    minutes, rest = divmod(max(0.0, seconds), 60)
-    return f"{int(minutes)}:{rest:04.1f}"

@@ -205,7 +205,7 @@ class FaissConfig:
     ``storage`` choosing how each vector is kept: ``sq8`` (default, D bytes + 8-bit scalar
     quantiser: 0.74 GiB at 1M × 512, the same recall@1000 as ``flat`` in
     benchmarks/first_stage.py), ``fp16`` (2·D bytes: 1.2 GiB at 1M, recall@10 like ``flat``)
-    or ``flat`` (4·D bytes: 2.2 GiB at 1M, over the issue's 2 GiB budget).
+    or ``flat`` (4·D bytes: 2.2 GiB at 1M, over a 2 GiB budget).
     ``index="ivfpq"``: inverted lists of product-quantised codes (``pq_m`` bytes per vector),
     for collections beyond RAM. Indexes that learn from the data (sq8, ivfpq) keep the first
     vectors aside and search them exactly until ``train_min`` (ivfpq: at least 39·nlist) have

@@ -28,7 +28,8 @@ The paper's rule (003, Sec. 4.3) is ``method="tiers"``, pure functions called in
 4. :func:`window_presence` — B is present where the best window reaches the absolute
    ``presence_threshold``; :func:`demote` moves those candidates behind the others.
 5. :func:`explain_exclusion` — per result, the dimensions of D_A \\ D_B it matched, the
-   B-dimensions that were empty in it, and B's best window score.
+   B-dimensions that were empty in it, and B's best window score (its types:
+   :mod:`dicosa.search.exclusion_explained`).
 
 The codes come from :class:`dicosa.heads.concepts.ConceptCodesHead` (unit length, sparse).
 """
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import numpy as np
@@ -45,27 +46,25 @@ import torch
 from torch import Tensor
 
 from ..model import DiCoSA, TextFeatures, VideoFeatures
+from .exclusion_explained import Evidence, ExclusionExplanation
 from .types import EncodedQueries
 
 __all__ = [
     "ConceptCodes",
     "Demotions",
-    "Evidence",
     "ExcludedTexts",
     "ExclusionConfig",
     "ExclusionDimensions",
-    "ExclusionExplanation",
     "ExclusionRerank",
     "active_dimensions",
     "best_windows",
     "demote",
     "demotions",
-    "describe_dimensions",
-    "describe_evidence",
     "exclusion_dimensions",
     "explain_exclusion",
     "magnitude_scores",
     "window_presence",
+    "with_evidence",
 ]
 
 
@@ -245,68 +244,6 @@ def demotions(positive: Tensor, presence: Tensor | None, config: ExclusionConfig
     return frames, codes, threshold
 
 
-@dataclass(frozen=True)
-class Evidence:
-    """One piece of evidence that a result shows an exclusion, and what it cost the result.
-
-    Attributes:
-        source: ``"frames"`` (DiCoSA's S(B) on the best window) or ``"codes"`` (the concepts
-            head's code similarity to B).
-        exclusion: the excluded text (B).
-        value: the score (S(B, window) or code similarity).
-        threshold: where that source starts counting.
-        penalty: what it took off the result's score (0: below the threshold).
-        frames: ``(first, last)`` frame index of the best window (frames only).
-    """
-
-    source: str
-    exclusion: str
-    value: float
-    threshold: float
-    penalty: float
-    frames: tuple[int, int] | None = None
-
-
-@dataclass(frozen=True)
-class ExclusionExplanation:
-    """Why one video answered "A without B".
-
-    Attributes:
-        matched: ``(dimension, value)`` of D_A \\ D_B active in the video's code, largest first.
-        excluded_empty: dimensions of D_B where the video's code is zero.
-        excluded_active: ``(dimension, value)`` of D_B active in the video's code.
-        presence: B's best window score (None: the per-frame check did not run).
-        demoted: True if the rule moved the video back (a penalty, or the filter's tier).
-        penalty: score the demote rule took off (0: kept its plain score; None: tiers).
-        evidence: per exclusion and source, the evidence of B and its share of the penalty.
-    """
-
-    matched: list[tuple[int, float]]
-    excluded_empty: list[int]
-    excluded_active: list[tuple[int, float]]
-    presence: float | None = None
-    demoted: bool = False
-    penalty: float | None = None
-    evidence: list[Evidence] = field(default_factory=list)
-
-
-def describe_evidence(explanation: ExclusionExplanation) -> str:
-    """One readable line: ``demoted by 0.112: "a blue square" in frames 2-3 (0.61 >= 0.24)``,
-    or ``kept its place: no evidence of "a blue square" (best 0.05 < 0.24)``."""
-    def one(e: Evidence) -> str:
-        where = f" in frames {e.frames[0]}-{e.frames[1]}" if e.frames else f" ({e.source})"
-        relation = ">=" if e.penalty > 0 else "<"
-        return f'"{e.exclusion}"{where} ({e.value:.3f} {relation} {e.threshold:.3f})'
-
-    shown = [e for e in explanation.evidence if e.penalty > 0]
-    if shown:
-        return f"demoted by {explanation.penalty:.3f}: " + "; ".join(one(e) for e in shown)
-    if not explanation.evidence:
-        return "not checked for B (below the checked depth)"
-    best = max(explanation.evidence, key=lambda e: e.value - e.threshold)
-    return "kept its place: no evidence of B, closest " + one(best)
-
-
 def _active(code: Tensor, dimensions: Tensor) -> list[tuple[int, float]]:
     ids = torch.nonzero(dimensions & (code != 0)).flatten()
     pairs = [(int(i), float(code[i])) for i in ids]
@@ -330,10 +267,30 @@ def explain_exclusion(codes: Tensor, dimensions: ExclusionDimensions,
     return out
 
 
-def describe_dimensions(dimensions: Sequence[int], words_of) -> list[str]:
-    """``"12 (red, circle)"`` for each dimension, naming it by ``words_of(dim)`` (e.g.
-    :meth:`ConceptCodesHead.dimension_words`)."""
-    return [f"{d} ({', '.join(words_of(d)) or '-'})" for d in dimensions]
+def with_evidence(base: ExclusionExplanation, record: Demotions, names: list[str], row: int,
+                  window: int, code_threshold: float) -> ExclusionExplanation:
+    """``base`` with the demote rule's evidence for store row ``row`` (``names``: the query's
+    exclusions; ``window``: the frames of the windows checked)."""
+    found = np.flatnonzero(record.rows == row)
+    if not len(found):  # below the checked depth: its plain score, unexamined
+        return ExclusionExplanation(base.matched, base.excluded_empty,
+                                    base.excluded_active, penalty=0.0)
+    i = int(found[0])
+    evidence = []
+    for e, name in enumerate(names):
+        if record.presence is not None:
+            start = int(record.starts[e, i])
+            evidence.append(Evidence("frames", name, float(record.presence[e, i]),
+                                     record.threshold, float(record.frames[e, i]),
+                                     (start, start + window - 1)))
+        if record.similarity is not None:
+            evidence.append(Evidence("codes", name, float(record.similarity[e, i]),
+                                     code_threshold, float(record.codes[e, i])))
+    penalty = float(record.penalty[i])
+    presence = None if record.presence is None else float(record.presence[:, i].max())
+    return ExclusionExplanation(base.matched, base.excluded_empty, base.excluded_active,
+                                presence=presence, demoted=penalty > 0, penalty=penalty,
+                                evidence=evidence)
 
 
 # ---------------------------------------------------------------- the rerank hook
@@ -540,8 +497,9 @@ class ExclusionRerank:
                 raise ValueError("explain explains the hook's last ranking: call the hook on "
                                  "these queries first")
             names = list(queries.queries[q].exclude)
-            return [self._explained(e, record, names, r) for e, r in zip(base, results,
-                                                                         strict=True)]
+            return [with_evidence(e, record, names, r, self.config.window,
+                                  self.config.code_threshold)
+                    for e, r in zip(base, results, strict=True)]
         if not self.uses_frames:
             return base
         presence = self._presence(excluded, mine, results)
@@ -559,30 +517,6 @@ class ExclusionRerank:
                                     excluded.codes[mine], self.config.top_k_results,
                                     self.config.mass_fraction)
         return explain_exclusion(self.video_codes(results), dims)
-
-    def _explained(self, base: ExclusionExplanation, record: Demotions, names: list[str],
-                   row: int) -> ExclusionExplanation:
-        """``base`` with the demote rule's evidence for store row ``row``."""
-        found = np.flatnonzero(record.rows == row)
-        if not len(found):  # below the checked depth: its plain score, unexamined
-            return ExclusionExplanation(base.matched, base.excluded_empty,
-                                        base.excluded_active, penalty=0.0)
-        i = int(found[0])
-        evidence = []
-        for e, name in enumerate(names):
-            if record.presence is not None:
-                start = int(record.starts[e, i])
-                evidence.append(Evidence("frames", name, float(record.presence[e, i]),
-                                         record.threshold, float(record.frames[e, i]),
-                                         (start, start + self.config.window - 1)))
-            if record.similarity is not None:
-                evidence.append(Evidence("codes", name, float(record.similarity[e, i]),
-                                         self.config.code_threshold, float(record.codes[e, i])))
-        penalty = float(record.penalty[i])
-        presence = None if record.presence is None else float(record.presence[:, i].max())
-        return ExclusionExplanation(base.matched, base.excluded_empty, base.excluded_active,
-                                    presence=presence, demoted=penalty > 0, penalty=penalty,
-                                    evidence=evidence)
 
     def _excluded(self, queries: EncodedQueries) -> ExcludedTexts:
         excluded = queries.extra.get("exclude")

@@ -495,17 +495,6 @@ def finite_rows(frames: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
     return finite.all(dim=1).numpy()
 
 
-def file_sha256(path: Path) -> str | None:
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as fh:
-            while block := fh.read(1 << 22):
-                digest.update(block)
-    except FileNotFoundError:
-        return None
-    return digest.hexdigest()
-
-
 def _tensor(array: np.ndarray) -> torch.Tensor:
     """A tensor of ``array`` (copied when it is a read-only map, as torch wants)."""
     return torch.from_numpy(np.require(array, requirements=["C", "W"]))
@@ -584,9 +573,9 @@ def populate(array: np.ndarray) -> int:
     not a file map or the system cannot (not Linux, a kernel before 5.14).
 
     A memory map costs a page fault the first time the process touches each 4 KiB page, even
-    when the page is in the page cache: a rerank at 1M videos reads 1,000 random rows of 6 KiB
-    and took 5.0-6.8 ms with ~600-900 faults, 2.1-2.2 ms once the maps were populated
-    (2-core machine, 2026-11-27; benchmarks/RESULTS.md)."""
+    when the page is in the page cache: a rerank at 1M videos, which reads 1,000 random rows
+    of 6 KiB, takes less than half as long once the maps are populated (benchmarks/RESULTS.md,
+    "the store mapped in")."""
     mapped = _file_map(array)
     if mapped is None or not hasattr(mapped, "madvise"):
         return 0

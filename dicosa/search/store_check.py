@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..files import file_sha256
 from .row_checksums import damaged_videos
 from .row_videos import Located
-from .shards import Shard, file_sha256
+from .shards import Shard
 
 __all__ = ["ChecksumFailure", "checksum_failures", "verify"]
 

@@ -8,7 +8,7 @@ every answer but media is JSON, described by :mod:`.schemas`; every error
     GET  /login, POST /login        the API key typed in once: sets the session cookie
     GET  /api/health                the process answers
     GET  /api/ready                 the index is open (and when it was last reopened)
-    GET  /api/info                  videos, model, heads, search modes, backend, limits
+    GET  /api/info                  videos, model, plugins, search modes, backend, limits
     GET  /api/search?q=...          a search (q, exclude (repeatable), k, offset, candidates,
     POST /api/search                mode, explain); the same as a JSON body
     GET  /api/videos/{id}           a video's metadata (never its path)
@@ -176,7 +176,7 @@ def _checked(limits: Limits, q: str, exclude: list[str], k: int, offset: int, ca
         raise ServeError(f"candidates must be between 1 and {limits.candidates}")
     k = min(k, limits.depth - offset)  # the last page ends at the depth paging reaches
     return SearchRequest(q, k, offset, candidates, tuple(exclude), mode or None, explain,
-                         source or None)
+                         (("source", source),) if source else ())
 
 
 def create_app(service: Service | Engine, settings: Settings | None = None,
@@ -250,8 +250,10 @@ def _facts(engine: Engine | None) -> IndexFacts:
     """What of ``engine``'s index decides which requests it answers (None: not open yet)."""
     if engine is None:
         return IndexFacts()
-    return IndexFacts(tuple(engine.parts.modes), "concepts" in engine.plugins,
-                      "text" in engine.plugins)
+    index = engine.index
+    return IndexFacts(tuple(engine.parts.modes), index.plugins.leaves_out,
+                      {name: option.schema
+                       for name, option in index.plugins.query_options.items()})
 
 
 def _install_guards(app: FastAPI, settings: Settings, guard: Guard) -> None:
@@ -496,7 +498,7 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
     @app.get("/api/info", tags=["service"], response_model=None,
              responses={200: {"model": Info}, **errors(500, 503)})
     def info() -> dict:
-        """What is being searched: videos, model, heads, search modes, backend, limits."""
+        """What is being searched: videos, model, plugins, search modes, backend, limits."""
         return {**service.engine.info(), "limits": vars(limits), "version": __version__,
                 "api_key": guard.enabled,
                 "server": {"pid": os.getpid(), "threads": batcher.ranking.threads,

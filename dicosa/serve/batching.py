@@ -4,7 +4,7 @@ Requests arrive on the server's worker threads. Each hands its search to one bat
 and waits (:meth:`Batcher.answer`, the one way out): that thread takes the first waiting
 search, waits for a free slot of the service's :class:`~dicosa.serve.ranking.Ranking` (this
 process, or one of its ranker processes), then takes every waiting search that can share the
-batch (same index snapshot, search mode, exclusions, source and candidate count; up to the
+batch (same index snapshot, search mode, exclusions, options and candidate count; up to the
 slot's share), and submits them together: they are ranked with one :meth:`Engine.rank` call,
 deep enough for the deepest page, and each search's page is cut there
 (:func:`~dicosa.serve.ranking.answers`). Searches that cannot share wait for the next round.
@@ -52,7 +52,7 @@ class _Waiting:
 
     def key(self) -> tuple:
         request = self.request
-        return (id(self.engine), request.mode, request.exclude, request.source,
+        return (id(self.engine), request.mode, request.exclude, request.options,
                 max(request.candidates, request.depth))
 
 

@@ -6,9 +6,9 @@ and while more threads are under libgomp's management than there are cores, ever
 workers stop spinning between regions and sleep at once (libgomp's throttled spin): each
 region then pays for waking them. A service whose model was loaded on the main thread, whose
 batches run on a batching thread and whose pages are cut on the HTTP worker threads has
-several teams, so all of them run that way. On the 2-core machine (2026-11-26), the lone
-query's text tower took 15 ms on the thread that had first run torch and 21-23 ms on
-a second thread, and a 200,000-element product 12 µs against 55 µs.
+several teams, so all of them run that way: a lone query's text tower takes about half as
+long again on a second thread as on the first (benchmarks/RESULTS.md, "one compute
+thread").
 
 So a service process whose torch runs several threads opens its index, ranks, builds pages
 and reopens the index on one :class:`ComputeThread`, and no other thread of it runs torch:
@@ -19,11 +19,10 @@ N``) there are no teams to keep apart, and the calls run where they are made.
 The compute thread releases the GIL in each of the hundreds of torch calls of a batch and
 must take it back from whichever request thread holds it then (parsing a request, building
 an answer's JSON); CPython makes a thread that asks wait up to its switch interval, 5 ms by
-default. In one script, a batch's rerank took 56-66 ms alone and 7-10 s beside one thread
-looping in Python at 5 ms, 0.3 s at 0.5 ms. A service process sets 1 ms
-(:data:`SWITCH_INTERVAL_S`): at 1M videos, one process, 8 clients, 31.7-37.1 searches/s against
-25.9-32.3 at 5 ms in three paired runs, p99 286-345 against 382-453 ms; a lone client's
-median unchanged (45.7-56.1 against 46.4-49.5 ms) (2026-11-26, benchmarks/RESULTS.md).
+default, so a batch's rerank beside a thread looping in Python takes seconds, not tens of
+milliseconds. A service process sets 1 ms (:data:`SWITCH_INTERVAL_S`), which gave 8 clients
+more searches a second and a lower p99 at 1M videos with a lone client's latency unchanged
+(benchmarks/RESULTS.md, "a short GIL switch interval").
 """
 
 from __future__ import annotations
@@ -104,7 +103,7 @@ def freeze_heap(again: bool = False) -> None:
     A service process holds the opened index's Python objects (at 1M videos its tables, ids
     and model: millions), and CPython's full collection walks all of them: 190-290 ms at 1M,
     a pause of every search in flight, set off now and then by the answers' short-lived
-    objects (one in 30 s of 8 clients in a server, 2026-11-27). Frozen, they are never
+    objects (about one in 30 s of 8 clients). Frozen, they are never
     walked, and a full collection walks only what came after; reference counting still
     frees them. Only service processes do this (``dicosa serve`` and each ranker),
     once the index is open and after each reopening, never a library call: it is the whole

@@ -31,10 +31,10 @@ import torch
 
 from ..data.datasets import VIDEO_EXTENSIONS
 from ..index import Hit, SearchResult, VideoIndex, open_index
+from ..index.plugins import how_to_get
 from ..index.searcher import Searcher
 from ..integers import as_int
 from ..model import DiCoSA
-from ..plugins.text import PICTURES, ranked_by
 from ..search.evidence import best_within, evidence_window
 from ..search.query import Query, parse_query
 from ..search.query_text import QueryText
@@ -43,11 +43,9 @@ from .errors import ServeError, UnknownMoment, UnknownVideo
 from .machine import available_bytes
 from .spec import TIMELINE_ROWS, EngineSpec
 
-__all__ = ["EXPLAINED_AS", "MEDIA_TYPES", "Answer", "Engine", "Ranked", "SearchRequest",
-           "VideoFile", "rank_requests"]
+__all__ = ["MEDIA_TYPES", "Answer", "Engine", "Ranked", "SearchRequest", "VideoFile",
+           "rank_requests"]
 
-# The API's name for each plugin's explanation of a hit (the page reads these).
-EXPLAINED_AS = {"lexical": "words", "concepts": "exclusion", "fusion": "fusion"}
 # the metadata a hit shows (_row_facts)
 _FACTS = ("path", "title", "duration", "fps", "expected_duration", "damage")
 TIMELINE_POINTS = 240  # frames a hit's timeline sends at most (a long video's are thinned)
@@ -69,7 +67,8 @@ class SearchRequest:
     exclude: tuple[str, ...] = ()
     mode: str | None = None
     explain: bool = False
-    source: str | None = None  # what the query is matched against (the text plugin's)
+    # the plugins' search options as asked (the text plugin's source), as (name, value)
+    options: tuple[tuple[str, object], ...] = ()
 
     @property
     def depth(self) -> int:
@@ -119,7 +118,7 @@ class Engine:
 
     Args:
         index: an index with its model attached and its plugins in ``index.plugins``
-            (``"lexical"``: words, ``"concepts"``: "A without B", ``"fusion"``: titles).
+            (the engine asks them through ``index.annotations``).
         media_roots: folders whose videos may be streamed; empty: each video's own folder as
             its row names it (a file reached through a link to elsewhere is refused).
     """
@@ -139,15 +138,14 @@ class Engine:
         self.index = index
         self.parts = index.snapshot()  # what every search and page of this snapshot reads
         self.model: DiCoSA = index.model
-        self.plugins = dict(index.plugins)
+        self.said = index.annotations  # what the plugins add to answers
         self.directory = index.directory
         self.media_roots = tuple(Path(r).resolve() for r in media_roots)
-        self.default_mode = ("hybrid" if "lexical" in self.plugins
-                             and "hybrid" in self.parts.modes else "dense")
+        self.default_mode = index.default_mode
         self.opened_at = datetime.datetime.now(datetime.timezone.utc)
         self.spec: EngineSpec | None = None  # what open() opened (None: made around an index)
         self.timeline_rows = timeline_rows  # the most rows of a video a hit's timeline scores
-        self._sources: dict | None = None  # sources(), counted once
+        self._plugins: dict | None = None  # describe_plugins(), made once
         if len(index):  # lazily made parts (the dense summary, codes) made now, not racing
             index.search("warm up", k=1)
 
@@ -214,11 +212,7 @@ class Engine:
             "model": {"source": Path(named).name if named else None, "arch": config.arch,
                       "frames": config.num_frames, "dim": self.model.embed_dim,
                       "max_words": config.max_words},
-            "heads": {"lexical": getattr(getattr(self.plugins.get("lexical"), "head", None),
-                                         "kind", None),
-                      "concepts": "concepts" in self.plugins,
-                      "fusion": None if "fusion" not in self.plugins else
-                      "late" if self.plugins["fusion"].late else "mul2vec"},
+            "plugins": self.describe_plugins(),
             "modes": {name: mode.help for name, mode in self.parts.modes.items()},
             "default_mode": self.default_mode,
             "backend": index.stages.spec.get("backend"),
@@ -227,41 +221,34 @@ class Engine:
             "frame_dtype": index.store.frame_dtype,
             "timeline_rows": self.timeline_rows,
             "text": index.query_text.stats(),
-            "sources": self.sources(),
             "frame_times": "from the frame protocol and each video's frame count and rate",
             "opened_at": self.opened_at.isoformat(timespec="seconds"),
         }
 
-    def sources(self) -> dict:
-        """What a query can be matched against: ``visual`` (the pictures) and each text
-        source the index reads, with its engine and what the text index holds of it (rows
-        read, rows with lines, lines). Counted once per snapshot."""
-        if self._sources is None:
-            text = self.plugins.get("text")
-            self._sources = {"visual": True, "text": {} if text is None else text.sources()}
-        return self._sources
+    def describe_plugins(self) -> dict:
+        """What each plugin gives this index, by its API name (the text plugin: what a
+        query can be matched against, each text source with its engine and what the text
+        index holds of it). Made once per snapshot."""
+        if self._plugins is None:
+            self._plugins = self.said.describe()
+        return self._plugins
 
     # -- search ---------------------------------------------------------------------------
     def check(self, request: SearchRequest) -> Query:
         """The parsed query, or one sentence on why it cannot be searched here."""
         query = parse_query(request.text, request.exclude)
-        if request.mode is not None and request.mode not in self.parts.modes:
-            raise ServeError(f"this index has no '{request.mode}' search mode; it has "
-                             f"{', '.join(self.parts.modes)}")
-        if request.exclude and "concepts" not in self.plugins:
-            raise ServeError("this index has no concepts head, so it cannot leave things out; "
-                             "index it with --concepts HEAD.pt to search 'A without B'")
+        self.index.check_request(request.exclude, request.mode, **dict(request.options))
         return query
 
     def rank(self, texts: list[str], *, depth: int, candidates: int,
              exclude: tuple[str, ...] = (), mode: str | None = None,
-             source: str | None = None) -> list[Ranked]:
+             options: tuple[tuple[str, object], ...] = ()) -> list[Ranked]:
         """The ``depth`` best hits of each text, searched together (one batch)."""
         mode = mode or self.default_mode
         if not len(self.index):
             return [Ranked([], 0, {}, "none") for _ in texts]
         results = self.index.query(list(texts), k=depth, candidates=max(candidates, depth),
-                                   exclude=list(exclude), mode=mode, source=source)
+                                   exclude=list(exclude), mode=mode, **dict(options))
         return [Ranked.of(result, len(texts)) for result in results]
 
     def answer(self, request: SearchRequest, ranked: Ranked) -> Answer:
@@ -272,7 +259,8 @@ class Engine:
         ids = np.array([h.id for h in page], dtype=np.int64)
         facts = self.parts.store.table.columns(ids, _FACTS)  # the one metadata read of the page
         rows = [{name: facts[name][i] for name in _FACTS} for i in range(len(ids))]
-        said = self._said(ranked, request.offset, page)
+        result = ranked.result if ranked.worded else None  # what the plugins may speak of
+        said = self._said(result, request.offset, page)
         found = self.timelines(ranked.result, range(request.offset, request.offset + len(page)),
                                [w for _, w in said])
         times = {**ranked.times, "moments_s": time.perf_counter() - started}
@@ -285,10 +273,8 @@ class Engine:
         hits = [_hit(request.offset + i + 1, hit, row, moment, why)
                 for i, (hit, row, moment, why) in enumerate(
                     zip(page, rows, found, explained, strict=True))]
-        for hit, (lines, _) in zip(hits, said, strict=True):
-            if lines is not None:  # what was said or written that matched, best moment first
-                hit.update(line=lines[0] if lines else None, lines=lines)
-        result = ranked.result if ranked.worded else None
+        for hit, (added, _) in zip(hits, said, strict=True):
+            hit.update(added)  # the text plugin's: the lines that matched
         query = result.encoded.queries[result.position] if result is not None else None
         return Answer({
             "query": {"q": request.text, "exclude": list(request.exclude),
@@ -296,11 +282,13 @@ class Engine:
                       "without": list(query.exclude) if query else [],
                       "mode": request.mode or self.default_mode, "k": request.k,
                       "offset": request.offset, "candidates": request.candidates,
-                      "explain": request.explain, "source": request.source},
+                      "explain": request.explain,
+                      **{name: None for name in self.index.plugins.query_options},
+                      **dict(request.options)},
             "videos": len(self.index),
             "reranked": ranked.reranked,
             "stage": ranked.stage,
-            "ranked_by": ranked_by(result) if result is not None else PICTURES,
+            **self.said.answer(result),
             "truncated": bool(result is not None and result.truncated),
             "batch": ranked.batch,
             "more": len(ranked.hits) >= request.depth and ranked.reranked > request.depth,
@@ -309,23 +297,17 @@ class Engine:
             "hits": hits,
         }, [self._file(h.id, h.path) for h in page])
 
-    def _said(self, ranked: Ranked, offset: int, page: list[Hit]
-              ) -> list[tuple[list[dict] | None, tuple[str, tuple[float, float] | None]]]:
-        """Per hit of the page: its matched lines (None: the index has no text, or the query
-        no words) and where its best frame is taken from: ``("words", the deciding line
-        within its best moment)`` or ``("pictures", its best moment)``
+    def _said(self, result: SearchResult | None, offset: int, page: list[Hit]
+              ) -> list[tuple[dict, tuple[str, tuple[float, float] | None]]]:
+        """Per hit of the page: the keys the plugins add to it (the matched lines) and where
+        its best frame is taken from: ``(by, a time range)``, a plugin's evidence (the line
+        that decided it, within its best moment) or ``("pictures", its best moment)``
         (:mod:`dicosa.search.evidence`)."""
-        text = self.plugins.get("text")
-        result = ranked.result if ranked.worded else None
         out = []
         for i, hit in enumerate(page):
-            moment = (hit.start, hit.end)
-            if text is None or result is None:
-                out.append((None, ("pictures", evidence_window(moment, None))))
-                continue
-            line = text.evidence(result, offset + i)
-            by = "pictures" if line is None else "words"
-            out.append((text.matched(result, offset + i), (by, evidence_window(moment, line))))
+            by, line = self.said.evidence(result, offset + i)
+            added = self.said.hit(result, offset + i) if result is not None else {}
+            out.append((added, (by, evidence_window((hit.start, hit.end), line))))
         return out
 
     def search(self, request: SearchRequest) -> Answer:
@@ -390,20 +372,14 @@ class Engine:
 
     # -- explanations ---------------------------------------------------------------------
     def _explain(self, result: SearchResult, i: int) -> dict:
-        """The plugins' explanations of hit ``i`` under the names the API gives them
-        (:data:`EXPLAINED_AS`), concept dimensions named by their words, no file paths."""
-        out = {EXPLAINED_AS.get(key, key): said for key, said in result.explain(i).items()}
-        if "exclusion" in out and "concepts" in self.plugins:
-            out["exclusion"] = _named_dimensions(out["exclusion"],
-                                                 self.plugins["concepts"].head)
-        if "fusion" in out:
-            out["fusion"] = {k: v for k, v in out["fusion"].items() if k not in ("id", "path")}
-        return out
+        """The plugins' explanations of hit ``i`` under their API names, as answers give
+        them (concept dimensions named by their words, no file paths)."""
+        return self.said.explain(result, i)
 
     def _notes(self, query: Query | None) -> list[str]:
-        if query is not None and query.exclude and "concepts" not in self.plugins:
-            return [f"'{', '.join(query.exclude)}' was not left out: this index has no "
-                    "concepts head"]
+        if query is not None and query.exclude and not self.index.plugins.leaves_out:
+            return [f"'{', '.join(query.exclude)}' was not left out: that takes "
+                    f"{how_to_get(lambda plugin: plugin.leaves_out)}"]
         return []
 
     # -- videos ---------------------------------------------------------------------------
@@ -453,21 +429,12 @@ class Engine:
 
 def rank_requests(engine: Engine, requests: list[SearchRequest]) -> list[Ranked]:
     """``requests`` ranked in one :meth:`Engine.rank` pass, deep enough for the deepest page;
-    they share their mode, exclusions, source and candidate count (a batch: see
+    they share their mode, exclusions, options and candidate count (a batch: see
     :mod:`dicosa.serve.batching`), which the first one gives."""
     first = requests[0]
     return engine.rank([r.text for r in requests], depth=max(r.depth for r in requests),
                        candidates=max(first.candidates, first.depth), exclude=first.exclude,
-                       mode=first.mode, source=first.source)
-
-
-def _named_dimensions(explained: dict, head) -> dict:
-    """An exclusion explanation with each concept dimension as ``{"dimension", "words"}``."""
-    def named(dims) -> list[dict]:
-        return [{"dimension": int(d), "words": head.dimension_words(int(d))} for d in dims]
-
-    return {**explained, "matched_words": named(d for d, _ in explained["matched"]),
-            "excluded_empty_words": named(explained["excluded_empty"])}
+                       mode=first.mode, options=first.options)
 
 
 def _row_facts(row: dict | pd.Series) -> dict:

@@ -4,9 +4,10 @@ The routes check their parameters themselves and answer 400 with one sentence
 (``app._checked``, ``Engine.check``); this module states the same limits in the schema, so
 that a request the schema allows is never refused as invalid: lengths and the grammar of
 ``q`` (:data:`dicosa.search.query.QUERY_PATTERN`), the ranges of ``k``, ``offset``,
-``candidates`` and ``t``, the search modes and text sources of the index being served, and
-``exclude`` only where the index has a concepts head. An empty ``mode`` or ``source`` is
-taken as not given, and the schema says so. FastAPI's generated parameter schemas
+``candidates`` and ``t``, the search modes of the index being served and the search options
+its plugins take (each option's schema is its plugin's: the text plugin's ``source``), and
+``exclude`` only where the index has a concepts head. An empty ``mode`` or option is taken
+as not given, and the schema says so. FastAPI's generated parameter schemas
 (bare types) are replaced by these; their defaults are kept.
 
 Ids (``video_id``, ``row``) are digits: an id of a video or moment that does not exist is
@@ -15,11 +16,10 @@ Ids (``video_id``, ``row``) are digits: an id of a video or moment that does not
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..search.query import QUERY_PATTERN
-from ..text.fusion import ALL_SOURCES, VISUAL
 
 __all__ = ["IndexFacts", "request_fields", "state_limits"]
 
@@ -31,19 +31,9 @@ class IndexFacts:
     """What of the index being served decides which requests it can answer."""
 
     modes: tuple[str, ...] = ()  # its search modes (empty: not known, any text)
-    concepts: bool = False  # a concepts head: searches may leave things out
-    text: bool = False  # a text plugin: the text sources may be searched
-
-
-def _sources(text: bool) -> dict:
-    """``source``: names separated by commas (spaces around them allowed); empty: every
-    source the index has."""
-    names = [*ALL_SOURCES, "text", "all"] if text else [VISUAL]
-    name = r"\s*(?:" + "|".join(names) + r")\s*"
-    said = ("what the query is matched against: " + ", ".join(names) + ", or several "
-            "separated by commas" if text else "this index has no text lines: visual only")
-    return {"type": "string", "pattern": f"^(?:{name}(?:,{name})*)?$",
-            "description": said + "; empty: everything the index has"}
+    leaves_out: bool = False  # a hook answers "A without B": searches may leave things out
+    # the search options its plugins take (the text plugin's source) -> their JSON Schemas
+    options: dict[str, dict] = field(default_factory=dict)
 
 
 def request_fields(limits: dict[str, int], facts: IndexFacts) -> dict[str, dict]:
@@ -52,7 +42,7 @@ def request_fields(limits: dict[str, int], facts: IndexFacts) -> dict[str, dict]
     chars, depth = limits["query_chars"], limits["depth"]
     excluded = ({"maxItems": limits["exclusions"],
                  "description": f"things to leave out, at most {limits['exclusions']}"}
-                if facts.concepts else
+                if facts.leaves_out else
                 {"maxItems": 0, "description": "this index has no concepts head: nothing can "
                                                "be left out"})
     return {
@@ -73,7 +63,7 @@ def request_fields(limits: dict[str, int], facts: IndexFacts) -> dict[str, dict]
                   "description": "which first stages propose candidates (empty: the "
                                  "index's default)"}
                  if facts.modes else {"type": "string"}),
-        "source": _sources(facts.text),
+        **facts.options,
         "explain": {"type": "boolean"},
         "video_id": {"type": "string", "pattern": ID_PATTERN,
                      "description": "a video's id (its first row's): digits"},

@@ -51,12 +51,6 @@ class ModelInfo(_Answer):
     max_words: int
 
 
-class HeadsInfo(_Answer):
-    lexical: str | None = Field(description="the lexical head's kind (vdr, d2s) or null")
-    concepts: bool
-    fusion: Literal["late", "mul2vec"] | None
-
-
 class Limits(_Answer):
     query_chars: int
     exclusions: int
@@ -80,22 +74,6 @@ class TextInfo(_Answer):
     cache: QueryCacheInfo
 
 
-class TextSource(_Answer):
-    engine: str | None = Field(description="what reads it (pysubs2, pocketsphinx, "
-                                           "whisper:MODEL, tesseract:FRAMES; null: lines kept "
-                                           "from an engine no longer read)")
-    rows: int = Field(description="rows (videos, segments) it has read")
-    rows_with_lines: int
-    lines: int = Field(description="its lines (one overlapping several rows counted once)")
-
-
-class SourcesInfo(_Answer):
-    visual: bool = Field(description="the pictures (DiCoSA): always")
-    text: dict[str, TextSource] = Field(description="text source (subtitles, speech, screen) "
-                                                    "-> what the index holds of it; empty "
-                                                    "without a text index")
-
-
 class ServerInfo(_Answer):
     pid: int = Field(description="the server process that answered")
     threads: int = Field(description="torch threads of the process that ranks (a ranker's "
@@ -112,7 +90,12 @@ class ServerInfo(_Answer):
 class Info(_Answer):
     videos: int
     model: ModelInfo
-    heads: HeadsInfo
+    plugins: dict[str, dict[str, Any]] = Field(
+        description="what each plugin gives the index, by the name answers give its "
+                    "explanations: words (a lexical head: its kind, sparse backend, words), "
+                    "exclusion (a concepts head), fusion (title fusion: late or mul2vec, its "
+                    "weights), text (sources: each text source a query can be matched "
+                    "against, with its engine and the rows and lines the index holds of it)")
     modes: dict[str, str] = Field(description="search mode -> what it does")
     default_mode: str
     backend: str | None
@@ -122,7 +105,6 @@ class Info(_Answer):
     timeline_rows: int = Field(description="the most segments of a hit's video its timeline "
                                            "scores (dicosa serve --timeline-rows)")
     text: TextInfo
-    sources: SourcesInfo = Field(description="what a query can be matched against (source=)")
     frame_times: str
     opened_at: str
     limits: Limits

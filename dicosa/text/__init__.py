@@ -8,7 +8,7 @@
   :mod:`~dicosa.text.ocr` (Tesseract); :mod:`~dicosa.text.extract` runs them on rows;
 - :mod:`~dicosa.text.fts`: the SQLite FTS5 index of the lines, ranked by BM25;
   :mod:`~dicosa.text.query`: a query as a safe FTS5 expression;
-- :mod:`~dicosa.text.fusion`: the sources a search looks at, and reciprocal-rank fusion of
+- :mod:`~dicosa.text.rrf`: the sources a search looks at, and reciprocal-rank fusion of
   DiCoSA's ranking with the text ranking.
 
 The index side is :mod:`dicosa.plugins.text`. Nothing here knows the index.

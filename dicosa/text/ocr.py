@@ -47,7 +47,7 @@ import numpy as np
 from .lines import SourceReport, SourceUnavailable, TextLine
 
 __all__ = ["ALONE_LETTERS", "ANCHOR_CONFIDENCE", "ANCHOR_LETTERS", "BRIGHT", "DARK", "MAX_INK",
-           "MIN_INK", "MIN_SIDE", "WORD_CONFIDENCE", "frame_times", "ink_masks", "read_lines",
+           "MIN_INK", "MIN_SIDE", "WORD_CONFIDENCE", "ink_masks", "read_lines", "sample_times",
            "screen_lines", "text_lines"]
 
 MIN_SIDE = 720
@@ -63,7 +63,7 @@ _NUMBER = re.compile(r"^\d+(?:[.,:]\d+)*%?$")
 _VOWELS = set("aeiouyAEIOUY")
 
 
-def frame_times(start: float, end: float, count: int) -> list[float]:
+def sample_times(start: float, end: float, count: int) -> list[float]:
     """The centres of ``count`` equal parts of ``start``..``end``."""
     step = (end - start) / count
     return [start + (i + 0.5) * step for i in range(count)]
@@ -187,7 +187,7 @@ def screen_lines(video: str | Path, spans: list[tuple[float, float]], count: int
         step = (end - start) / count
         read = []
         try:
-            for t, image in _frames_at(video, frame_times(start, end, count)):
+            for t, image in _frames_at(video, sample_times(start, end, count)):
                 read.append((t, read_lines(image)))
         except (av.FFmpegError, OSError, IndexError) as exc:
             report.skipped["videos whose frames do not decode"] += 1

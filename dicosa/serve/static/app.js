@@ -107,10 +107,11 @@ async function loadInfo() {
     return;
   }
   const heads = [];
-  if (info.heads.lexical) heads.push("words");
-  if (info.heads.concepts) heads.push("“without”");
-  if (info.heads.fusion) heads.push("titles");
-  const words = Object.keys((info.sources && info.sources.text) || {});
+  const plugins = info.plugins || {};
+  if (plugins.words) heads.push("words");
+  if (plugins.exclusion) heads.push("“without”");
+  if (plugins.fusion) heads.push("titles");
+  const words = Object.keys((plugins.text && plugins.text.sources) || {});
   el.facts.textContent = `${info.videos.toLocaleString()} videos · ${info.model.arch}` +
     (heads.length ? ` · ${heads.join(", ")}` : "") +
     (words.length ? ` · words from ${words.join(", ")}` : "");
@@ -124,8 +125,8 @@ async function loadInfo() {
     el.mode.add(option);
   }
   el.modeField.hidden = Object.keys(info.modes).length < 2;
-  el.without.disabled = !info.heads.concepts;
-  el.without.title = info.heads.concepts ? "what must not be in the video"
+  el.without.disabled = !plugins.exclusion;
+  el.without.title = plugins.exclusion ? "what must not be in the video"
     : "this index has no concepts head, so it cannot leave things out";
   show();
 }
@@ -145,7 +146,8 @@ function show() {
   if (!s.q.trim()) {
     el.results.replaceChildren(); el.notes.replaceChildren(); el.pager.hidden = true;
     say("Type what you are looking for, for example “a red circle moves left”. " +
-        (info.heads.concepts ? "Put what must not be in the video under “without”." : ""));
+        (info.plugins && info.plugins.exclusion
+          ? "Put what must not be in the video under “without”." : ""));
     return;
   }
   const p = new URLSearchParams({ q: s.q, k: PAGE, offset: (s.page - 1) * PAGE,

@@ -1,32 +1,37 @@
-"""The fusion plugin: DiCoSA fused with titles (late fusion) or a Mul2vec head.
+"""The titles plugin: DiCoSA fused with titles (late fusion) or a Mul2vec head.
 
-:class:`FusionPlugin` (``index.use(FusionPlugin(HEAD or None))``, or ``search --mul2vec`` /
-``--fusion``) gives an index the :class:`~dicosa.search.fusion.FusionRerank` hook over its
-rows' fusion arrays and a first stage that finds text-only rows (a
-:class:`~dicosa.search.fusion.SemanticStage` with a head, a
-:class:`~dicosa.search.fusion.TitleStage` without one); see :mod:`dicosa.search.fusion` for
-the score.
+:class:`TitlesPlugin` (``index.use(TitlesPlugin(HEAD or None))``, or ``search --mul2vec`` /
+``--fusion``) gives an index the :class:`~dicosa.search.title_fusion.FusionRerank` hook over
+its rows' fusion arrays and a first stage that finds text-only rows (a
+:class:`~dicosa.search.title_fusion.SemanticStage` with a head, a
+:class:`~dicosa.search.title_fusion.TitleStage` without one); see
+:mod:`dicosa.search.title_fusion` for the score.
 
 The titles' text vectors are encoded once and kept in the index folder
 (``fusion.titles.npy``, float16, extended as rows arrive); the other arrays are recomputed on
 each attach (a pass over the store's proxies and, with a head, one small MLP), and all of them
 are held in RAM: fusion costs ~(D + K)·4 bytes per row of memory (2 GiB at 1M rows, D=512).
 
-Its record (``meta["fusion"]``: ``{"head": path or None, "beta_semantic", "beta_title",
-"trust"}``) is kept for a head file or no head (a head object records nothing).
+Its record (``meta["fusion"]``, the key indexes have always kept it under: ``{"head": path
+or None, "beta_semantic", "beta_title", "trust"}``) is kept for a head file or no head (a head
+object records nothing). Answers name its explanations ``fusion``.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
 
-from ..search.fusion import (
+from ..index.plugins import IndexPlugin, recorded_file
+from ..search.query import QueryError
+from ..search.row_cache import RowCache
+from ..search.title_fusion import (
     DEFAULT_BETA_SEMANTIC,
     DEFAULT_BETA_TITLE,
     DEFAULT_TRUST,
@@ -36,18 +41,18 @@ from ..search.fusion import (
     TitleStage,
     fusion_rows,
 )
-from ..search.row_cache import RowCache
 
 if TYPE_CHECKING:
     from ..index.searcher import Hit, SearchResult
 
-__all__ = ["TITLES_FILE", "FusionPlugin", "IndexFusion", "attach_fusion", "explain_hits",
-           "format_parts", "index_fusion_rows"]
+__all__ = ["TITLES_FILE", "IndexFusion", "TitlesPlugin", "attach_titles", "explain_hits",
+           "index_fusion_rows"]
 
 # The titles' DiCoSA text vectors, kept in the index folder (float16) for the model that
 # encoded them: the text tower runs once per title, not on every attach.
 TITLES_FILE = "fusion.titles"
 _TITLE_BATCH = 256
+_WEIGHTS = ("beta_semantic", "beta_title", "trust")
 
 
 class IndexFusion(FusionRerank):
@@ -72,7 +77,7 @@ class IndexFusion(FusionRerank):
         self._rows = rows
 
 
-class FusionPlugin:
+class TitlesPlugin(IndexPlugin):
     """Fused scoring at search time (:class:`~dicosa.index.plugins.IndexPlugin`).
 
     Args:
@@ -86,6 +91,10 @@ class FusionPlugin:
     """
 
     key = "fusion"
+    api_name = "fusion"
+    derived: ClassVar[dict] = {f"{TITLES_FILE}.npy": np.load,
+                               "semantic.npz": lambda p: np.load(p).files,
+                               "title.npz": lambda p: np.load(p).files}
 
     def __init__(self, head=None, *, beta_semantic: float | None = None,
                  beta_title: float | None = None, trust: float | None = None):
@@ -104,20 +113,39 @@ class FusionPlugin:
         self._ctx = None
 
     @classmethod
-    def restore(cls, record: dict, ctx, **weights: float | None) -> FusionPlugin:
-        """The recorded fusion; ``weights`` given (not None) replace the recorded ones."""
-        from ..index.plugins import recorded_file
+    def restore(cls, record: dict, ctx) -> TitlesPlugin:
+        return cls(recorded_file(record, "fusion", "--mul2vec"),
+                   **{name: record.get(name) for name in _WEIGHTS})
 
-        head = recorded_file(record, "fusion", "--mul2vec")
-        chosen = {name: record.get(name) if weights.get(name) is None else weights[name]
-                  for name in ("beta_semantic", "beta_title", "trust")}
-        return cls(head, **chosen)
+    @classmethod
+    def from_options(cls, options: Mapping[str, object], record: dict | None
+                     ) -> TitlesPlugin | bool | None:
+        """``mul2vec`` (a head), ``fusion`` (late fusion) and the weights replace the
+        recorded fusion (weights alone change the recorded one's; those not given are kept
+        where the kind stays); ``no_fusion`` leaves it out."""
+        head, late = options.get("mul2vec"), bool(options.get("fusion"))
+        weights = {name: options.get(name) for name in _WEIGHTS}
+        if options.get("no_fusion"):
+            if head is not None or late:
+                raise QueryError("--no-fusion searches without fusion: drop --mul2vec/--fusion, "
+                                 "or --no-fusion")
+            return False
+        if head is None and not late:
+            if record is None or all(w is None for w in weights.values()):
+                return None  # nothing asked, or weights alone with nothing recorded to fuse
+            head = recorded_file(record, "fusion", "--mul2vec")  # None: late fusion
+        same_kind = record is not None and (record.get("head") is None) == (head is None)
+        return cls(head, **{name: record.get(name) if value is None and same_kind else value
+                            for name, value in weights.items()})
 
-    def attach(self, ctx) -> None:
+    def validate(self, model) -> None:
         if self.path is not None:
             from ..heads.base import load_head
 
-            self.head = load_head(self.path, ctx.model, kind="mul2vec")
+            self.head = load_head(self.path, model, kind="mul2vec")
+
+    def attach(self, ctx) -> None:
+        self.validate(ctx.model)
         hook = IndexFusion(ctx, self.head, beta_semantic=self.beta_semantic,
                            beta_title=self.beta_title, trust=self.trust)
         if self.head is not None:
@@ -138,13 +166,31 @@ class FusionPlugin:
     def explain(self, result: SearchResult, i: int) -> dict | None:
         return explain_hits(self.hook, result, [result.hits[i]])[0]
 
+    def readable(self, said: dict) -> list[str]:
+        """``fusion parts: dicosa 0.4123  title 0.1000*  fused 0.4450; frames lost 0.00``
+        (unweighted parts; ``*`` an imputed one)."""
+        parts = said.get("explain")
+        if parts is None:
+            return []
+        cells = []
+        for name in ("dicosa", "semantic", "title", "fused"):
+            if name in parts:
+                imputed = ((name == "dicosa" and parts["text_only"])
+                           or (name == "title" and not parts["has_title"]))
+                cells.append(f"{name} {parts[name]:.4f}{'*' if imputed else ''}")
+        return [f"fusion parts: {'  '.join(cells)}; frames lost {parts['frames_lost']:.2f}"]
 
-def attach_fusion(index, head=None, *, beta_semantic: float | None = None,
+    def describe(self) -> dict:
+        return {"kind": "late" if self.late else "mul2vec", "beta_semantic": self.beta_semantic,
+                "beta_title": self.beta_title, "trust": self.trust}
+
+
+def attach_titles(index, head=None, *, beta_semantic: float | None = None,
                   beta_title: float | None = None, trust: float | None = None
                   ) -> FusionRerank:
-    """``index.use(FusionPlugin(...))``; returns its hook. Rows added later join the fusion
+    """``index.use(TitlesPlugin(...))``; returns its hook. Rows added later join the fusion
     arrays when the first stage receives them (their titles encoded then)."""
-    plugin = index.use(FusionPlugin(head, beta_semantic=beta_semantic, beta_title=beta_title,
+    plugin = index.use(TitlesPlugin(head, beta_semantic=beta_semantic, beta_title=beta_title,
                                     trust=trust))
     return plugin.hook
 
@@ -198,9 +244,9 @@ def _flag(value) -> bool:
 def explain_hits(hook: FusionRerank, result: SearchResult,
                  hits: list[Hit] | None = None) -> list[dict]:
     """The fused score's parts for each hit (default: the result's): one dict per hit
-    ``{"id", "path", "dicosa", "semantic"?, "title"?, "fused", "text_only", "frames_lost",
-    "has_title"}`` (parts unweighted, missing ones imputed as in
-    :func:`~dicosa.search.fusion.fused_scores`; computed over the listed hits, so the
+    ``{"dicosa", "semantic"?, "title"?, "fused", "text_only", "frames_lost", "has_title"}``
+    (parts unweighted, missing ones imputed as in
+    :func:`~dicosa.search.title_fusion.fused_scores`; computed over the listed hits, so the
     imputation's moments are those of these rows). Uses the search's encoded query."""
     hits = result.hits if hits is None else hits
     if not hits:
@@ -215,26 +261,9 @@ def explain_hits(hook: FusionRerank, result: SearchResult,
     parts = hook.explain(encoded, ids, dicosa)
     out = []
     for c, hit in enumerate(hits):
-        entry = {"id": hit.id, "path": hit.path}
-        entry.update({name: float(value[0, c]) for name, value in parts.items()})
+        entry = {name: float(value[0, c]) for name, value in parts.items()}
         entry["text_only"] = bool(hook.rows.text_only[hit.row])
         entry["frames_lost"] = float(hook.rows.frames_lost[hit.row])
         entry["has_title"] = bool(hook.rows.has_title[hit.row])
         out.append(entry)
     return out
-
-
-def format_parts(parts: list[dict]) -> str:
-    """:func:`explain_hits`'s dicts as a small table (unweighted parts; fused = ranking)."""
-    names = [n for n in ("dicosa", "semantic", "title", "fused") if parts and n in parts[0]]
-    lines = ["fusion parts (unweighted; missing parts imputed, marked *):",
-             f"{'rank':>4}  " + "  ".join(f"{n:>8}" for n in names) + "  frames_lost  path"]
-    for rank, entry in enumerate(parts, 1):
-        cells = []
-        for n in names:
-            imputed = ((n == "dicosa" and entry["text_only"])
-                       or (n == "title" and not entry["has_title"]))
-            cells.append(f"{entry[n]:>7.4f}{'*' if imputed else ' '}")
-        lines.append(f"{rank:>4}  " + "  ".join(cells)
-                     + f"  {entry['frames_lost']:>11.2f}  {entry['path']}")
-    return "\n".join(lines)

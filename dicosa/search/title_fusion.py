@@ -32,7 +32,7 @@ fusion is β_title = 0; late fusion is β_sem = 0; each β is chosen on the vali
 (``benchmarks/mul2vec.py``).
 
 The index side (the arrays built from an index's rows, the plugin that attaches them) is
-:mod:`dicosa.plugins.fusion`.
+:mod:`dicosa.plugins.titles`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A small DiDeMo-format sample: the published files' layout with generated videos, for tests.
+"""Test helpers: a small DiDeMo-format sample, the published files' layout with generated videos.
 
 :func:`write_didemo_sample` writes what ``docs/DATA.md`` asks of a DiDeMo root::
 
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import write_text_atomic
-from .long_synthetic import SceneKey, draw_scene, write_scene_video
-from .moments import DIDEMO_SEGMENT_SECONDS
-from .synthetic import _pick_codec
+from dicosa.data.long_synthetic import SceneKey, draw_scene, write_scene_video
+from dicosa.data.moments import DIDEMO_SEGMENT_SECONDS
+from dicosa.data.synthetic import _pick_codec
+from dicosa.files import write_text_atomic
 
 __all__ = ["SAMPLE_DURATIONS", "write_didemo_sample"]
 
