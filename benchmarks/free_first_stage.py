@@ -175,9 +175,9 @@ def index_recall(model: DiCoSA, video: VideoFeatures, texts: list[str], summarie
                     for hits in index.search(texts[start:start + 50], k=10, candidates=c)]
 
         exhaustive = exhaustive or top(None)
-        stage = getattr(index.stages[0], "inner", index.stages[0])
+        stage = getattr(index.stages.dense_stage(), "inner", index.stages.dense_stage())
         trained = getattr(getattr(stage, "index", None), "is_trained", None)
-        row = {"options": index.stage_spec["options"], "stage": type(stage).__name__,
+        row = {"options": index.stages.spec["options"], "stage": type(stage).__name__,
                "faiss_trained": trained}
         for c in candidates:
             got = top(c)

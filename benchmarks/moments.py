@@ -79,7 +79,7 @@ def unchanged(model, index: VideoIndex, clips, frames) -> dict:
     before = VideoIndex.build(model, [str(p) for p in clips.video_paths], None,
                               backend="exact", progress=False, segments=False,
                               frame_sampling=frames.sampling, frame_padding=frames.padding)
-    now, then = index.features, before.features
+    now, then = (i.store.gather(i.store.live()) for i in (index, before))
     same = [[h.path for h in a] == [h.path for h in b] for a, b in zip(
         index.search(clips.captions, k=10, candidates=None),
         before.search(clips.captions, k=10, candidates=None), strict=True)]

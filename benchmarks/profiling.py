@@ -30,7 +30,7 @@ STAGES = {
     "encode": ("QueryText.encode", "dicosa/search/query_text.py"),
     "first_stage": ("Searcher.candidates", "dicosa/index/searcher.py"),
     "rerank": ("Searcher.rerank", "dicosa/index/searcher.py"),
-    "top": ("Searcher.top", "dicosa/index/searcher.py"),
+    "top": ("top_hits", "dicosa/index/hits.py"),
     "moments": ("Engine.timelines", "dicosa/serve/engine.py"),
     "answer": ("Engine.answer", "dicosa/serve/engine.py"),
     "json": ("_JSON.render", "dicosa/serve/app.py"),

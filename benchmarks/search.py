@@ -60,6 +60,7 @@ import torch
 from common import environment, random_model, report, synthetic_checkpoint
 
 from dicosa.index import VideoIndex
+from dicosa.index.searcher import Searcher
 from dicosa.model import DiCoSA, VideoFeatures
 
 BACKGROUNDS = ((0, 0, 0), (30, 30, 30), (50, 50, 55), (25, 30, 20))  # the generator's RGB
@@ -251,7 +252,7 @@ def timed_searches(index: VideoIndex, texts: list[str], candidates: int | None) 
     total, stages = [], []
     for text in texts:
         start = time.perf_counter()
-        _, stats = index.search_with_stats(text, k=10, candidates=candidates)
+        stats = index.query(text, k=10, candidates=candidates).times
         total.append(time.perf_counter() - start)
         stages.append(stats)
     ms = np.array(total) * 1000
@@ -397,6 +398,13 @@ def latency_of(args, work: Path, model: DiCoSA, centres: torch.Tensor, backend: 
     return result
 
 
+@torch.inference_mode()
+def exhaustive_scores(index: VideoIndex, texts: list[str]) -> torch.Tensor:
+    """DiCoSA's S of every text with every live row, in id order: ``[T, R]``."""
+    text = index.model.encode_text(index.tokenizer(texts).to(index.device))
+    return Searcher(index.snapshot()).exhaustive(text, index.store.live(), 1024)
+
+
 def brute_force_ms(index: VideoIndex, texts: list[str], args) -> dict:
     """Exhaustive DiCoSA.score on the first ``--brute-videos`` rows, extrapolated."""
     brute_videos = min(args.brute_videos, len(index))
@@ -405,8 +413,8 @@ def brute_force_ms(index: VideoIndex, texts: list[str], args) -> dict:
     for text in texts[:args.brute_queries]:
         start = time.perf_counter()
         with torch.inference_mode():
-            encoded = index.encode_queries([text])
-            index.searcher().exhaustive(encoded.text, ids, chunk=1024)
+            searcher = Searcher(index.snapshot())
+            searcher.exhaustive(searcher.encode([text])[0].text, ids, chunk=1024)
         times.append(time.perf_counter() - start)
     brute_ms = float(np.median(times)) * 1000
     return {"measured_videos": brute_videos, "measured_p50_ms": round(brute_ms, 1),
@@ -425,12 +433,12 @@ def first_stage_recall(index: VideoIndex, texts: list[str]) -> float | None:
 
     if not texts:
         return None
-    summary = index.dense_summary()
+    summary = index.stages.summary()
     with torch.inference_mode():
-        encoded = index.encode_queries(texts)
+        encoded = Searcher(index.snapshot()).encode(texts)[0]
         dense = EncodedQueries(encoded.queries, TextFeatures(summary.queries(encoded.text.text)),
                                encoded.extra)
-    found = index.stages[0].search(dense, 10).ids
+    found = index.stages.dense_stage().search(dense, 10).ids
     best_ids = np.full((len(texts), 0), -1, np.int64)
     best_scores = np.full((len(texts), 0), -np.inf, np.float32)
     for ids, proxies in index.store.iter_proxies():
@@ -438,9 +446,10 @@ def first_stage_recall(index: VideoIndex, texts: list[str]) -> float | None:
         if summary.per_frame:  # every frame exactly, a few thousand videos at a time
             exact = FramesStage(exact, index.store.num_frames)
             for start in range(0, len(ids), 2048):
-                exact.add(ids[start:start + 2048], index.summary_vectors(ids[start:start + 2048]))
+                exact.add(ids[start:start + 2048],
+                          index.stages.summary_vectors(ids[start:start + 2048]))
         else:
-            exact.add(ids, index.summary_vectors(ids, proxies))
+            exact.add(ids, index.stages.summary_vectors(ids, proxies))
         part = exact.search(dense, 10)
         best_ids = np.concatenate([best_ids, part.ids], axis=1)
         best_scores = np.concatenate([best_scores, part.scores], axis=1)
@@ -585,7 +594,8 @@ def quality(args, work: Path, server: MilvusServerInfo | None) -> dict:
                                     "seconds_all_queries": round(time.perf_counter() - start, 1),
                                     **versus(reference, exhaustive)}
             # The 100 test videos alone: the clean benchmark figure, for reference.
-            clean = index.scores(texts)[:, :len(test)].argsort(dim=1, descending=True)
+            clean = exhaustive_scores(index, texts)[:, :len(test)].argsort(dim=1,
+                                                                            descending=True)
             result["clean_test_only"] = {"R@1": recall_at(clean.tolist(), truth, 1),
                                          "R@5": recall_at(clean.tolist(), truth, 5)}
         rows = result["two_stage"][summary] = {}
@@ -625,7 +635,7 @@ def versus(reference: list[list[int]] | None, got: list[list[int]]) -> dict:
 
 def drop_index(index: VideoIndex, args) -> None:
     if args.backend[0] == "milvus":
-        drop_collection(index.stage_spec["uri"], index.stage_spec["options"]["collection"])
+        drop_collection(index.stages.spec["uri"], index.stages.spec["options"]["collection"])
     shutil.rmtree(index.directory)
 
 

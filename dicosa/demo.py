@@ -125,7 +125,10 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     # A fifth of the collection as candidates, so that both stages visibly do work here
     # (the default, 1000, would rerank every one of these 100 videos).
     candidates = max(2, len(index) // 5)
-    hits, stats = index.search_with_stats(caption, k=5, candidates=candidates)
+    result = index.query(caption, k=5, candidates=candidates)
+    hits, stats = result.hits, {**result.times, "stage": result.stage, "mode": result.mode,
+                                "candidates": [result.candidates],
+                                "truncated": [result.truncated]}
     ranks = _ranks(index, caption, video, candidates)
     recall = {key: results["metrics"]["raw"]["t2v"][key] for key in ("R@1", "R@5")}
     search_path = out / "search.json"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import operator
 
-__all__ = ["as_int"]
+__all__ = ["as_int", "at_least"]
 
 
 def as_int(value: object) -> int | None:
@@ -18,3 +18,12 @@ def as_int(value: object) -> int | None:
         return operator.index(value)
     except TypeError:
         return None
+
+
+def at_least(value: object, name: str, least: int = 1) -> int:
+    """``value`` as an int of at least ``least`` (:func:`as_int`), else one sentence naming
+    the parameter ``name``."""
+    number = as_int(value)
+    if number is None or number < least:
+        raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
+    return number

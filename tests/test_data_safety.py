@@ -34,6 +34,8 @@ from dicosa.plugins.titles import TitlesPlugin
 from dicosa.search.store import StoreError
 from dicosa.search.types import EncodedQueries
 
+from ._index import encoded, stored
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs" / "synthetic.yaml")
 FAST = ["--num-workers", "0", "--batch-size", "2", "--shard-size", "2", "--config", CONFIG]
@@ -78,16 +80,16 @@ def _assert_consistent(out: Path, model, expected: list[str]) -> VideoIndex:
     index = VideoIndex.load(out, model)
     assert sorted(index.paths) == sorted(expected)
     assert len(set(index.ids.tolist())) == len(index)
-    encoded = index.encode_queries(["a red circle"])
-    summary = TextFeatures(index._stages.summary().queries(encoded.text.text))
-    for registered in index._stages.all():
+    asked = encoded(index, ["a red circle"])
+    summary = TextFeatures(index.stages.summary().queries(asked.text.text))
+    for registered in index.stages.all():
         if registered.stage.name == "text":  # proposes only rows whose lines match: it must
             text = index.plugins["text"]  # have read every live row, and hold no other
             assert text.index.held(text.settings.engines()).tolist() == index.ids.tolist()
             assert text.index.rows().tolist() == index.ids.tolist()
             continue
-        queries = (EncodedQueries(encoded.queries, summary, encoded.extra) if registered.dense
-                   else encoded)
+        queries = (EncodedQueries(asked.queries, summary, asked.extra) if registered.dense
+                   else asked)
         found = registered.stage.search(queries, len(index) + 5).ids[0]
         assert set(found[found >= 0].tolist()) == set(index.ids.tolist())
     assert check_index(out).ok
@@ -314,7 +316,7 @@ def _row_frames(index: VideoIndex, row_id: int) -> tuple[Path, int, int]:
     """``(shard file, first byte, end byte)`` of the float16 frames row ``row_id`` reads (a
     ``clips`` shard: the row's [N, D] block; a ``runs`` shard: the frames its segment
     views)."""
-    number, rows = index.store._locate(np.array([row_id]))
+    number, rows = index.store.locate(np.array([row_id]))
     shard, row = index.store.shards[int(number[0])], int(rows[0])
     path = index.directory / f"{shard.name}.safetensors"
     with path.open("rb") as f:
@@ -498,14 +500,14 @@ def test_a_replaced_video_is_encoded_again(model, clips, tmp_path):
     for clip in clips["a"][:3]:
         shutil.copy(clip, videos / clip.name)
     index = VideoIndex.build(model, videos, tmp_path / "index", num_workers=0, progress=False)
-    before = index.features.frames.clone()
+    before = stored(index).frames.clone()
     target = videos / clips["a"][0].name
     shutil.copy(clips["b"][0], target)  # another clip at the same path
     os.utime(target, (1e9, 1e9))
     assert index.add(videos, num_workers=0, progress=False) == 1
     assert sorted(index.paths) == sorted(_paths(videos.glob("*.mp4")))  # still one row each
     row = index.paths.index(str(target.resolve()))
-    assert not torch.equal(index.features.frames[row], before[0])
+    assert not torch.equal(stored(index).frames[row], before[0])
     assert index.add(videos, num_workers=0, progress=False) == 0  # unchanged: nothing
 
 

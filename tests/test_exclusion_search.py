@@ -222,7 +222,7 @@ def test_a_without_b_keeps_the_plain_top_10_where_b_never_comes_with_a(tmp_path)
     plain = index.search(article(A), k=10)
     assert not any(has_b({"scenes": scenes}, plain))  # nothing to exclude there
     plugin = attach_exclusion(index, trained_head()[1])  # recorded settings: none, defaults
-    assert index.hooks[-1].config == ExclusionConfig()
+    assert index.plugins.hooks[-1].config == ExclusionConfig()
     for result in (index.query(f"{article(A)} without {article(B)}", k=10),
                    index.query(article(A), k=10, exclude=[article(B)])):
         hits = result.hits

@@ -232,7 +232,7 @@ def test_int8_runs_are_searched_as_moments(plain):
     hits = index.search(QUERIES[0], k=3)
     assert len(hits) == 3 and all(len(h.moments) >= 1 for h in hits)
     assert index.store.shards[0].frame_dtype == "int8"
-    run = index.store.run(hits[0].id)
+    run = index.store.videos.run(hits[0].id)
     assert run["frames"].dtype == np.float16 and len(run["frames"]) == 6 + hits[0].id // 3
 
 

@@ -21,6 +21,8 @@ from dicosa.model import DiCoSA, VideoFeatures
 from dicosa.search.dense import FaissStage, StageError
 from dicosa.search.frames_stage import FramesStage
 
+from ._index import encoded, searcher
+
 QUERIES = ["a red circle moves left", "a blue square grows", "a green cross falls",
            "two yellow triangles spin"]
 
@@ -75,8 +77,8 @@ def test_frames_is_the_default_and_two_stage_equals_exhaustive(model, tmp_path):
     index = VideoIndex(model, device="cpu")
     index.save(tmp_path / "index")
     _fill(index, _collection(model))
-    assert index.stage_spec["summary"] == "frames"
-    assert isinstance(index.stages[0], FramesStage)
+    assert index.stages.spec["summary"] == "frames"
+    assert isinstance(index.stages.dense_stage(), FramesStage)
     exhaustive = index.search(QUERIES, k=5, candidates=None)
     two_stage = index.search(QUERIES, k=5, candidates=20)  # of 240
     assert _ids(two_stage) == _ids(exhaustive)
@@ -113,9 +115,10 @@ def test_add_remove_reopen_and_a_rebuilt_stage_answer_alike(model, tmp_path):
     _fill(index, video[200:], first=200)
     expected = _ids(index.search(QUERIES, k=10, candidates=30))
     assert not set(gone) & {i for row in expected for i in row}
-    assert len(index.stages[0]) == 237
+    assert len(index.stages.dense_stage()) == 237
     reopened = VideoIndex.load(out, model, device="cpu")
-    assert isinstance(reopened.stages[0], FramesStage) and len(reopened.stages[0]) == 237
+    dense = reopened.stages.dense_stage()
+    assert isinstance(dense, FramesStage) and len(dense) == 237
     assert _ids(reopened.search(QUERIES, k=10, candidates=30)) == expected
     assert check_index(out).ok
     shutil.rmtree(out / "frames")  # the stage's files gone: rebuilt from the store
@@ -136,13 +139,13 @@ def test_ivfpq_frames_return_c_distinct_videos(model, tmp_path):
     index = VideoIndex(model, device="cpu", stage_options={"nlist": 8, "train_min": 400})
     index.save(tmp_path / "index")
     _fill(index, _collection(model, count=300))
-    inner = index.stages[0].inner
+    inner = index.stages.dense_stage().inner
     assert isinstance(inner, FaissStage) and inner.index.is_trained and not len(inner.pending)
     for c in (50, 299):
-        dense = index.searcher().candidates(index.encode_queries(QUERIES), c, None)[0]
+        dense = searcher(index).candidates(encoded(index, QUERIES), c, None)[0]
         assert all(len(set(row[row >= 0].tolist())) == c for row in dense)
     reopened = VideoIndex.load(tmp_path / "index", model, device="cpu")
-    assert reopened.stages[0].inner.index.is_trained
+    assert reopened.stages.dense_stage().inner.index.is_trained
     two_stage = _ids(reopened.search(QUERIES, k=5, candidates=60))
     assert _recall(two_stage, _ids(reopened.search(QUERIES, k=5, candidates=None))) >= 0.9
 
@@ -152,4 +155,4 @@ def test_milvus_is_refused_in_one_sentence_and_keeps_confidence_by_default(model
                                          r"not milvus") as error:
         VideoIndex(model, backend="milvus", summary="frames")
     assert "\n" not in str(error.value)
-    assert VideoIndex(model, backend="milvus").stage_spec["summary"] == "confidence"
+    assert VideoIndex(model, backend="milvus").stages.spec["summary"] == "confidence"

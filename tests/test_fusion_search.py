@@ -85,7 +85,7 @@ def test_text_only_row_is_found_by_its_title_through_fusion(index):
         assert any(h.path == "/corrupted.mp4" and math.isfinite(h.score) for h in corrupted)
         assert hook.rows.frames_lost[corrupted[0].id] >= 0
     finally:
-        index.hooks.remove(hook)
+        index.plugins.hooks.remove(hook)
 
 
 def test_fused_scores_decompose_into_their_parts(index):
@@ -95,7 +95,7 @@ def test_fused_scores_decompose_into_their_parts(index):
         hits = result.hits
         parts = explain_hits(hook, result)
     finally:
-        index.hooks.remove(hook)
+        index.plugins.hooks.remove(hook)
     assert len(parts) == len(hits)
     for hit, part in zip(hits, parts, strict=True):
         assert part["fused"] == pytest.approx(part["dicosa"] + 0.7 * part["title"], abs=1e-5)
@@ -177,7 +177,7 @@ def test_mul2vec_fusion_finds_the_text_only_row_and_decomposes(index, model):
         hits = result.hits
         parts = explain_hits(hook, result)
     finally:
-        index.hooks.remove(hook)
+        index.plugins.hooks.remove(hook)
     assert "title" not in parts[0]  # Mul2vec fusion: β_title = 0 by default
     for hit, part in zip(hits, parts, strict=True):
         assert part["fused"] == pytest.approx(part["dicosa"] + 0.3 * part["semantic"], abs=1e-5)

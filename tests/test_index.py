@@ -12,6 +12,7 @@ from dicosa.fingerprint import model_fingerprint
 from dicosa.index import VideoIndex, list_videos
 from dicosa.model import DiCoSA, VideoFeatures
 
+from ._index import exhaustive_scores, stored
 from ._videos import damage, write_video
 from .conftest import spy_encoder, tiny_config
 
@@ -59,17 +60,18 @@ def _expected_scores(model, features, texts):
 def test_scores_are_the_model_score_of_the_stored_features(videos, model, features):
     index = _build(model, videos)
     assert index.paths == [str(p.resolve()) for p in videos]
-    assert index.features.frames.dtype == torch.float16
+    assert stored(index).frames.dtype == torch.float16
     # Encoded in batches of 2 by the index and of 6 here: CPU kernels block differently per
     # batch size, so the float32 features agree to rounding, and float16 storage may round
     # such a pair to neighbouring values (one float16 step, rtol 2^-10).
-    torch.testing.assert_close(index.features.frames, features.frames.half())
-    assert torch.equal(index.features.frame_mask, features.frame_mask)
+    torch.testing.assert_close(stored(index).frames, features.frames.half())
+    assert torch.equal(stored(index).frame_mask, features.frame_mask)
     # The scores are exactly the model's score of what the index stores.
-    expected = _expected_scores(model, index.features, QUERIES)
-    torch.testing.assert_close(index.scores(QUERIES), expected, atol=1e-6, rtol=1e-6)
+    expected = _expected_scores(model, stored(index), QUERIES)
+    torch.testing.assert_close(exhaustive_scores(index, QUERIES), expected, atol=1e-6, rtol=1e-6)
     # Chunking over videos changes nothing.
-    torch.testing.assert_close(index.scores(QUERIES, chunk=4), expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(exhaustive_scores(index, QUERIES, chunk=4), expected,
+                               atol=1e-6, rtol=1e-6)
 
     hits = index.search(QUERIES[0], k=3, candidates=None)  # exhaustive: the reference
     order = expected[0].argsort(descending=True)[:3].tolist()
@@ -133,10 +135,10 @@ def test_save_load_round_trip(videos, model, tmp_path):
     index.save(tmp_path / "index")
     loaded = VideoIndex.load(tmp_path / "index", model)
     assert loaded.paths == index.paths
-    assert torch.equal(loaded.features.frames, index.features.frames)
-    assert torch.equal(loaded.features.frame_mask, index.features.frame_mask)
+    assert torch.equal(stored(loaded).frames, stored(index).frames)
+    assert torch.equal(stored(loaded).frame_mask, stored(index).frame_mask)
     assert loaded.metadata.equals(index.metadata)
-    assert torch.equal(loaded.scores(QUERIES), index.scores(QUERIES))
+    assert torch.equal(exhaustive_scores(loaded, QUERIES), exhaustive_scores(index, QUERIES))
 
     read_only = VideoIndex.load(tmp_path / "index")
     assert len(read_only) == NUM_VIDEOS
@@ -183,12 +185,12 @@ def test_fingerprint_covers_every_weight(model):
 def test_build_resumes_without_duplicates(videos, model, tmp_path):
     out = tmp_path / "index"
     first = _build(model, videos[:3], out, shard_size=2)
-    kept = first.features.frames.clone()
+    kept = stored(first).frames.clone()
     shard0 = (out / "shard-00000.safetensors").read_bytes()
 
     resumed = _build(model, videos, out, shard_size=2)
     assert resumed.paths == [str(p.resolve()) for p in videos]
-    assert torch.equal(resumed.features.frames[:3], kept)
+    assert torch.equal(stored(resumed).frames[:3], kept)
     assert (out / "shard-00000.safetensors").read_bytes() == shard0  # not rewritten
     reloaded = VideoIndex.load(out, model)
     assert reloaded.paths == resumed.paths and len(set(reloaded.paths)) == NUM_VIDEOS
@@ -251,7 +253,7 @@ def test_interrupted_build_keeps_written_shards(videos, model, tmp_path, monkeyp
     done = _build(model, videos, out)
     assert done.paths == [str(p.resolve()) for p in videos]
     # Video 2 was encoded in a batch of 1 before the interrupt, in a batch of 2 here.
-    torch.testing.assert_close(done.features.frames, _build(model, videos).features.frames)
+    torch.testing.assert_close(stored(done).frames, stored(_build(model, videos)).frames)
 
 
 @pytest.mark.paths
@@ -260,7 +262,7 @@ def test_decoding_workers_give_the_same_index(videos, model):
     parallel = _build(model, videos, num_workers=2, batch_size=4)
     assert parallel.paths == serial.paths
     # Batches of 2 and 4: equal to float16 rounding (see the first test), not bit for bit.
-    torch.testing.assert_close(parallel.features.frames, serial.features.frames)
+    torch.testing.assert_close(stored(parallel).frames, stored(serial).frames)
 
 
 def test_list_videos(tmp_path):

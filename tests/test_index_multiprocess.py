@@ -25,6 +25,7 @@ from dicosa.index import VideoIndex
 from dicosa.index.parallel import PARTS, Launch, _block, build_index
 from dicosa.loading import load_model
 
+from ._index import stored
 from ._ranks import free_port
 from ._videos import write_scenes, write_video
 from .conftest import spy_encoder
@@ -95,10 +96,10 @@ def _assert_same_index(index: VideoIndex, reference: VideoIndex) -> None:
     assert sorted(index.paths) == sorted(reference.paths)
     assert len(set(index.paths)) == len(index.paths)  # no video twice
     order = [index.paths.index(p) for p in reference.paths]
-    mine = index.features
+    mine = stored(index)
     # Equal to float16 rounding: never bit for bit across process counts.
-    torch.testing.assert_close(mine.frames[order], reference.features.frames)
-    assert torch.equal(mine.frame_mask[order], reference.features.frame_mask)
+    torch.testing.assert_close(mine.frames[order], stored(reference).frames)
+    assert torch.equal(mine.frame_mask[order], stored(reference).frame_mask)
     assert index.skipped == reference.skipped
 
 
@@ -201,12 +202,12 @@ def test_a_file_changed_since_a_merge_is_encoded_again_and_replaces_its_rows(mod
     part.add(clips[1:], num_workers=0, progress=False)  # a part: the merging path
     options = {"batch_size": 1, "num_workers": 0, "progress": False}
     assert build_index(model, clips, out, **options).encoded == 1
-    before = VideoIndex.load(out, model).store.metadata()
+    before = VideoIndex.load(out, model).store.table.all()
     write_video(clips[0], 20, fps=10)  # another size: changed
     report = build_index(model, clips, out, **options)
     assert report.encoded == 1  # the changed file alone
     index = VideoIndex.load(out, model)
-    table = index.store.metadata()
+    table = index.store.table.all()
     assert sorted(index.paths) == sorted(str(c.resolve()) for c in clips)  # one row each
     assert table.loc[table["path"].str.endswith("a.mp4"), "num_frames"].item() == 20
     assert len(before) == len(table) == 2 and index.store.next_id == 3  # the old id is gone

@@ -86,7 +86,7 @@ def _assert_same_index(index: VideoIndex, reference: VideoIndex, missing: set[st
     expected = [p for p in reference.paths if p not in missing]
     assert sorted(index.paths) == sorted(expected)
     assert len(set(index.paths)) == len(index.paths)  # no video twice
-    mine, theirs = index.store.metadata(), reference.store.metadata()
+    mine, theirs = index.store.table.all(), reference.store.table.all()
     theirs = theirs[~theirs["path"].isin(missing)]
     mine, theirs = mine.sort_values(["path", "start"]), theirs.sort_values(["path", "start"])
     columns = ["path", "start", "end", "title", "text_only", "valid_frames"]
@@ -170,7 +170,7 @@ def test_a_two_node_build_equals_the_single_process_build(cluster, folder, cli_m
     finally:
         ray.shutdown()
     if OCR:
-        sign = report.index.store.metadata().query("path.str.endswith('sign.mp4')").index
+        sign = report.index.store.table.all().query("path.str.endswith('sign.mp4')").index
         assert "GATE 42" in " ".join(line["text"] for line in text.lines(int(sign[0])))
         screen = text.reports["screen"]
         assert (screen.videos, screen.found) == (len(report.index), 1)

@@ -17,6 +17,7 @@ from dicosa.search.query import QueryError
 from dicosa.search.rerank import pair_scores
 from dicosa.search.types import Candidates
 
+from ._index import searcher
 from .conftest import tiny_config
 
 QUERIES = ["a red circle moves left", "a blue square grows", "a green cross falls",
@@ -191,15 +192,15 @@ def test_hooks_and_a_second_stage(plain):
         assert queries.extra["seen"] == [QUERIES[0]]  # filled once by the query encoder
         return scores - 10.0 * torch.from_numpy(ids == banned).float()
 
-    index.query_encoders.append(lambda q: q.extra.update(seen=[x.text for x in q.queries]))
+    index.plugins.encoders.append(lambda q: q.extra.update(seen=[x.text for x in q.queries]))
 
     hooked = index.search(QUERIES[0], k=5, candidates=30, hooks=[demote])
     assert banned not in {h.id for h in hooked}
     assert [h.id for h in hooked[:4]] == [h.id for h in plain[1:5]]
-    index.hooks.append(demote)  # the index's own hooks apply by default
+    index.plugins.hooks.append(demote)  # the index's own hooks apply by default
     assert [h.id for h in index.search(QUERIES[0], k=5, candidates=30)] == [
         h.id for h in hooked]
-    index.hooks.clear()
+    index.plugins.hooks.clear()
 
     class Fixed:
         """A first stage that always proposes rows 100-109 (a stand-in for a lexical one)."""
@@ -223,7 +224,7 @@ def test_hooks_and_a_second_stage(plain):
             pass
 
     second = Fixed()
-    index.add_first_stage(second, videos=lambda ids, video: video.frames.shape)
+    index.stages.register(second, lambda ids, video: video.frames.shape)
     assert second.added == list(range(120))
     index.remove(np.array([105]))
     assert second.removed == [105]
@@ -240,6 +241,69 @@ def test_hooks_and_a_second_stage(plain):
                                                                   if h.id == i))
     assert {h.stage for h in hits[:9]} <= {"lexical", "dense+lexical"}
     assert hits[9].stage == "dense" and 105 not in {h.id for h in hits}
+
+
+@pytest.mark.paths
+def test_a_vector_query_is_a_search_without_its_own_video_and_without_hooks(plain):
+    """"More like this": a video's dense proxy asks through the same Searcher. Its own video
+    never comes back; the dense stage alone proposes (a stage of words is not asked); no hook
+    or query encoder runs (a vector has no words); DiCoSA's score ranks, as
+    DiCoSA.score of every other video does (another code path: close, not equal)."""
+    near = _text(plain, QUERIES)
+    index = _index(plain, _features(plain, 90, seed=5, near=near))
+    calls = []
+    index.plugins.hooks.append(lambda queries, ids, scores: calls.append("hook") or scores)
+    index.plugins.encoders.append(lambda encoded: calls.append("encoder"))
+
+    class Words:
+        """A second first stage, of words: a vector has none to ask it with."""
+
+        name = "lexical"
+
+        def add(self, ids, videos):
+            pass
+
+        def remove(self, ids):
+            pass
+
+        def search(self, queries, k):
+            calls.append("words")
+
+        def save(self, directory):
+            pass
+
+    index.stages.register(Words())
+    seed = 3
+    proxy = torch.from_numpy(index.store.proxies(np.array([seed])))  # [1, D]
+    (result,) = searcher(index).run(proxy, 10, 30, skip_videos=[seed])
+    assert calls == [] and result.stage == "dense" and result.query == ""
+    assert seed not in {h.id for h in result.hits} and seed not in result.ids.tolist()
+    assert {h.stage for h in result.hits} == {"dense"} and result.candidates in (29, 30)
+    others = np.array([i for i in index.ids if i != seed])
+    with torch.no_grad():
+        reference = plain.score(TextFeatures(proxy), index.store.gather(others, torch.float32))[0]
+    by_id = dict(zip(others.tolist(), reference.tolist(), strict=True))
+    for hit in result.hits:
+        assert hit.dicosa == pytest.approx(by_id[hit.id], abs=1e-5) and hit.score == hit.dicosa
+    # every row reranked (C covers the index): the top 10 of all the other videos
+    (every,) = searcher(index).run(proxy, 10, 1000, skip_videos=[seed])
+    assert every.stage == "all" and every.candidates == len(others)
+    best = sorted(by_id, key=lambda i: -by_id[i])[:10]
+    assert [h.id for h in every.hits] == best
+
+
+def test_a_snapshot_keeps_the_parts_it_was_taken_with(plain):
+    """A search borrows a frozen snapshot: a hook attached afterwards changes no search that
+    holds it, and the index's next snapshot has it."""
+    index = _index(plain, _features(plain, 40, seed=6))
+    before = searcher(index)
+    index.plugins.hooks.append(lambda queries, ids, scores: -scores)
+    assert before.parts.hooks == () and len(index.snapshot().hooks) == 1
+    with pytest.raises(TypeError):
+        before.parts.modes["new"] = before.parts.modes["dense"]
+    (kept,) = before.run(["a red circle"], 5, 40)
+    assert [h.id for h in kept.hits] == [h.id for h in index.search("a red circle", k=5,
+                                                                  candidates=40, hooks=[])]
 
 
 @pytest.mark.parametrize("candidates", [0, -3, True, 2.5, "10"])

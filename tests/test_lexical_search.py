@@ -30,6 +30,7 @@ from dicosa.plugins.lexical import INFO_FILE, attach_lexical, explain_words
 from dicosa.search.query import QueryError
 from dicosa.search.seismic import SeismicStage
 
+from ._index import encoded
 from ._videos import write_frames
 from .conftest import loads, tiny_config
 from .test_lexical import _toy
@@ -74,8 +75,8 @@ def new_index(model, features: VideoFeatures, head=None) -> tuple[VideoIndex, ob
 
 def sparse_reference(index, head, query: str, mode: str) -> dict[int, float]:
     """Naive sparse scores: the query vector times every live row's video vector."""
-    encoded = index.encode_queries([query], mode=mode)
-    q = torch.from_numpy(encoded.extra["lexical"].toarray()[0])  # [|V|]
+    asked = encoded(index, [query], mode=mode)
+    q = torch.from_numpy(asked.extra["lexical"].toarray()[0])  # [|V|]
     ids = index.ids
     videos = head.encode_videos(index.store.gather(ids).to("cpu", torch.float32))  # [n, |V|]
     scores = videos @ q  # [n]
@@ -120,8 +121,8 @@ def test_hybrid_unites_dense_and_lexical_candidates_with_stage_labels(model, tra
     size = 10  # k = C: each single-stage search returns every candidate it reranked
 
     def found(mode):
-        hits, stats = index.search_with_stats(QUERY, k=size, candidates=size, mode=mode)
-        return {h.id: h.stage for h in hits}, stats["candidates"][0]
+        result = index.query(QUERY, k=size, candidates=size, mode=mode)
+        return {h.id: h.stage for h in result.hits}, result.candidates
 
     (dense, _), (lexical, _), (hybrid, count) = found("dense"), found("lexical"), found("hybrid")
     assert set(dense) != set(lexical)  # the union is not trivially one of them
@@ -197,7 +198,7 @@ def test_explanations_sum_to_the_sparse_score(model, trained, features):
 
 def test_modes_need_a_lexical_head(model, features):
     index, _ = new_index(model, features)
-    assert set(index.modes) == {"dense"}
+    assert set(index.plugins.modes) == {"dense"}
     with pytest.raises(QueryError, match="no 'bow' search mode"):
         index.search(QUERY, mode="bow")
 

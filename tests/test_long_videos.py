@@ -13,6 +13,7 @@ from dicosa.model import DiCoSA
 from dicosa.search.moment import timeline_rows, video_timelines
 from dicosa.search.shards import RunShard
 
+from ._index import searcher
 from ._videos import damage, write_scenes, write_video
 from .conftest import tiny_config
 
@@ -42,7 +43,7 @@ def index(model, folder):
 
 
 def _rows(index, name):
-    table = index.store.metadata()
+    table = index.store.table.all()
     return table[table["path"].str.endswith(name)]
 
 
@@ -61,7 +62,7 @@ def test_long_videos_become_runs_cut_into_shots_and_windows(index, folder):
     assert len(clip) == 1 and clip[["start", "end"]].to_numpy().tolist() == [[0, 2]]
     # each stored frame's time is the second it was decoded at
     ids = scenes.index.to_numpy()
-    times = index.store.times(ids)
+    times = index.store.videos.times(ids)
     np.testing.assert_allclose(times[:, :3], [[3 * i, 3 * i + 1, 3 * i + 2] for i in range(5)])
     assert np.isnan(times[:, 3]).all()  # the fourth slot of a 3-frame segment is padding
     # no frame is stored twice: the long shot's 11 frames once, whatever its windows
@@ -76,11 +77,11 @@ def test_search_ranks_videos_by_their_best_segment_with_moments(index, model):
         with torch.no_grad():
             text = model.encode_text(index.tokenizer([query]))
         for hit in hits:
-            rows = index.store.video_rows(hit.id)
-            reference = index.searcher().exhaustive(text, rows, 64)[0]  # DiCoSA.score per row
+            rows = index.store.videos.rows(hit.id)
+            reference = searcher(index).exhaustive(text, rows, 64)[0]  # DiCoSA.score per row
             assert hit.score == pytest.approx(float(reference.max()), abs=1e-5)
             assert hit.row == rows[int(reference.argmax())]
-            spans = index.store.spans(np.array([m.row for m in hit.moments]))
+            spans = index.store.videos.spans(np.array([m.row for m in hit.moments]))
             for m, (start, end) in zip(hit.moments, spans, strict=True):  # a range round its row
                 assert m.start <= start + 1e-4 and end <= m.end + 1e-4
             scores = [m.score for m in hit.moments]
@@ -101,27 +102,54 @@ def test_top_moments_and_the_timeline_over_the_whole_video(index, model):
     scores = [m.score for _, _, m in found]
     assert scores == sorted(scores, reverse=True)
     for path, video, moment in found:
-        assert index.store.videos_of(np.array([moment.row]))[0] == video
-        assert index.store.paths(np.array([video]))[0] == path
+        assert index.store.videos.of(np.array([moment.row]))[0] == video
+        assert index.store.table.paths(np.array([video]))[0] == path
     long_hit = next(i for i, h in enumerate(result.hits) if h.path.endswith("five_scenes.mp4"))
-    timeline = result.timeline(long_hit)
+    timeline = result.timelines([long_hit])[0]
     assert len(timeline.times) == 15 and timeline.times == [float(t) for t in range(15)]
     # each frame carries the score of its (only) segment, the scene it is in
-    rows = index.store.video_rows(result.hits[long_hit].id)
+    rows = index.store.videos.rows(result.hits[long_hit].id)
     with torch.no_grad():
         text = model.encode_text(index.tokenizer([QUERIES[1]]))
-    per_row = index.searcher().exhaustive(text, rows, 64)[0].numpy()
+    per_row = searcher(index).exhaustive(text, rows, 64)[0].numpy()
     np.testing.assert_allclose(timeline.scores, np.repeat(per_row, 3), atol=1e-5)
     assert timeline.moments[0].row == rows[int(per_row.argmax())]
     best = int(per_row.argmax())
     assert 3 * best <= timeline.best_frame < 3 * best + 3
 
 
+@pytest.mark.paths
+def test_a_timeline_reuses_the_scores_of_the_rows_its_search_scored(index, monkeypatch):
+    """``SearchResult.timelines`` scores only the rows its search did not: after an
+    exhaustive search nothing is scored again; after a search of 3 candidates the hits'
+    other rows are, and every frame gets the score it gets from the exhaustive search
+    (another code path: close, not equal)."""
+    import dicosa.search.rerank as rerank
+
+    scored = []
+    real = rerank.pair_scores
+    monkeypatch.setattr(rerank, "pair_scores", lambda model, text, video, **options: (
+        scored.append(len(video.frame_mask)) or real(model, text, video, **options)))
+    every = index.query(QUERIES[1], k=3, candidates=None)
+    full = every.timelines(range(len(every.hits)))
+    assert scored == [] and all(t is not None for t in full)
+    few = index.query(QUERIES[1], k=3, candidates=3)
+    assert few.candidates == 3
+    scored.clear()
+    sampled = few.timelines(range(len(few.hits)))
+    unscored = sum(len(np.setdiff1d(index.store.videos.rows(h.id), few.ids)) for h in few.hits)
+    assert unscored > 0 and sum(scored) == unscored
+    by_video = {h.id: t for h, t in zip(every.hits, full, strict=True)}
+    for hit, timeline in zip(few.hits, sampled, strict=True):
+        np.testing.assert_allclose(timeline.frame_score, by_video[hit.id].frame_score,
+                                   atol=1e-5)
+
+
 def test_a_timeline_of_more_rows_than_allowed_scores_the_kept_and_spread_rows(index, model):
     """``max_rows``: a video of more rows has that many scored (those kept, the rest spread
     evenly), each with the score the whole timeline gives it; the other rows' frames are left
     out (no time, no score); a video within the limit is scored whole."""
-    scenes = index.store.video_rows(_rows(index, "five_scenes.mp4")["video"].iloc[0])
+    scenes = index.store.videos.rows(_rows(index, "five_scenes.mp4")["video"].iloc[0])
     assert timeline_rows(scenes, None, 10).tolist() == scenes.tolist()
     assert timeline_rows(scenes, None, 3).tolist() == scenes[[0, 2, 4]].tolist()
     assert timeline_rows(scenes, scenes[[3]], 3).tolist() == scenes[[0, 3, 4]].tolist()
@@ -170,7 +198,7 @@ def test_pooling_a_segment_is_pooling_the_clip_it_is(index, model):
     assert stored.frame_mask.tolist() == [[True, True, True, False]]
     from dicosa.data.stream import FrameStream
 
-    pixels = next(iter(FrameStream(index.store.paths(rows[:1])[0], 1.0, 32))).frames[:3]
+    pixels = next(iter(FrameStream(index.store.table.paths(rows[:1])[0], 1.0, 32))).frames[:3]
     frames = torch.zeros(4, *pixels.shape[1:], dtype=torch.uint8)  # black padding, as clips
     frames[:3] = pixels
     mask = torch.tensor([[True, True, True, False]])
@@ -190,10 +218,10 @@ def test_remove_and_re_add_a_long_video(model, folder, tmp_path):
                              progress=False, backend="exact")
     long_id = next(i for i, p in zip(index.ids, index.paths, strict=True)
                    if p.endswith("five_scenes.mp4"))
-    rows = index.store.video_rows(long_id)
+    rows = index.store.videos.rows(long_id)
     assert len(rows) == 5
     assert index.remove(np.array([rows[2]])) == 5  # any row names its whole video
-    assert len(index) == 2 and not len(index.store.video_rows(long_id))
+    assert len(index) == 2 and not len(index.store.videos.rows(long_id))
     hits = index.search(QUERIES[0], k=3, candidates=None)
     assert all(not h.path.endswith("five_scenes.mp4") for h in hits)
     assert index.add(folder, num_workers=0, progress=False) == 1
@@ -231,7 +259,7 @@ def test_damaged_and_unreadable_long_videos(model, tmp_path, caplog):
     assert 0.05 < row["frames_lost"] < 0.3
     assert any("did not decode" in r.message and "indexed the rest" in r.message
                for r in caplog.records)
-    spans = index.store.spans(index.store.video_rows(int(index.ids[0])))
+    spans = index.store.videos.spans(index.store.videos.rows(int(index.ids[0])))
     # no segment spans the lost stretch (about 4-5.2 s): it is a boundary
     assert not ((spans[:, 0] < 4.0) & (spans[:, 1] > 5.5)).any()
     assert spans[:, 0].min() == 0 and spans[:, 1].max() == pytest.approx(10.0)
@@ -313,5 +341,5 @@ def test_audio_only_files_and_a_failing_detector(model, folder, tmp_path, caplog
     assert any("no detector today" in r.message and "cut into windows alone" in r.message
                for r in caplog.records)
     # 15 frames in windows of 4 every 2: the video is still searchable, as windows
-    spans = index.store.spans(index.store.video_rows(int(index.ids[0])))
+    spans = index.store.videos.spans(index.store.videos.rows(int(index.ids[0])))
     assert spans[:, 0].tolist() == [0, 2, 4, 6, 8, 10, 11]

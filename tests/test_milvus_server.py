@@ -248,7 +248,7 @@ def test_index_add_after_an_interrupted_add(milvus_server, tmp_path, monkeypatch
         calls.append(1)
         return original(self, *args, **kwargs)
 
-    stage = index.stages[0]
+    stage = index.stages.dense_stage()
     original = type(stage.client).insert
     monkeypatch.setattr(type(stage.client), "insert", insert_twice)
     with pytest.raises(MilvusError):
@@ -257,9 +257,9 @@ def test_index_add_after_an_interrupted_add(milvus_server, tmp_path, monkeypatch
     assert len(stage) == 300 + 200  # two inserts of 100 rows went through
 
     index = VideoIndex.load(tmp_path, model)
-    assert len(index) == 300 and isinstance(index.stages[0], MilvusStage)
+    assert len(index) == 300 and isinstance(index.stages.dense_stage(), MilvusStage)
     hits = index.search("a red circle", k=10, candidates=100)
     assert len(hits) == 10 and all(h.id < 300 for h in hits)
     index.add_features(*videos(300, "c"))
     index.save(tmp_path)
-    assert np.array_equal(index.stages[0].row_ids(), index.ids)
+    assert np.array_equal(index.stages.dense_stage().row_ids(), index.ids)

@@ -23,6 +23,7 @@ from dicosa.search.moment import (
     timelines,
 )
 
+from ._index import stored
 from ._videos import level_to_index, write_video
 from .conftest import tiny_config
 
@@ -69,7 +70,7 @@ def test_frame_times_are_the_times_of_the_frames_the_index_decoded(clips, sampli
     model = DiCoSA.from_config(tiny_config()).eval()
     index = VideoIndex.build(model, list(clips.values()), None, frame_sampling=sampling,
                              num_workers=0, progress=False, backend="exact", segments=False)
-    rows, video = index.metadata, index.features
+    rows, video = index.metadata, stored(index)
     times = frame_times(index.frames, SLOTS, rows, video.frame_mask)  # [n, N]
     for row, (path, time_row, mask) in enumerate(zip(rows["path"], times, video.frame_mask,
                                                      strict=True)):

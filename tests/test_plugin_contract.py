@@ -127,7 +127,7 @@ def index(cli_model):
 
 
 def test_a_request_is_checked_once_by_the_index(index):
-    assert index.default_mode == "dense" and not index.leaves_out
+    assert index.default_mode == "dense" and not index.plugins.leaves_out
     assert index.check_request(source="visual") == {"source": ["visual"]}
     for asked, said in [({"mode": "bow"}, "no 'bow' search mode"),
                         ({"exclude": ["a dog"]}, "cannot leave things out"),
@@ -157,6 +157,5 @@ def test_what_a_plugin_declares_reaches_searches_and_answers(index):
         assert said.readable(result, 2) == ["stamp 2"]
         assert said.describe() == {"stamped": {"colours": 2}}
     finally:
-        index._contexts.pop("stamp").detach()
-        del index.plugins["stamp"]
-    assert index.default_mode == "dense" and "colour" not in index.query_options
+        index.plugins.detach("stamp")
+    assert index.default_mode == "dense" and "colour" not in index.plugins.query_options

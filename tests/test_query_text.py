@@ -13,6 +13,7 @@ from dicosa.model import DiCoSA, TextFeatures, VideoFeatures
 from dicosa.search.query_text import QueryText
 from dicosa.text_tower import TextTower, TextTowerError
 
+from ._index import encoded
 from .conftest import tiny_config
 from .test_index_search import QUERIES, _features, _index
 
@@ -225,7 +226,7 @@ def test_an_index_searches_with_the_packed_tower_and_the_cache(model):
         np.testing.assert_allclose([h.score for h in a.hits], [h.score for h in b.hits],
                                    atol=1e-5)
     assert used.stats()["cache"]["hits"] == 2 and used.stats()["tower"] == "packed"
-    assert index.searcher().text is used
+    assert index.snapshot().text is used
     with torch.inference_mode():
-        text = TextFeatures(index.encode_queries(QUERIES).text.text)
+        text = TextFeatures(encoded(index, QUERIES).text.text)
     assert text.text.shape == (len(QUERIES), model.embed_dim)

@@ -31,7 +31,7 @@ def indexed(real_footage):
 
 def _rows(index, path: str):
     """A video's rows: their ids and ``[start, end]`` seconds, in order."""
-    table = index.store.metadata()
+    table = index.store.table.all()
     rows = table[table["path"] == path]
     return rows.index.to_numpy(), rows[["start", "end"]].to_numpy(dtype=np.float64)
 
@@ -63,7 +63,7 @@ def test_a_row_begins_at_its_cut_not_at_the_next_sampled_frame(indexed):
     for path, cuts in truth.items():
         rate = 25 if path.endswith("-25.mp4") else 30
         ids, spans = _rows(index, path)
-        first_times = index.store.times(ids)[:, 0]
+        first_times = index.store.videos.times(ids)[:, 0]
         for cut in cuts[np.abs(cuts - np.round(cuts)) > 0.1]:  # cuts between two ticks
             row = np.argmin(np.abs(spans[:, 0] - cut))
             assert abs(spans[row, 0] - cut) <= 1.5 / rate, (path, cut, spans[row])

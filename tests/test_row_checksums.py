@@ -21,6 +21,7 @@ from dicosa.model import VideoFeatures
 from dicosa.search.row_checksums import CRC_TENSOR, damaged_videos
 from dicosa.search.shards import VideoRun
 from dicosa.search.store import FrameStore
+from dicosa.search.store_check import checksum_failures, verify
 
 N, D = 4, 16
 _DTYPES = {"F16": np.float16, "F32": np.float32, "BOOL": np.bool_, "I64": np.int64,
@@ -68,7 +69,7 @@ TABLE = ("segment", "segment_video")
 def _read_everything(store: FrameStore) -> None:
     """Every row read the ways search reads them: a damaged table never reads past the file."""
     ids = store.live()
-    for read in (store.gather, store.has_frames, store.times, store.spans):
+    for read in (store.gather, store.has_frames, store.videos.times, store.videos.spans):
         read(ids)
 
 
@@ -105,7 +106,7 @@ def test_one_flipped_byte_fails_the_crc_of_the_video_that_holds_it(tmp_path, lay
     clean = path.read_bytes()
     (length,) = struct.unpack("<Q", clean[:8])
     header = json.loads(clean[8:8 + length])
-    assert damaged_videos(shard).size == 0 and not store.checksum_failures()
+    assert damaged_videos(shard).size == 0 and not checksum_failures(store)
     table = _table(shard)  # the reference: the clean file's layout
     rng = np.random.default_rng(0)
     tried = 0
@@ -123,7 +124,7 @@ def test_one_flipped_byte_fails_the_crc_of_the_video_that_holds_it(tmp_path, lay
             part = reopened.shards[0]
             expected = _owner(table, name, info["shape"], int(offset - begin) // size)
             found = damaged_videos(part).tolist()
-            (damage,) = reopened.checksum_failures()  # the sha256 always sees it
+            (damage,) = checksum_failures(reopened)  # the sha256 always sees it
             if name in TABLE:  # the partition itself moved: the owner and its neighbours
                 assert expected in found and found == sorted(found), (name, offset, found)
                 assert set(found) <= {expected - 1, expected, expected + 1}
@@ -155,18 +156,18 @@ def test_a_shard_without_crcs_is_damaged_as_a_whole_and_removed_videos_heal_it(t
         data[-3] ^= 0x01  # a byte of the last video's last row (its proxy)
         (folder / "shard-00000.safetensors").write_bytes(bytes(data))
     current = FrameStore.open(tmp_path, manifest)
-    (damage,) = current.checksum_failures()
-    assert damage.by_row and damage.ids.tolist() == current.video_rows(
-        current.videos_of(np.array([current.next_id - 1]))[0]).tolist()
+    (damage,) = checksum_failures(current)
+    assert damage.by_row and damage.ids.tolist() == current.videos.rows(
+        current.videos.of(np.array([current.next_id - 1]))[0]).tolist()
     assert "fail their own checksums" in damage.sentence()
     before = FrameStore.open(old, {**manifest, "shards": [{**manifest["shards"][0],
                                                             "sha256": None}]})
     assert before.shards[0].video_crc is None
-    assert not before.checksum_failures()  # no sha256 recorded: not checked
+    assert not checksum_failures(before)  # no sha256 recorded: not checked
     before.shards[0].sha256 = {"safetensors": "0" * 64}
-    (whole,) = before.checksum_failures()
+    (whole,) = checksum_failures(before)
     assert not whole.by_row and len(whole.ids) == before.next_id
     assert whole.sentence().endswith(f"(rows 0..{before.next_id - 1}: the whole shard)")
     # a repair removes the damaged video's rows: the shard is sound again
     current.remove(damage.ids)
-    assert not current.checksum_failures() and not current.verify()
+    assert not checksum_failures(current) and not verify(current)

@@ -117,7 +117,7 @@ def test_search_gives_each_hit_its_frame_weights_times_and_best_moment(client, e
         explained = model.explain(text, video)
     np.testing.assert_allclose([h["dicosa"] for h in hits], explained["similarity"][0],
                                rtol=1e-4, atol=1e-5)
-    rows = index.store.rows(ids)
+    rows = index.store.table.rows(ids)
     for hit, weights, mask, (_, row) in zip(hits, explained["weights"][0], video.frame_mask,
                                             rows.iterrows(), strict=True):
         assert hit["name"] == Path(row["path"]).name and "path" not in hit
@@ -485,15 +485,15 @@ def test_the_text_tower_and_query_cache_are_set_and_shown(built):
 
 def test_the_service_maps_its_store_in_when_it_opens_and_reopens(built, monkeypatch):
     """Engine.open(populate=True), as dicosa serve opens an index: the frame store is mapped
-    in (FrameStore.populate, tested on a real store in test_store.py) within half the memory
+    in (populate_shards, tested on a real store in test_store.py) within half the memory
     available, on opening and on every reopening; not when not asked."""
-    from dicosa.search.store import FrameStore
+    import dicosa.serve.engine as opening
 
     budgets = []
-    real = FrameStore.populate
-    monkeypatch.setattr(FrameStore, "populate",
-                        lambda store, max_bytes: budgets.append(max_bytes) or real(store,
-                                                                                  max_bytes))
+    real = opening.populate_shards
+    monkeypatch.setattr(opening, "populate_shards",
+                        lambda shards, max_bytes: budgets.append(max_bytes) or real(shards,
+                                                                                   max_bytes))
     with open("/proc/meminfo") as f:
         available = next(int(line.split()[1]) * 1024 for line in f
                          if line.startswith("MemAvailable:"))
@@ -563,8 +563,7 @@ class _StubEngine:
         self.calls.append(list(texts))
         if "bad" in texts:
             raise ValueError("no good")
-        return [Ranked([], torch.zeros(1, 2), np.zeros(0, np.int64), {}, t, batch=len(texts))
-                for t in texts]
+        return [Ranked([], 0, {}, t, batch=len(texts)) for t in texts]
 
     def answer(self, request, ranked):
         return Answer({"stage": ranked.stage, "batch": ranked.batch, "times_ms": {}}, [])

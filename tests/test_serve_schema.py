@@ -133,7 +133,7 @@ def test_the_schema_states_every_limit_the_server_enforces(engine):
         assert (search["offset"]["minimum"], search["offset"]["maximum"]) == (
             0, limits.depth - 1)
         assert search["candidates"]["maximum"] == limits.candidates
-        assert set(search["mode"]["enum"]) == {*engine.index.modes, ""}
+        assert set(search["mode"]["enum"]) == {*engine.parts.modes, ""}
         assert search["exclude"]["maxItems"] == 0  # no concepts head here
         body = check.schema["components"]["schemas"]["SearchBody"]["properties"]
         assert body["q"]["pattern"] == QUERY_PATTERN and body["k"]["maximum"] == limits.page

@@ -13,6 +13,7 @@ from dicosa.index import SUMMARY_HEAD, VideoIndex
 from dicosa.model import DiCoSA, TextFeatures, VideoFeatures
 from dicosa.search.proxy import Summary
 
+from ._index import encoded, searcher
 from .conftest import loads, tiny_checkpoint, tiny_config
 from .test_index_search import QUERIES, _features, _text
 
@@ -158,8 +159,8 @@ def test_index_with_distilled_summary(model, head, tmp_path):
     # the stage's candidates are the top of q(t) . u(v)
     summary = Summary(model, "distilled", head=head)
     scores = summary.queries(_text(model, QUERIES)) @ torch.from_numpy(summary.videos(video)).T
-    hits, _ = index.search_with_stats(QUERIES, k=5, candidates=20)
-    got = index.searcher().candidates(index.encode_queries(QUERIES), 20, None)[0]
+    hits = index.search(QUERIES, k=5, candidates=20)
+    got = searcher(index).candidates(encoded(index, QUERIES), 20, None)[0]
     want = scores.topk(20, dim=1).indices.numpy()
     assert all(set(g) == set(w) for g, w in zip(got.tolist(), want.tolist(), strict=True))
     # reopened from its folder (the head file, fingerprint-checked)
@@ -168,7 +169,7 @@ def test_index_with_distilled_summary(model, head, tmp_path):
         [[h.id for h in q] for q in hits]
     # removal keeps the stage in step
     index.remove(np.asarray(want[0][:3]))
-    after = index.searcher().candidates(index.encode_queries(QUERIES[:1]), 20, None)[0][0]
+    after = searcher(index).candidates(encoded(index, QUERIES[:1]), 20, None)[0][0]
     assert not set(want[0][:3]) & set(after.tolist())
 
 
@@ -194,7 +195,7 @@ def test_heads_train_summary_then_index_with_it_on_the_command_line(tmp_path, ca
                      "--config", "x"]) == 0
     assert "indexed 8 videos" in capsys.readouterr().out
     index = VideoIndex.load(out, model)
-    assert index.stage_spec["summary"] == "distilled" and (out / SUMMARY_HEAD).is_file()
+    assert index.stages.spec["summary"] == "distilled" and (out / SUMMARY_HEAD).is_file()
     assert index.search("a red circle", k=3, candidates=4)
 
     torch.manual_seed(5)

@@ -113,9 +113,9 @@ def test_subtitle_counts_equal_the_cues_and_a_long_cue_reaches_every_row(built, 
     text = engine.index.plugins["text"]
     assert text.index.stats()["subtitles"]["lines"] == 9
     store = engine.index.store
-    table = store.metadata()  # index: the row ids
+    table = store.table.all()  # index: the row ids
     rows = table.index[table["path"].str.endswith("film.mp4")].to_numpy(np.int64)
-    spans = store.spans(rows)
+    spans = store.videos.spans(rows)
     assert len(rows) >= 4  # a film of four shots is cut into segments
     long_cue = FILM_CUES[5]
     holding = {int(r) for r in rows

@@ -40,6 +40,7 @@ import numpy as np
 
 from ..model import DiCoSA
 from ..search.store import FrameStore, StoreError, finite_rows
+from ..search.store_check import checksum_failures
 from .manifest import Manifest, ManifestError
 from .plugins import BUILTIN_PLUGINS, FileCheck, check_derived, plugin_class
 
@@ -126,7 +127,7 @@ def _open(directory: Path) -> tuple[Manifest, FrameStore]:
 def _damaged_rows(store: FrameStore) -> list[tuple[str, np.ndarray]]:
     """``(what, live row ids)`` of each damage: shards that fail their checksums, then the
     other rows whose stored features are not finite."""
-    damaged = [(failure.sentence(), failure.ids) for failure in store.checksum_failures()]
+    damaged = [(failure.sentence(), failure.ids) for failure in checksum_failures(store)]
     seen = np.concatenate([np.zeros(0, np.int64)] + [ids for _, ids in damaged])
     bad = _non_finite_rows(store, seen)
     if len(bad):
@@ -146,7 +147,7 @@ def _non_finite_rows(store: FrameStore, skip: np.ndarray) -> np.ndarray:
 
 def _paths(store: FrameStore, ids: np.ndarray) -> str:
     """The videos of rows ``ids``, the first few named."""
-    paths = list(dict.fromkeys(store.paths(ids)))
+    paths = list(dict.fromkeys(store.table.paths(ids)))
     more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
     return ", ".join(paths[:3]) + more
 
@@ -187,7 +188,7 @@ def _uncommitted(directory: Path, manifest: Manifest, repair: bool,
 
 
 def _partial(store: FrameStore, report: CheckReport) -> None:
-    videos = store.video_metadata()
+    videos = store.table.videos()
     damaged = videos[videos["damage"].fillna("").astype(str).str.len() > 0]
     report.partial = list(zip(damaged["path"].tolist(), damaged["damage"].tolist(),
                               strict=True))

@@ -84,7 +84,7 @@ def evaluate_split(model: DiCoSA, split: MomentSplit, *, index_dir: str | os.Pat
 
 
 def _mean_span(index: VideoIndex) -> float | None:
-    spans = index.store.spans(index.store.live())
+    spans = index.store.videos.spans(index.store.live())
     lengths = spans[:, 1] - spans[:, 0]
     lengths = lengths[np.isfinite(lengths)]
     return round(float(lengths.mean()), 3) if len(lengths) else None

@@ -4,7 +4,7 @@ Each process of the launch encodes its own slice of the videos into its own *par
 index folder, ``parts/rank-R/``: an index without a first stage, whose manifest (rewritten
 atomically after every shard, as any index's) is that process's progress record. Once every
 process is done, the main one *links* the parts' shards into the folder's ``manifest.json``
-(:meth:`VideoIndex.link_shard`: no copy) and builds the dense first stage over all rows, once.
+(:meth:`VideoIndex.link_shards`: no copy) and builds the dense first stage over all rows, once.
 The result is an ordinary index folder; :meth:`VideoIndex.load` reads it as any other.
 
 - **Split.** The main process lists the videos still to encode (the given ones the index does
@@ -43,6 +43,7 @@ import torch
 from ..data.protocol import FrameProtocol
 from ..model import DiCoSA
 from .ingest import list_videos, new_or_changed
+from .resume import check_frames
 from .video_index import VideoIndex
 
 __all__ = ["PARTS", "RAY_PART", "BuildReport", "Launch", "PeerFailed", "build_index",
@@ -234,7 +235,7 @@ def pending_videos(top: VideoIndex, out: Path, videos) -> list[str]:
     ``out`` holds."""
     waiting = {p for _, _, paths, _ in _unlinked(top, out, top.model) for p in paths}
     listed = [p for p in dict.fromkeys(list_videos(videos)) if p not in waiting]
-    return new_or_changed(listed, top.store.video_metadata())
+    return new_or_changed(listed, top.store.table.videos())
 
 
 def open_part(model: DiCoSA, folder: Path, frames: FrameProtocol, policy: dict | None,
@@ -270,12 +271,12 @@ def _unlinked(top: VideoIndex, out: Path, model: DiCoSA
     linked = {shard.name for shard in top.store.shards}
     for folder in _part_folders(out):
         part = VideoIndex.load(folder, model, device=top.device)
-        part._check_frames(top.frames.sampling, top.frames.padding)
+        check_frames(folder, part.frames, top.frames.sampling, top.frames.padding)
         for shard in part.store.shards:
             name = f"{PARTS}/{folder.name}/{shard.name}"
             if name not in linked:
                 ids = np.arange(shard.first_id, shard.first_id + shard.count)
-                yield name, shard.count, sorted(set(part.store.paths(ids))), shard.sha256
+                yield name, shard.count, sorted(set(part.store.table.paths(ids))), shard.sha256
 
 
 def merge_parts(top: VideoIndex, out: Path, pending: list[str], reports: list[dict],

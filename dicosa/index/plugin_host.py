@@ -1,13 +1,12 @@
-"""How :class:`~dicosa.index.VideoIndex` attaches, records and restores its plugins, and
-what it asks of them for a request (the contract itself is :mod:`dicosa.index.plugins`)."""
+"""The plugins of an index: attached, restored, what they registered, and what the index asks
+of them for a request (the contract itself is :mod:`dicosa.index.plugins`)."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
-from ..errors import IndexBusyError
 from ..search.query import QueryError
+from ..search.types import EncodedQueries, RerankHook
 from .annotations import Annotations
 from .plugins import (
     BUILTIN_OPTIONS,
@@ -15,38 +14,53 @@ from .plugins import (
     IndexContext,
     IndexPlugin,
     QueryOption,
-    chosen_plugins,
     how_to_get,
     plugin_class,
     query_option,
 )
+from .searcher import SearchMode
 
 __all__ = ["PluginHost"]
 
-log = logging.getLogger("dicosa.index.video_index")
+_DENSE = {"dense": SearchMode(("dense",), "the dense first stage only")}
 
 
-class PluginHost:
-    """Mixed into :class:`~dicosa.index.VideoIndex`."""
+class PluginHost(Mapping[str, IndexPlugin]):
+    """The attached plugins, by key, and what they registered through their contexts: rerank
+    ``hooks``, query ``encoders`` and search ``modes`` (besides the built-in ``"dense"``).
+    ``context`` makes the :class:`IndexContext` a plugin attaches through."""
 
-    def use(self, plugin: IndexPlugin, *, record: bool = True, wait: bool = True
-            ) -> IndexPlugin:
-        """Attach ``plugin`` (replacing one of the same key) and, with ``record``, keep its
-        record in the manifest so that :meth:`load` restores it; returns it. ``wait=False``:
-        while another process writes the index, the record is kept in this object only
-        (:meth:`remember`)."""
-        self._require_model()
-        if plugin.key in self.plugins:
-            self._contexts.pop(plugin.key).detach()
-            del self.plugins[plugin.key]
-        self._attach_plugin(plugin.key, plugin)
-        self.plugins[plugin.key] = plugin
-        recorded = plugin.record() if record else None
-        if recorded is not None:
-            self.remember(plugin.key, recorded, wait=wait)
-        return plugin
+    def __init__(self, context: Callable[[], IndexContext]):
+        self._context = context
+        self._plugins: dict[str, IndexPlugin] = {}
+        self._contexts: dict[str, IndexContext] = {}
+        self.hooks: list[RerankHook] = []
+        self.encoders: list[Callable[[EncodedQueries], None]] = []
+        self.modes: dict[str, SearchMode] = dict(_DENSE)
 
-    def _attach_plugin(self, key: str, plugin: IndexPlugin) -> None:
+    def __getitem__(self, key: str) -> IndexPlugin:
+        return self._plugins[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._plugins)
+
+    def __len__(self) -> int:
+        return len(self._plugins)
+
+    def attach(self, plugin: IndexPlugin) -> None:
+        """Attach ``plugin``, replacing one of the same key (whose registrations go)."""
+        if plugin.key in self._plugins:
+            self.detach(plugin.key)
+        self._attach(plugin.key, plugin)
+        self._plugins[plugin.key] = plugin
+
+    def detach(self, key: str) -> None:
+        """Take plugin ``key`` off (what it registered goes with it; a record it left in the
+        manifest stays)."""
+        self._contexts.pop(key).detach()
+        del self._plugins[key]
+
+    def _attach(self, key: str, plugin: IndexPlugin) -> None:
         ctx = self._context()
         try:
             plugin.attach(ctx)
@@ -55,35 +69,36 @@ class PluginHost:
             raise
         self._contexts[key] = ctx
 
-    def _context(self) -> IndexContext:
-        return IndexContext(self.model, self.tokenizer, self.device, self.store,
-                            self.directory, self.model_key, self.meta, self._stages,
-                            self.modes, self.hooks, self.query_encoders, self._is_writer)
-
-    def _is_writer(self) -> bool:
-        """Whether this object may write the folder now: it holds the writer lock (or the
-        index is in memory)."""
-        return self.directory is None or (self._lock is not None and self._lock.held
-                                           and self._lock.directory == self.directory)
-
-    def restore_plugins(self, skip: Iterable[str] = (),
-                        options: Mapping[str, object] | None = None) -> None:
-        """Attach every plugin the manifest records (but the keys in ``skip``), in the
-        order lexical, concepts, fusion, text; ``options`` (a front end's, see
-        :meth:`IndexPlugin.from_options`) may put another plugin in a record's place (it is
-        recorded, when no other process is writing) or leave one out."""
-        skip = set(skip)
-        chosen = chosen_plugins(options, self.meta) if options else {}
+    def restore(self, records: Mapping[str, dict], skip: Iterable[str] = (),
+                chosen: Mapping[str, IndexPlugin | bool] | None = None,
+                use: Callable[[IndexPlugin], object] | None = None) -> None:
+        """Attach every plugin ``records`` (the manifest's meta) holds a record of (but the
+        keys in ``skip``), in the order lexical, concepts, titles, text; ``chosen`` (a front
+        end's, :func:`~dicosa.index.plugins.chosen_plugins`) puts another plugin in a
+        record's place, attached and recorded by ``use``, or leaves one out (False)."""
+        skip, chosen = set(skip), chosen or {}
         for key in BUILTIN_PLUGINS:
-            record, plugin = self.meta.get(key), chosen.get(key)
-            if key in skip or key in self.plugins or plugin is False:
+            record, plugin = records.get(key), chosen.get(key)
+            if key in skip or key in self._plugins or plugin is False:
                 continue
             if plugin is not None:
-                self.use(plugin, wait=False)
+                use(plugin)
             elif record:
                 plugin = plugin_class(key).restore(record, self._context())
-                self._attach_plugin(key, plugin)
-                self.plugins[key] = plugin
+                self._attach(key, plugin)
+                self._plugins[key] = plugin
+
+    def reattach(self) -> None:
+        """Every plugin attached again through a fresh context (the index took its last
+        commit back: what they registered went with it)."""
+        for ctx in self._contexts.values():
+            ctx.detach()
+        for key, plugin in list(self._plugins.items()):
+            self._attach(key, plugin)
+
+    def explainers(self) -> dict[str, Callable]:
+        """Each plugin's ``explain``, by key."""
+        return {key: plugin.explain for key, plugin in self._plugins.items()}
 
     # -- what a request may ask -----------------------------------------------------------
     @property
@@ -98,7 +113,7 @@ class PluginHost:
     @property
     def leaves_out(self) -> bool:
         """Whether a plugin answers "A without B"."""
-        return any(plugin.leaves_out for plugin in self.plugins.values())
+        return any(plugin.leaves_out for plugin in self._plugins.values())
 
     @property
     def query_options(self) -> dict[str, QueryOption]:
@@ -137,20 +152,4 @@ class PluginHost:
     @property
     def annotations(self) -> Annotations:
         """What the plugins add to answers, as the front ends ask for it."""
-        return Annotations(dict(self.plugins))
-
-    def remember(self, key: str, value: dict, *, wait: bool = True) -> bool:
-        """Keep ``value`` as ``meta[key]`` in one transaction from the current manifest; a
-        record that is already there writes nothing. ``wait=False``: when another process
-        is writing, keep it in this object only, say so, and return False."""
-        if self.meta.get(key) == value:
-            return True
-        try:
-            with self.transaction(timeout=None if wait else 0):
-                self.meta[key] = value
-        except IndexBusyError as exc:
-            self.meta[key] = value
-            log.warning("%s; the %s setting applies to this search but is not recorded",
-                        exc, key)
-            return False
-        return True
+        return Annotations(dict(self._plugins))

@@ -298,7 +298,7 @@ class _Journal:
         if paths & self.linked:  # a retried call wrote these videos again: linked once
             log.warning("shard %s holds videos already linked; left out", shard["name"])
             return
-        self.part.link_shard(shard["name"], int(shard["count"]), shard["sha256"])
+        self.part.link_shards([(shard["name"], int(shard["count"]), shard["sha256"])])
         self.linked |= paths
         self.encoded += len(paths)
 

@@ -46,8 +46,8 @@ def repair_rows(directory: str | Path, ids: np.ndarray, model: DiCoSA | None = N
     index, why_not = _open(Path(directory), model)
     done = Repair()
     with index.writing():
-        videos = np.unique(index.store.videos_of(np.asarray(ids, dtype=np.int64)))
-        table = index.store.rows(videos)
+        videos = np.unique(index.store.videos.of(np.asarray(ids, dtype=np.int64)))
+        table = index.store.table.rows(videos)
         todo = []
         for path, size, mtime in zip(table["path"], table["size"], table["mtime"],
                                      strict=True):

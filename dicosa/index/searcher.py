@@ -1,24 +1,28 @@
 """The query path: encode once → first stage(s) → C candidates → DiCoSA rerank → hooks →
 videos → top-k.
 
-:class:`Searcher` runs one batch of queries over the parts an index lends it for the call and
-returns one :class:`SearchResult` per query: the hits, the time per stage, and what the
-search computed on the way (the encoded queries, the candidates), so that an explanation
-(the frames' weights, the words, the excluded concepts) reuses them instead of encoding the
-query again. It keeps nothing between calls: concurrent searches share no mutable state.
+:class:`Searcher` runs one batch of queries over a :class:`SearchParts`, the frozen snapshot
+of an index's parts that :meth:`VideoIndex.snapshot` takes (the service keeps one per opened
+index), and returns one :class:`SearchResult` per query: the hits, the time per stage, and
+what the search computed on the way (the encoded queries, the candidates and their scores),
+so that an explanation (the frames' weights, the words, the excluded concepts) and a hit's
+timeline reuse them instead of encoding the query or scoring its rows again. It keeps
+nothing between calls: concurrent searches share no mutable state.
 
-The candidates are rows: whole short videos and segments of long ones. A video ranks by its
-best row, and its hit carries its best moments that do not overlap: time ranges, each its
-best row joined with the matching rows next to it, with their scores
-(:func:`dicosa.search.moment.best_moments`).
+A query is text, or a vector in the text tower's space (a video's dense proxy asks "more like
+this"). A vector has no words: no query encoder or rerank hook reads it, only the dense stage
+proposes for it, and DiCoSA alone ranks.
+
+The candidates are rows (short videos, segments of long ones); :mod:`dicosa.index.hits` makes
+them videos at their best moments.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -27,16 +31,17 @@ from torch import Tensor
 from ..data.protocol import FrameProtocol
 from ..integers import as_int
 from ..model import DiCoSA, TextFeatures
-from ..search.moment import Moment, Timeline, best_moments, video_timeline
+from ..search.moment import Moment, Timeline, video_timelines
 from ..search.query import Query, QueryError, parse_query
 from ..search.query_text import QueryText
 from ..search.rerank import QuantisedVideo, pair_scores
 from ..search.store import FrameStore
 from ..search.types import Candidates, EncodedQueries, RerankHook
+from .hits import MOMENTS_PER_HIT, Hit, top_hits, top_moments
 from .stages import Registered, StageSet
 
-__all__ = ["DEFAULT_CANDIDATES", "Hit", "SearchMode", "SearchResult", "Searcher",
-           "check_search"]
+__all__ = ["DEFAULT_CANDIDATES", "MOMENTS_PER_HIT", "Hit", "SearchMode", "SearchParts",
+           "SearchResult", "Searcher", "check_search"]
 
 log = logging.getLogger(__name__)
 
@@ -49,44 +54,6 @@ DEFAULT_CANDIDATES = 1000
 # candidates and 13.2 / 12.0 / 13.7 ms a query in batches of six.
 _RERANK_BLOCK_BYTES = 16 << 20
 _MIN_PAIRS_PER_CHUNK = 64
-MOMENTS_PER_HIT = 3  # a hit's best non-overlapping moments
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One search result: a video, at its best moments."""
-
-    path: str
-    score: float  # the ranking score: DiCoSA's S after the rerank hooks (= dicosa without hooks)
-    #               of the video's best row
-    dicosa: float  # DiCoSA's S (Eq. 9) of the query and the video's best row
-    stage: str  # what proposed it: a first stage ("dense", "lexical", "bow", "dense+lexical"),
-    #             "all" (every row reranked, candidates >= len(index)) or "exhaustive"
-    #             (candidates=None)
-    stage_score: float | None  # the first listed stage's own score; None for "all"/"exhaustive"
-    id: int  # the video's id (the store id of its first row)
-    # every proposing stage's own score, e.g. {"dense": 0.31, "lexical": 2.7} for
-    # "dense+lexical" (their scales differ); None for "all"/"exhaustive"
-    stage_scores: dict[str, float] | None = field(default=None, hash=False)
-    row: int | None = None  # the store row that scored best (None: the video's id)
-    # the video's best moments that do not overlap, best first (the first one's row is ``row``)
-    moments: tuple[Moment, ...] = field(default=(), hash=False)
-
-    def __post_init__(self) -> None:
-        if self.row is None:
-            object.__setattr__(self, "row", self.id)
-
-    @property
-    def start(self) -> float | None:
-        """Where the best moment starts, in seconds (None: unknown)."""
-        return self.moments[0].start if self.moments else None
-
-    @property
-    def end(self) -> float | None:
-        return self.moments[0].end if self.moments else None
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -103,11 +70,29 @@ class SearchMode:
     help: str = ""
 
 
+@dataclass(frozen=True)
+class SearchParts:
+    """What a search reads of an index, taken at one moment (:meth:`VideoIndex.snapshot`):
+    the hooks, encoders and modes as they were then, so that a plugin attached later changes
+    no search that already holds these parts."""
+
+    model: DiCoSA
+    device: torch.device
+    store: FrameStore
+    stages: StageSet
+    modes: Mapping[str, SearchMode]
+    hooks: tuple[RerankHook, ...]
+    encoders: tuple[Callable[[EncodedQueries], None], ...]  # run in order on each batch
+    explainers: Mapping[str, Callable]  # a plugin's key -> its explain(result, i)
+    frames: FrameProtocol  # how the index decoded (a timeline's frame times)
+    text: QueryText  # the text tower and its cache
+
+
 @dataclass
 class SearchResult:
     """One query's answer and what the search computed for it."""
 
-    query: str
+    query: str  # the text ("" for a query given as a vector)
     hits: list[Hit]
     times: dict[str, float]  # seconds: encode_s, first_stage_s, rerank_s, hooks_s, top_s
     #                          (and what encoders timed apart, e.g. words_s)
@@ -119,23 +104,31 @@ class SearchResult:
     position: int  # this query's row in ``encoded``
     ids: np.ndarray  # int64 [C] this query's candidates (-1 pads)
     dicosa: Tensor  # float32 [C] DiCoSA's S of each candidate (-inf at pads)
-    explainers: dict[str, Callable[[SearchResult, int], dict | None]] = field(
+    explainers: Mapping[str, Callable[[SearchResult, int], dict | None]] = field(
         default_factory=dict, repr=False)
     scores: Tensor | None = None  # float32 [C] the ranking score of each candidate (hooks)
     searcher: Searcher | None = field(default=None, repr=False)  # what made it
 
-    def timeline(self, i: int) -> Timeline | None:
-        """Hit ``i``'s relevance over its whole video, frame by frame
-        (:func:`dicosa.search.moment.video_timeline`: every row of the video scored)."""
+    def timelines(self, hits: Sequence[int], max_rows: int | None = None
+                  ) -> list[Timeline | None]:
+        """Hits ``hits``' relevance over their whole videos, frame by frame
+        (:func:`dicosa.search.moment.video_timelines`), the rerank's scores reused for the
+        rows it scored. ``max_rows``: a video of more rows is scored on that many, the hit's
+        best row and moments' rows among them (None: every row)."""
+        if not len(hits):
+            return []
+        picked = [self.hits[i] for i in hits]
+        keep = [np.array([h.row, *(m.row for m in h.moments)], np.int64) for h in picked]
         text = self.encoded.text.text[self.position:self.position + 1]
-        return self._searcher().timeline(text, self.hits[i].id)
+        return self._searcher().timelines(text, [h.id for h in picked], max_rows, keep,
+                                          (self.ids, self.dicosa.numpy()))
 
     def top_moments(self, k: int, join: float | None = None) -> list[tuple[str, int, Moment]]:
         """The ``k`` best moments among the candidates, best first, as ``(path, video id,
         moment)``: several may come from one video, never two that overlap. ``join``: as
         :func:`~dicosa.search.moment.best_moments` takes it (None: its default)."""
         scores = self.dicosa if self.scores is None else self.scores
-        return self._searcher().top_moments(self.ids, scores.numpy(), k, join)
+        return top_moments(self._searcher().store, self.ids, scores.numpy(), k, join)
 
     def _searcher(self) -> Searcher:
         if self.searcher is None:
@@ -158,25 +151,13 @@ class SearchResult:
                 "times": self.times, "hits": [h.as_dict() for h in self.hits]}
 
 
-@dataclass
 class Searcher:
-    """What an index lends one search call (see the module docstring)."""
+    """The query path over one :class:`SearchParts` (see the module docstring)."""
 
-    model: DiCoSA
-    tokenizer: Callable
-    device: torch.device
-    store: FrameStore
-    stages: StageSet
-    modes: dict[str, SearchMode]
-    hooks: Sequence[RerankHook]
-    encoders: Sequence[Callable[[EncodedQueries], None]]
-    explainers: dict[str, Callable] = field(default_factory=dict)
-    frames: FrameProtocol = field(default_factory=FrameProtocol)  # how the index decoded
-    text: QueryText | None = None  # the text tower and cache (None: the model's, uncached)
-
-    def __post_init__(self) -> None:
-        if self.text is None:
-            self.text = QueryText(self.model, self.tokenizer, self.device)
+    def __init__(self, parts: SearchParts):
+        self.parts = parts
+        self.model, self.device, self.store = parts.model, parts.device, parts.store
+        self.stages = parts.stages
 
     # -- encode ---------------------------------------------------------------------------
     def encode(self, texts: Sequence[str], exclude: Sequence[str] = (),
@@ -185,27 +166,29 @@ class Searcher:
         positive text once, run the query encoders; and which queries were cut short."""
         self.check_mode(mode)
         queries = [parse_query(t, exclude) for t in texts]
-        vectors, cut = self.text.encode([q.text for q in queries])
+        vectors, cut = self.parts.text.encode([q.text for q in queries])
         encoded = EncodedQueries(queries, TextFeatures(vectors), {"mode": mode})
-        for encoder in self.encoders:
+        for encoder in self.parts.encoders:
             encoder(encoded)
         return encoded, cut
 
     def check_mode(self, mode: str | None) -> None:
-        if mode is not None and mode not in self.modes:
+        if mode is not None and mode not in self.parts.modes:
             raise QueryError(f"this index has no '{mode}' search mode (it has "
-                             f"{', '.join(self.modes)}); lexical, bow and hybrid need a "
-                             "lexical head: index.use(LexicalPlugin(HEAD)), or 'dicosa index' "
-                             "with --head HEAD.pt")
+                             f"{', '.join(self.parts.modes)}); lexical, bow and hybrid need "
+                             "a lexical head: index.use(LexicalPlugin(HEAD)), or 'dicosa "
+                             "index' with --head HEAD.pt")
 
     # -- the whole path -------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, texts: Sequence[str], k: int, candidates: int | None, *,
-            exclude: Sequence[str] = (), mode: str | None = None,
-            chunk: int = 1024) -> list[SearchResult]:
+    def run(self, queries: Sequence[str] | Tensor, k: int, candidates: int | None, *,
+            exclude: Sequence[str] = (), mode: str | None = None, chunk: int = 1024,
+            skip_videos: Sequence[int] = ()) -> list[SearchResult]:
+        """One :class:`SearchResult` per query: texts, or vectors ``[Q, D]`` (module
+        docstring); ``skip_videos``: videos whose rows are never candidates (a "more like
+        this" seed)."""
         clock = _Clock()
-        encoded, cut = self.encode(texts, exclude, mode)
-        _warn_unhandled_exclusions(encoded.queries, self.hooks)
+        texts, encoded, cut, hooks = self._asked(queries, exclude, mode)
         clock.lap("encode_s")
         # an encoder that searched on its own (the text plugin's words) says how long
         for name, seconds in encoded.extra.get("encoder_times", {}).items():
@@ -219,60 +202,75 @@ class Searcher:
             scores = self.exhaustive(encoded.text, ids[0], chunk).expand(len(texts), -1)
         else:
             scores = self.rerank(encoded, ids)
+        ids, scores = self._without_videos(ids, scores, skip_videos)
         clock.lap("rerank_s")
         scores = self._without_text_only(ids, _skip_non_finite(scores, ids))
         dicosa = scores.clone()
-        for hook in self.hooks:
+        for hook in hooks:
             scores = hook(encoded, ids, scores)
         clock.lap("hooks_s")
-        hits = self.top(scores, dicosa, ids, (stage, stage_scores, by_stage), k)
+        hits = top_hits(self.store, scores, dicosa, ids, (stage, stage_scores, by_stage), k)
         clock.lap("top_s")
         label = stage if isinstance(stage, str) else "first stage"
         return [SearchResult(texts[q], hits[q], dict(clock.times), label, mode,
                              int((ids[q] >= 0).sum()), cut[q], encoded, q, ids[q], dicosa[q],
-                             self.explainers, scores[q], self)
+                             self.parts.explainers, scores[q], self)
                 for q in range(len(texts))]
 
-    def timeline(self, text: Tensor, video: int) -> Timeline | None:
-        """Video ``video``'s timeline under the text vector ``text [1, D]``."""
-        return video_timeline(self.model, self.store, self.frames, text, video)
+    def _asked(self, queries: Sequence[str] | Tensor, exclude: Sequence[str],
+               mode: str | None) -> tuple[list[str], EncodedQueries, list[bool], tuple]:
+        """``(texts, the encoded batch, which queries were cut short, the hooks to run)``:
+        texts encoded (:meth:`encode`); vectors as given, with no words for an encoder or a
+        hook to read (their texts empty)."""
+        if not isinstance(queries, Tensor):
+            texts = list(queries)
+            encoded, cut = self.encode(texts, exclude, mode)
+            _warn_unhandled_exclusions(encoded.queries, self.parts.hooks)
+            return texts, encoded, cut, self.parts.hooks
+        texts = [""] * len(queries)
+        vectors = queries.to(self.device, next(self.model.parameters()).dtype)
+        encoded = EncodedQueries([Query(t) for t in texts], TextFeatures(vectors),
+                                 {"mode": mode, "vectors": True})
+        return texts, encoded, [False] * len(texts), ()
 
-    def top_moments(self, ids: np.ndarray, scores: np.ndarray, k: int,
-                    join: float | None = None) -> list[tuple[str, int, Moment]]:
-        """The ``k`` best moments of the rows ``ids [C]`` scored ``scores [C]``: each video's
-        (:func:`~dicosa.search.moment.best_moments`, the query's background the median of
-        all ``scores``), best first (see :meth:`SearchResult.top_moments`)."""
-        usable = (ids >= 0) & np.isfinite(scores)
-        rows, values = ids[usable], scores[usable]
-        videos, spans = self.store.videos_of(rows), self.store.spans(rows)
-        background = float(np.median(values)) if len(values) else 0.0
-        order = np.argsort(videos, kind="stable")  # the candidates, video by video
-        edges = np.flatnonzero(np.diff(videos[order])) + 1
-        picked: list[tuple[int, Moment]] = []
-        for own in np.split(order, edges) if len(order) else []:
-            picked += [(int(videos[own[0]]), m) for m in best_moments(
-                rows[own], spans[own], values[own], k, background, join)]
-        picked.sort(key=lambda vm: -vm[1].score)  # stable: equal scores keep video order
-        picked = picked[:k]
-        paths = self.store.paths(np.array([v for v, _ in picked], dtype=np.int64))
-        return [(path, video, moment) for path, (video, moment) in zip(paths, picked,
-                                                                       strict=True)]
+    def _without_videos(self, ids: np.ndarray, scores: Tensor, videos: Sequence[int]
+                        ) -> tuple[np.ndarray, Tensor]:
+        """``ids [Q, C]`` and ``scores [Q, C]`` with the rows of ``videos`` as pads (-1,
+        -inf)."""
+        if not len(videos):
+            return ids, scores
+        found = ids >= 0
+        theirs = np.zeros(ids.shape, dtype=bool)
+        theirs[found] = np.isin(self.store.videos.of(ids[found]), videos)
+        return (np.where(theirs, -1, ids),
+                scores.masked_fill(torch.from_numpy(theirs), float("-inf")))
+
+    def timelines(self, text: Tensor, videos: list[int], max_rows: int | None,
+                  keep: list[np.ndarray], scored: tuple[np.ndarray, np.ndarray]
+                  ) -> list[Timeline | None]:
+        """Videos ``videos``' timelines under the text vector ``text [1, D]``
+        (:meth:`SearchResult.timelines`); ``scored``: rows already scored and their S."""
+        return video_timelines(self.model, self.store, self.parts.frames, text, videos,
+                               max_rows, keep, scored)
 
     # -- first stages ---------------------------------------------------------------------
-    def searched(self, mode: str | None) -> list[Registered]:
-        """The stages a search in ``mode`` unites (see :class:`SearchMode`)."""
+    def searched(self, mode: str | None, vectors: bool = False) -> list[Registered]:
+        """The stages a search in ``mode`` unites (see :class:`SearchMode`); for queries
+        given as vectors, the dense stage alone."""
         stages = self.stages.all()
+        if vectors:
+            return [r for r in stages if r.dense]
         if mode is None:
             return stages
-        named = {name for m in self.modes.values() for name in m.stages}
-        wanted = set(self.modes[mode].stages)
+        named = {name for m in self.parts.modes.values() for name in m.stages}
+        wanted = set(self.parts.modes[mode].stages)
         return [r for r in stages if r.stage.name in wanted or r.stage.name not in named]
 
     def candidates(self, encoded: EncodedQueries, candidates: int | None, mode: str | None):
         """``(ids [Q, C] int64 with -1 pads, stage: str or [Q, C] labels, the first listed
         stage's scores [Q, C], and {stage: score} per candidate [Q, C] where several stages
         searched)`` (the last three None or a label for every row reranked)."""
-        stages = self.searched(mode)
+        stages = self.searched(mode, bool(encoded.extra.get("vectors")))
         # Reranking every row is what the dense stage would propose anyway once C covers the
         # index; a sparse stage alone proposes only rows sharing a word, so it still runs.
         covered = candidates is not None and candidates >= len(self.store) and (
@@ -353,55 +351,6 @@ class Searcher:
             return scores
         blank = np.isin(ids, flat[flags])
         return scores.masked_fill(torch.from_numpy(blank), float("-inf"))
-
-    def top(self, scores: Tensor, dicosa: Tensor, ids: np.ndarray, proposed: tuple,
-             k: int) -> list[list[Hit]]:
-        """The k best videos per query, each at its best row with its best moments;
-        ``proposed``: :meth:`candidates`' stage labels, first stage scores and per-stage
-        scores."""
-        stage, stage_scores, by_stage = proposed
-        ranked = scores.numpy()  # [Q, C]
-        usable = (ids >= 0) & np.isfinite(ranked)
-        videos = np.full(ids.shape, -1, dtype=np.int64)
-        videos[usable] = self.store.videos_of(ids[usable])
-        picked = [_best_per_video(ranked[q], videos[q], usable[q], k) for q in range(len(ids))]
-        # [Q] what a row that does not match scores: the median of each query's candidates
-        background = [float(np.median(ranked[q][usable[q]])) if usable[q].any() else 0.0
-                      for q in range(len(ids))]
-        # Each hit's scored rows: the candidates of the same video.
-        rows = [[np.flatnonzero(usable[q] & (videos[q] == videos[q, c])) for c in row]
-                for q, row in enumerate(picked)]
-        flat = [ids[q, cols] for q, per_hit in enumerate(rows) for cols in per_hit]
-        spans = iter(np.split(self.store.spans(np.concatenate(flat or [np.zeros(0, int)])),
-                              np.cumsum([len(f) for f in flat])[:-1]) if flat else [])
-        hit_ids = np.array([videos[q, c] for q, row in enumerate(picked) for c in row],
-                           dtype=np.int64)
-        paths = iter(self.store.paths(hit_ids))
-        results = []
-        for q, row in enumerate(picked):
-            hits = []
-            for c, same in zip(row, rows[q], strict=True):
-                label = stage if isinstance(stage, str) else str(stage[q, c])
-                first = None if stage_scores is None else float(stage_scores[q, c])
-                parts = (by_stage[q, c] if by_stage is not None
-                         else None if first is None else {label: first})
-                moments = best_moments(ids[q, same], next(spans), ranked[q, same],
-                                       MOMENTS_PER_HIT, background[q])
-                hits.append(Hit(path=next(paths), score=float(ranked[q, c]),
-                                dicosa=float(dicosa[q, c]), id=int(videos[q, c]), stage=label,
-                                stage_score=first, stage_scores=parts, row=int(ids[q, c]),
-                                moments=tuple(moments)))
-            results.append(hits)
-        return results
-
-
-def _best_per_video(scores: np.ndarray, videos: np.ndarray, usable: np.ndarray,
-                    k: int) -> list[int]:
-    """Columns of the ``k`` best videos' best rows, best first (ties: the earlier column)."""
-    columns = np.flatnonzero(usable)
-    order = columns[np.argsort(-scores[columns], kind="stable")]
-    _, first = np.unique(videos[order], return_index=True)
-    return order[np.sort(first)][:k].tolist()
 
 
 def _skip_non_finite(scores: Tensor, ids: np.ndarray) -> Tensor:

@@ -142,6 +142,29 @@ class StageSet:
                 self.add_rows(registered, ids)
         self.extra.append(registered)
 
+    def reset(self, spec: dict, directory: Path | None) -> None:
+        """The stages as a commit records them (``spec``, its ``first_stage``), in place: the
+        dense one opened from its files in ``directory`` (or rebuilt on first use), the
+        registered ones gone (their plugins attach again)."""
+        model, device = self.model, self.device
+        self.__init__(self.store, spec, self._summary_head)
+        self.model, self.device, self.directory = model, device, directory
+        if directory is not None:
+            self.open_dense(directory)
+
+    def follow(self, before: np.ndarray) -> None:
+        """Give every stage made so far the rows the store gained since it held the live rows
+        ``before``, and take from it those it lost (another writer's commits)."""
+        made = ([Registered(self.dense, dense=True)] if self.dense is not None
+                else []) + list(self.extra)
+        after = self.store.live()
+        gone, came = np.setdiff1d(before, after), np.setdiff1d(after, before)
+        for registered in made:
+            if len(gone):
+                registered.stage.remove(gone)
+            if len(came):
+                self.add_rows(registered, came)
+
     # -- changes --------------------------------------------------------------------------
     def extend(self, append: Callable[[], np.ndarray]) -> np.ndarray:
         """Run ``append`` (new store rows -> their ids), then give the rows to every stage
@@ -226,21 +249,15 @@ class StageSet:
                  proxies: np.ndarray | None = None) -> None:
         """Give rows ``ids`` to one stage (per-frame vectors: a few thousand videos at a time,
         as a shard of 8,192 videos x 12 frames x 1,024 floats would be 0.4 GB at once)."""
-        if not registered.dense:
-            registered.stage.add(ids, self.stage_input(registered, ids))
+        if not registered.dense:  # what it takes: the proxies, or its own from the frames
+            registered.stage.add(ids, self.store.proxies(ids) if registered.videos is None
+                                 else registered.videos(ids, self.store.gather(ids)))
         elif not self.summary().per_frame:
             registered.stage.add(ids, self.summary_vectors(ids, proxies))
         else:
             for start in range(0, len(ids), _FRAME_CHUNK):
                 part = ids[start:start + _FRAME_CHUNK]
                 registered.stage.add(part, self.summary_vectors(part))
-
-    def stage_input(self, registered: Registered, ids: np.ndarray) -> object:
-        if registered.dense:
-            return self.summary_vectors(ids)
-        if registered.videos is None:
-            return self.store.proxies(ids)
-        return registered.videos(ids, self.store.gather(ids))
 
 
 def _make_stage(spec: dict, directory: Path | None, dim: int,

@@ -1,33 +1,64 @@
-"""Transactions of an index in a folder: the writer lock, the commit, refresh and rollback.
+"""The writer of an index folder: its lock, transactions, commits, refresh and rollback, and
+the rows it writes in them.
 
-:class:`Transactional` is the part of :class:`~dicosa.index.VideoIndex` that keeps the
-object and its folder in step: a write runs under the folder's writer lock
-(:mod:`dicosa.index.lock`), first taking what other writers committed since this object read
-the manifest (:meth:`Transactional._refresh`), and ends in one manifest commit
-(:mod:`dicosa.index.manifest`); an exception reloads the last commit (rollback).
+A :class:`Writer` keeps an index object and its folder in step: a write runs under the
+folder's writer lock (:mod:`dicosa.index.lock`), first taking what other writers committed
+since the object read the manifest, and ends in one manifest commit
+(:mod:`dicosa.index.manifest`); an exception takes the last commit back (rollback). What is
+committed, and how a manifest is taken back into the object, are the owner's: it hands the
+writer ``record`` and ``take`` (:class:`~dicosa.index.VideoIndex` does).
+
+Rows are stored, linked and removed in the frame store and every first stage at once, each
+change one transaction; the ids of new rows are reserved before any file holds them
+(manifest.py, "reserved ids"), and a video's live rows are replaced when it is stored again
+(a changed file encoded again).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
+from ..model import VideoFeatures
+from ..search.shards import VideoRun
 from ..search.store import FrameStore
 from .lock import WriterLock
-from .manifest import MANIFEST, Manifest, read_reserved, write_reserved
-from .stages import Registered, StageSet
+from .manifest import MANIFEST, Manifest, write_reserved
+from .stages import StageSet
 
-__all__ = ["Transactional"]
+__all__ = ["Writer"]
 
 
-class Transactional:
-    """Mixed into :class:`~dicosa.index.VideoIndex` (whose attributes it reads and sets)."""
+class Writer:
+    """Transactions of one index object in its folder, and the rows of its ``store`` and
+    ``stages`` changed in them (module docstring).
+
+    Args:
+        record: the manifest of the object's state now, as generation ``generation``.
+        take: puts a committed ``manifest`` into the object, in place: another writer's
+            commits (``False``: what is attached stays), or the whole of the last commit
+            after a failed write (``True``).
+        lock_timeout: seconds a write waits for another writer (None: as long as it takes;
+            0: fail at once with :class:`~dicosa.index.lock.IndexBusyError`).
+    """
+
+    def __init__(self, store: FrameStore, stages: StageSet, record: Callable[[int], Manifest],
+                 take: Callable[[Manifest, bool], None], lock_timeout: float | None = None):
+        self.store, self.stages = store, stages
+        self.record, self.take = record, take
+        self.lock_timeout = lock_timeout
+        self.directory: Path | None = None  # None: an index in memory, nothing to lock
+        self.generation = 0  # of the last commit this object read or wrote
+        self._lock: WriterLock | None = None
+        self._depth = 0  # transactions open (nested ones join the outermost)
 
     @contextmanager
     def writing(self, timeout: float | None = None) -> Iterator[None]:
-        """Hold the folder's writer lock (re-entrant), first reloading what another writer
+        """Hold the folder's writer lock (re-entrant), first taking what another writer
         committed since this object read the manifest. In memory: nothing to lock."""
         if self.directory is None:
             yield
@@ -37,114 +68,127 @@ class Transactional:
         self._lock.timeout = self.lock_timeout if timeout is None else timeout
         first = not self._lock.held
         with self._lock:
-            if first and self.changed():
-                self._refresh()
+            if first:
+                self.reload()
             yield
 
     @contextmanager
     def transaction(self, timeout: float | None = None) -> Iterator[None]:
         """One change: under :meth:`writing`, ending in one manifest commit (nested ones
-        join the outermost). Any exception reloads the last committed state and is
-        re-raised: the object stays usable and holds exactly what the folder holds."""
+        join the outermost). Any exception takes the last commit back and is re-raised: the
+        object stays usable and holds exactly what the folder holds."""
         with self.writing(timeout):
-            self._in_transaction += 1
+            self._depth += 1
             try:
                 yield
-                if self._in_transaction == 1 and self.directory is not None:
-                    self._commit()
+                if self._depth == 1 and self.directory is not None:
+                    self.record(self.generation + 1).write(self.directory)
+                    self.generation += 1
             except BaseException:
-                if (self._in_transaction == 1 and self.directory is not None
+                if (self._depth == 1 and self.directory is not None
                         and (self.directory / MANIFEST).is_file()):
-                    self._reload()  # else nothing was ever committed: nothing to return to
+                    # else nothing was ever committed: nothing to return to
+                    self.take(Manifest.read(self.directory), True)
                 raise
             finally:
-                self._in_transaction -= 1
+                self._depth -= 1
 
-    def _commit(self) -> None:
-        store = self.store.manifest()
-        if store["num_frames"] is None:
-            store["num_frames"] = (self._fingerprint or {}).get("config", {}).get("num_frames")
-            store["dim"] = self.model.embed_dim if self.model is not None else None
-        Manifest(self._fingerprint, store, self._stages.record(), list(self.skipped),
-                 self.frames, self.meta, self._generation + 1, len(self),
-                 self.segments).write(self.directory)
-        self._generation += 1
+    def holds(self) -> bool:
+        """Whether this object may write the folder now: it holds the writer lock (or the
+        index is in memory)."""
+        return self.directory is None or (self._lock is not None and self._lock.held
+                                           and self._lock.directory == self.directory)
 
     def changed(self) -> bool:
         """Whether another writer committed since this object read the manifest."""
         if self.directory is None or not (self.directory / MANIFEST).is_file():
             return False
-        return Manifest.read(self.directory).generation != self._generation
+        return Manifest.read(self.directory).generation != self.generation
 
     def reload(self) -> bool:
-        """See what other writers committed (:meth:`_refresh`); returns whether anything
-        changed. Not while searches run in other threads on this object: a service opens a
-        new index and swaps it in (see ``dicosa serve``)."""
+        """Take what other writers committed, in place; returns whether anything changed.
+        Not while searches run in other threads on this object: a service opens a new index
+        and swaps it in (see ``dicosa serve``)."""
         if not self.changed():
             return False
-        self._refresh()
+        self.take(Manifest.read(self.directory), False)
         return True
 
-    def _refresh(self) -> None:
-        """Take another writer's commits in place: the store object every part holds is
-        updated, each first stage gets the rows added and loses the rows removed since, and
-        the plugins stay attached (their per-row data follow the store's ids)."""
-        manifest = Manifest.read(self.directory)
-        fresh = FrameStore.open(self.directory, manifest.store)
-        # The stages made so far (one made later is filled from the refreshed store).
-        registered = ([Registered(self._stages.dense, dense=True)]
-                      if self._stages.dense is not None else []) + list(self._stages.extra)
-        before = self.store.live()
-        self.store.__dict__.update(fresh.__dict__)
-        self.store.reserved = read_reserved(self.directory)
-        gone, came = np.setdiff1d(before, self.store.live()), np.setdiff1d(self.store.live(),
-                                                                           before)
-        for entry in registered:
-            if len(gone):
-                entry.stage.remove(gone)
-            if len(came):
-                self._stages.add_rows(entry, came)
-        self.frames, self._fingerprint = manifest.frames, manifest.fingerprint
-        self.segments = manifest.segments
-        self.meta, self.skipped = manifest.meta, list(manifest.skipped)
-        self._generation = manifest.generation
-        self._stages.synced = manifest.first_stage.get("synced")
+    # -- rows ---------------------------------------------------------------------------
+    def add_features(self, video: VideoFeatures, rows: list[dict]) -> np.ndarray:
+        """One ``clips`` shard of already encoded videos (:meth:`VideoIndex.add_features`)."""
+        return self._replace([r["path"] for r in rows], len(rows),
+                             lambda: self.store.append(video, rows))
 
-    def _reload(self) -> None:
-        """This object as the folder's last commit says, model and plugins kept."""
-        manifest = Manifest.read(self.directory)
-        for ctx in self._contexts.values():
-            ctx.detach()
-        self._apply(manifest)
-        if self.model is not None:
-            self._stages.model, self._stages.device = self.model, self.device
-            for key, plugin in list(self.plugins.items()):
-                self._attach_plugin(key, plugin)
+    def add_runs(self, runs: list[VideoRun], pad: np.ndarray, window: int) -> np.ndarray:
+        """One ``runs`` shard of frame runs cut into segments of at most ``window`` frames
+        (:meth:`VideoIndex.add_runs`)."""
+        return self._replace([r.row["path"] for r in runs],
+                             sum(len(r.segments) for r in runs),
+                             lambda: self.store.append_runs(runs, pad, window))
 
-    def _apply(self, manifest: Manifest) -> None:
-        """Take the committed state ``manifest`` describes (no model or plugin work)."""
-        spec = manifest.first_stage
-        spec = {"backend": spec.get("backend"), "uri": spec.get("uri"),
-                "options": spec.get("options") or {}, "summary": spec.get("summary",
-                                                                          "confidence"),
-                "calibration": spec.get("calibration"), "dim": spec.get("dim"),
-                "synced": spec.get("synced")}
-        self.frames = manifest.frames
-        self.segments = manifest.segments
-        self._fingerprint = manifest.fingerprint
-        self.meta = manifest.meta
-        self.skipped = list(manifest.skipped)
-        self._generation = manifest.generation
-        self.store = FrameStore.open(self.directory, manifest.store)
-        self.store.reserved = read_reserved(self.directory)
-        self._stages = StageSet(self.store, spec, self._stages._summary_head)
-        self._stages.directory = self.directory
-        self._stages.open_dense(self.directory)
+    def _replace(self, paths: list[str], count: int, append: Callable[[], np.ndarray]
+                 ) -> np.ndarray:
+        with self.transaction():
+            replaced = self.live_ids_of(paths)
+            if len(replaced):
+                self.store.remove(replaced)
+                self.stages.remove(replaced)
+            self._reserve(count)
+            return self.stages.extend(append)
+
+    def link(self, shards: list[tuple[str, int, dict | None]], window: int | None
+             ) -> np.ndarray:
+        """Shard files already in the folder, ``(name, count, sha256)``, appended as new rows
+        in one transaction (:meth:`VideoIndex.link_shards`); ``window``: the rows' width when
+        the store does not know it yet."""
+        with self.transaction():
+            if self.store.num_frames is None and window is not None:
+                # a runs shard's own width is its longest segment's, maybe under N
+                self.store.num_frames = window
+            self._reserve(sum(count for _, count, _ in shards))
+            return self.stages.extend(lambda: np.concatenate(
+                [np.zeros(0, np.int64)] + [self.store.link(name, count, sha256)
+                                           for name, count, sha256 in shards]))
+
+    def remove(self, videos: str | Iterable[str] | np.ndarray | Sequence[int]) -> int:
+        """Every row of ``videos`` (paths, or ids: a video's or any of its rows') out of the
+        store and every stage, in one transaction; returns how many rows were live."""
+        items = [videos] if isinstance(videos, str) else list(np.asarray(videos).reshape(-1)
+                                                              if isinstance(videos, np.ndarray)
+                                                              else videos)
+        with self.transaction():
+            if items and isinstance(items[0], (str, os.PathLike)):
+                ids = self.live_ids_of(items)
+            else:
+                ids = self._rows_of_videos(np.asarray(items, dtype=np.int64))
+            ids = self.store.remove(ids)
+            if len(ids):
+                self.stages.remove(ids)
+                if self.directory is not None:
+                    self.stages.save(self.directory)
+        return len(ids)
 
     def _reserve(self, count: int) -> None:
-        """Record the ids the next rows take before any file holds them (manifest.py)."""
+        """Record the ids the next ``count`` rows take before any file holds them; the
+        append starts at the first (a reload starts after all of them)."""
         first = max(self.store.next_id, self.store.reserved)
         if self.directory is not None:
             write_reserved(self.directory, first + count)
-        self.store.reserved = first  # the append starts here (a reload: after all of it)
+        self.store.reserved = first
 
+    def _rows_of_videos(self, ids: np.ndarray) -> np.ndarray:
+        """Every live row of the videos that rows ``ids`` belong to (unknown ids ignored)."""
+        ids = ids[(ids >= 0) & (ids < self.store.next_id)]
+        if not self.store.segmented:
+            return ids
+        return np.concatenate([np.zeros(0, np.int64)] + [
+            self.store.videos.rows(int(v)) for v in np.unique(self.store.videos.of(ids))])
+
+    def live_ids_of(self, paths: Sequence[str | os.PathLike]) -> np.ndarray:
+        """The live rows of the videos at ``paths``."""
+        if not len(self.store):
+            return np.zeros(0, dtype=np.int64)
+        table = self.store.table.all()
+        wanted = {str(Path(p).resolve()) for p in paths} | {str(p) for p in paths}
+        return table.index[table["path"].isin(wanted)].to_numpy(np.int64)

@@ -33,8 +33,9 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import pandas as pd
@@ -43,35 +44,53 @@ import torch
 from ..data.protocol import FrameProtocol
 from ..data.segments import SegmentPolicy
 from ..fingerprint import fingerprint_mismatch, model_fingerprint
+from ..integers import at_least
 from ..model import DiCoSA, VideoFeatures
 from ..search.query_text import QueryText
+from ..search.shards import VideoRun
 from ..search.store import FrameStore
+from ..search.store_check import verify as verify_store
 from ..search.types import RerankHook
-from .adding import Adding
+from .annotations import Annotations
+from .encode import clips_as_features
+from .hits import Hit
+from .ingest import Clip, ingest, new_or_changed
 from .listing import list_videos
-from .lock import WriterLock
-from .manifest import MANIFEST, Manifest
+from .lock import IndexBusyError
+from .manifest import MANIFEST, Manifest, read_reserved
 from .plugin_host import PluginHost
-from .plugins import IndexContext, IndexPlugin
-from .searcher import SearchMode
-from .searching import Searching
+from .plugins import IndexContext, IndexPlugin, chosen_plugins
+from .resume import (
+    check_frame_dtype,
+    check_frames,
+    check_segments,
+    check_stage,
+    segment_policy,
+)
+from .searcher import DEFAULT_CANDIDATES, Searcher, SearchParts, SearchResult, check_search
 from .stages import DEFAULT_BACKEND, StageSet, default_summary_kind
-from .transactions import Transactional
+from .transactions import Writer
 
 __all__ = ["VideoIndex", "open_index"]
 
 log = logging.getLogger(__name__)
 
-_DENSE = {"dense": SearchMode(("dense",), "the dense first stage only")}
 
-
-class VideoIndex(Transactional, Adding, PluginHost, Searching):
+class VideoIndex:
     """Per-frame features of a video collection, searched in two stages (module docstring).
 
     Build with :meth:`build`, reopen with :meth:`load` (or :func:`open_index`, which also
-    rebuilds the recorded model). ``index.skipped`` lists the files that could not be
-    decoded, as ``(path, reason)``. ``hooks``, ``query_encoders`` and ``modes`` are the
-    search's extension points (plugins fill them through :meth:`use`).
+    rebuilds the recorded model); search with :meth:`query` (a :class:`SearchResult` per
+    text) or :meth:`search` (its hits). ``index.skipped`` lists the files that could not be
+    decoded, as ``(path, reason)``.
+
+    A façade over its collaborators, each with one job: ``store`` (the frames, a
+    :class:`~dicosa.search.store.FrameStore`), ``stages`` (the first stages kept in step with
+    it, :class:`~dicosa.index.stages.StageSet`), ``plugins`` (the attached plugins and the
+    hooks, query encoders and modes they registered,
+    :class:`~dicosa.index.plugin_host.PluginHost`) and ``writer`` (lock, transactions and
+    the rows written in them, :class:`~dicosa.index.transactions.Writer`). A search borrows
+    a frozen :meth:`snapshot` of them.
 
     ``summary`` is what the dense stage compares (:mod:`dicosa.search.proxy`): None gives a
     new index ``"frames"`` (every frame a row, a video scored by its best frame: no training
@@ -108,32 +127,33 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
         self.frames = FrameProtocol().override(frame_sampling, frame_padding)
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else None
-        self.directory: Path | None = None
         self.skipped: list[tuple[str, str]] = []
         self.text_only: list[tuple[str, str]] = []  # undecodable, indexed from the title
         self.partial: list[tuple[str, str]] = []  # (path, damage) of this object's adds
         self.meta: dict = {}
         self.store = FrameStore(frame_dtype=frame_dtype or "float16")
-        self.hooks: list[RerankHook] = []
-        self.query_encoders: list[Callable] = []
-        self.modes: dict[str, SearchMode] = dict(_DENSE)
-        self.plugins: dict[str, IndexPlugin] = {}
-        self._contexts: dict[str, IndexContext] = {}
-        self._stages = StageSet(self.store, {
+        self.stages = StageSet(self.store, {
             "backend": backend, "uri": uri, "options": dict(stage_options or {}),
             "summary": summary or default_summary_kind(backend), "calibration": None,
             "dim": None}, summary_head)
+        self.writer = Writer(self.store, self.stages, self._manifest, self._take, lock_timeout)
+        self.plugins = PluginHost(self._context)
         self._fingerprint: dict | None = None
-        self._generation = 0
-        self.lock_timeout = lock_timeout
-        self._lock: WriterLock | None = None
-        self._in_transaction = 0
         self.model_key: str | None = None  # set by attach
         # how queries are encoded (the text tower, the cache): set by attach, or by
         # configure_queries
         self.query_text: QueryText | None = None
         if model is not None:
             self.attach(model)
+
+    @property
+    def directory(self) -> Path | None:
+        """The index folder (None: in memory until :meth:`save`)."""
+        return self.writer.directory
+
+    @directory.setter
+    def directory(self, directory: Path | None) -> None:
+        self.writer.directory = self.stages.directory = directory
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -150,9 +170,9 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
 
         ``options`` are :meth:`create_or_resume`'s (backend, uri, stage_options, summary,
         summary_head, frame_sampling, frame_padding, lock_timeout, segments, frame_dtype);
-        the rest are
-        :meth:`add`'s. ``meta``: free-form JSON-able facts stored in the manifest. A folder
-        of videos that does not exist is one sentence, and ``out_dir`` is left as it was.
+        the rest are :meth:`add`'s. ``meta``: free-form JSON-able facts stored in the
+        manifest. A folder of videos that does not exist is one sentence, and ``out_dir`` is
+        left as it was.
         """
         videos = list_videos(videos)  # before anything is written
         index = cls.create_or_resume(model, out_dir, tokenizer=tokenizer, device=device,
@@ -177,18 +197,18 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
                          segments: SegmentPolicy | dict | bool | None = None,
                          frame_dtype: str | None = None) -> VideoIndex:
         """The index in ``out_dir`` (same model, frame protocol and first stage, else one
-        ValueError sentence), or a new empty one committed there at once (None: in memory).
-        Options left None (``backend="default"``) keep what a resumed index recorded; a new
-        index gets the defaults (``backend=None``: no dense stage, for the parts of a
-        multi-process build)."""
+        ValueError sentence: :mod:`dicosa.index.resume`), or a new empty one committed there
+        at once (None: in memory). Options left None (``backend="default"``) keep what a
+        resumed index recorded; a new index gets the defaults (``backend=None``: no dense
+        stage, for the parts of a multi-process build)."""
         out = Path(out_dir) if out_dir is not None else None
         if out is not None and (out / MANIFEST).is_file():
             index = cls.load(out, model, tokenizer=tokenizer, device=device,
                              lock_timeout=lock_timeout)
-            index._check_frames(frame_sampling, frame_padding)
-            index._check_segments(segments)
-            index._check_frame_dtype(frame_dtype)
-            index._check_stage(backend, uri, stage_options, summary)
+            check_frames(out, index.frames, frame_sampling, frame_padding)
+            check_segments(out, index.segments, segments, model.config.num_frames)
+            check_frame_dtype(out, index.store.frame_dtype, frame_dtype)
+            check_stage(out, index.stages.spec, backend, uri, stage_options, summary)
             log.info("resuming the index at %s (%d videos)", out, len(index))
             return index
         index = cls(model, tokenizer=tokenizer, device=device,
@@ -204,88 +224,10 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
                 from ..files import storage_error
 
                 raise storage_error(exc, out, "creating the index folder") from None
-            index.directory = index.store.directory = index._stages.directory = out
+            index.directory = index.store.directory = out
             with index.transaction():
                 pass  # the first commit: an empty index with its settings
         return index
-
-    def _check_frames(self, sampling: str | None, padding: str | None) -> None:
-        """Refuse to decode with another frame protocol than the index was built with: its
-        rows would be features of differently picked frames (None keeps a field)."""
-        asked = self.frames.override(sampling, padding)
-        if asked != self.frames:
-            raise ValueError(f"the index at {self.directory or 'this index'} decodes videos "
-                             f"with frame {self.frames} (its manifest), not {asked}; build "
-                             "a new index to decode with another frame protocol")
-
-    def _check_segments(self, segments: SegmentPolicy | dict | bool | None) -> None:
-        """Refuse to cut videos otherwise than the index does (None keeps what it does)."""
-        if segments is None:
-            return
-        asked = segment_policy(segments, self._require_model().config.num_frames)
-        if asked == self.segments:
-            return
-        where = self.directory or "this index"
-        if self.segments is None:
-            raise ValueError(f"the index at {where} keeps one row per video (it was built "
-                             "before segments); to search inside long videos, build a new "
-                             "index: dicosa index VIDEOS --out NEW_INDEX")
-        raise ValueError(f"the index at {where} cuts videos by {self.segments.as_dict()}, not "
-                         f"{'no segments' if asked is None else asked.as_dict()}; leave the "
-                         "option out to add to it, or build a new index")
-
-    def _check_frame_dtype(self, frame_dtype: str | None) -> None:
-        """Refuse to keep new frames otherwise than the index does (None keeps its way)."""
-        if frame_dtype is not None and frame_dtype != self.store.frame_dtype:
-            raise ValueError(f"the index at {self.directory} keeps frames as "
-                             f"{self.store.frame_dtype}, not {frame_dtype}; leave the option "
-                             "out to add to it, or build a new index")
-
-    def _check_stage(self, backend: str | None, uri: str | None, options: dict | None,
-                     summary: str | None) -> None:
-        """Options that cannot apply to an existing index are one sentence, not ignored."""
-        spec = self._stages.spec
-        asked = {"backend": backend, "uri": uri, "options": options or None,
-                 "summary": summary}
-        known = {"backend": spec.get("backend"), "uri": spec.get("uri"),
-                 "options": spec.get("options") or None, "summary": spec.get("summary")}
-        aliases = {"local": "faiss"}
-        def same(a, b) -> bool:
-            return (aliases.get(a, a) == aliases.get(b, b) if isinstance(a, str)
-                    and isinstance(b, str) else a == b)
-
-        differ = [k for k, v in asked.items() if v is not None and v != "default"
-                  and not same(v, known[k])]
-        if differ:
-            said = ", ".join(f"{k} {asked[k]!r} (it has {known[k]!r})" for k in differ)
-            raise ValueError(f"the index at {self.directory} already exists with another "
-                             f"first stage: {said}; leave the option out to add to it, or "
-                             "build a new index")
-
-    # -- first stages ---------------------------------------------------------------------
-    @property
-    def stages(self) -> list:
-        """The first stages, the dense one first."""
-        return [r.stage for r in self._stages.all()]
-
-    def dense_summary(self):
-        """What the dense stage compares per video and per query
-        (:class:`~dicosa.search.proxy.Summary`)."""
-        return self._stages.summary()
-
-    def summary_vectors(self, ids: np.ndarray, proxies: np.ndarray | None = None) -> np.ndarray:
-        """The dense stage's vectors of rows ``ids`` (from their stored proxies or frames)."""
-        return self._stages.summary_vectors(ids, proxies)
-
-    @property
-    def stage_spec(self) -> dict:
-        """The dense stage's settings (the manifest's ``first_stage``)."""
-        return self._stages.spec
-
-    def add_first_stage(self, stage, videos=None, *, indexed: np.ndarray | None = None
-                        ) -> None:
-        """Register another first stage (not recorded: a plugin records itself)."""
-        self._stages.register(stage, videos, indexed)
 
     # -- persistence ----------------------------------------------------------------------
     def save(self, directory: str | os.PathLike) -> Path:
@@ -297,12 +239,12 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
             if (directory / MANIFEST).is_file():
                 raise FileExistsError(f"{directory} already holds an index; save into an "
                                       "empty folder, or add to that index")
-            self._generation = 0
-        self.directory = self._stages.directory = directory
+            self.writer.generation = 0
+        self.directory = directory
         with self.transaction():
             self.store.save(directory)
-            self._stages.save_summary_head()
-            self._stages.save(directory)
+            self.stages.save_summary_head()
+            self.stages.save(directory)
         return directory
 
     @classmethod
@@ -322,7 +264,8 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
             strict: a model that differs raises ValueError (True) or warns (False).
             plugins: restore every plugin the manifest records (but those in ``skip``);
                 a front end's ``options`` may replace or leave out one
-                (:meth:`restore_plugins`).
+                (:meth:`IndexPlugin.from_options`; one put in a record's place is recorded,
+                when no other process is writing).
             verify: check each shard file against its recorded checksum now (reads the
                 whole store); None: when the store is under 1 GiB.
 
@@ -332,24 +275,69 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
         """
         index = cls(None, tokenizer=tokenizer, device=device, lock_timeout=lock_timeout)
         index.directory = Path(directory)
-        index._apply(Manifest.read(index.directory))
+        index._take(Manifest.read(index.directory), True)
         index._verify(verify)
         if model is not None:
             index.attach(model, strict=strict)
             if plugins:
-                index.restore_plugins(skip, options)
+                chosen = chosen_plugins(options, index.meta) if options else None
+                index.plugins.restore(index.meta, skip, chosen,
+                                      lambda plugin: index.use(plugin, wait=False))
         return index
 
     def _verify(self, verify: bool | None) -> None:
         if verify is None:
             verify = sum(s.frames.nbytes for s in self.store.shards) < 1 << 30
-        problems = self.store.verify() if verify else []
+        problems = verify_store(self.store) if verify else []
         if problems:
             from ..search.store import StoreError
 
             raise StoreError(f"{problems[0]}" + (f" (and {len(problems) - 1} more)"
                                                  if len(problems) > 1 else "")
                              + "; run 'dicosa check INDEX' for the details")
+
+    # -- the writer's side ----------------------------------------------------------------
+    def writing(self, timeout: float | None = None):
+        """Hold the folder's writer lock (:meth:`Writer.writing`)."""
+        return self.writer.writing(timeout)
+
+    def transaction(self, timeout: float | None = None):
+        """One change ending in one manifest commit (:meth:`Writer.transaction`)."""
+        return self.writer.transaction(timeout)
+
+    def _manifest(self, generation: int) -> Manifest:
+        """This object's state as commit ``generation`` records it."""
+        store = self.store.manifest()
+        if store["num_frames"] is None:
+            store["num_frames"] = (self._fingerprint or {}).get("config", {}).get("num_frames")
+            store["dim"] = self.model.embed_dim if self.model is not None else None
+        return Manifest(self._fingerprint, store, self.stages.record(), list(self.skipped),
+                        self.frames, self.meta, generation, len(self), self.segments)
+
+    def _take(self, manifest: Manifest, whole: bool) -> None:
+        """The state ``manifest`` commits, in place: ``whole`` (opening, or the last commit
+        after a failed write), every stage as recorded and every plugin attached again;
+        else (another writer's commits) each stage given the rows added and losing the rows
+        removed since, the plugins kept (their per-row data follow the store's ids)."""
+        before = self.store.live()
+        self.store.take(FrameStore.open(self.directory, manifest.store))
+        self.store.reserved = read_reserved(self.directory)
+        self.frames, self.segments = manifest.frames, manifest.segments
+        self._fingerprint, self.meta = manifest.fingerprint, manifest.meta
+        self.skipped = list(manifest.skipped)
+        self.writer.generation = manifest.generation
+        if not whole:
+            self.stages.follow(before)
+            self.stages.synced = manifest.first_stage.get("synced")
+            return
+        spec = manifest.first_stage
+        self.stages.reset({"backend": spec.get("backend"), "uri": spec.get("uri"),
+                           "options": spec.get("options") or {},
+                           "summary": spec.get("summary", "confidence"),
+                           "calibration": spec.get("calibration"), "dim": spec.get("dim"),
+                           "synced": spec.get("synced")}, self.directory)
+        if self.model is not None:
+            self.plugins.reattach()
 
     # -- model ----------------------------------------------------------------------------
     def attach(self, model: DiCoSA, strict: bool = True) -> None:
@@ -377,8 +365,8 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
             self.device = (torch.device("cuda") if torch.cuda.is_available()
                            else next(model.parameters()).device)
         self.model = model.to(self.device).eval()
-        self._stages.model, self._stages.device = self.model, self.device
-        self._stages.directory = self.directory
+        self.stages.model, self.stages.device = self.model, self.device
+        self.stages.directory = self.directory
         if self.tokenizer is None:
             from ..clip import get_tokenizer
 
@@ -386,55 +374,237 @@ class VideoIndex(Transactional, Adding, PluginHost, Searching):
         if self.query_text is None or self.query_text.model is not self.model:
             self.query_text = QueryText(self.model, self.tokenizer, self.device)
 
+    def configure_queries(self, tower: str = "float", cache: int = 0) -> QueryText:
+        """Encode queries with ``tower`` (``"float"``: the model's text tower; ``"packed"``:
+        the CPU tower, same vectors; ``"int8"``: it with int8 linear layers; ``"auto"``:
+        packed on a CPU, :mod:`dicosa.text_tower`) and keep the vectors of the last ``cache``
+        query texts (0: none); see :mod:`dicosa.search.query_text`."""
+        self.query_text = QueryText(self._require_model(), self.tokenizer, self.device,
+                                    tower=tower, cache=cache)
+        return self.query_text
+
     def _require_model(self) -> DiCoSA:
         if self.model is None:
             raise RuntimeError("this index was loaded without a model; pass "
                                "VideoIndex.load(directory, model) to encode or search")
         return self.model
 
+    # -- plugins --------------------------------------------------------------------------
+    def use(self, plugin: IndexPlugin, *, record: bool = True, wait: bool = True
+            ) -> IndexPlugin:
+        """Attach ``plugin`` (replacing one of the same key) and, with ``record``, keep its
+        record in the manifest so that :meth:`load` restores it; returns it. ``wait=False``:
+        while another process writes the index, the record is kept in this object only
+        (:meth:`remember`)."""
+        self._require_model()
+        self.plugins.attach(plugin)
+        recorded = plugin.record() if record else None
+        if recorded is not None:
+            self.remember(plugin.key, recorded, wait=wait)
+        return plugin
+
+    def _context(self) -> IndexContext:
+        return IndexContext(self.model, self.tokenizer, self.device, self.store,
+                            self.directory, self.model_key, self.meta, self.stages,
+                            self.plugins.modes, self.plugins.hooks, self.plugins.encoders,
+                            self.writer.holds)
+
+    def remember(self, key: str, value: dict, *, wait: bool = True) -> bool:
+        """Keep ``value`` as ``meta[key]`` in one transaction from the current manifest; a
+        record that is already there writes nothing. ``wait=False``: when another process
+        is writing, keep it in this object only, say so, and return False."""
+        if self.meta.get(key) == value:
+            return True
+        try:
+            with self.transaction(timeout=None if wait else 0):
+                self.meta[key] = value
+        except IndexBusyError as exc:
+            self.meta[key] = value
+            log.warning("%s; the %s setting applies to this search but is not recorded",
+                        exc, key)
+            return False
+        return True
+
+    # -- search ---------------------------------------------------------------------------
+    def snapshot(self, hooks: Sequence[RerankHook] | None = None,
+                 options: dict | None = None) -> SearchParts:
+        """The parts a search reads, frozen now (:class:`~dicosa.index.searcher.SearchParts`):
+        ``hooks`` instead of the plugins' (None: theirs); ``options`` go into every batch's
+        ``EncodedQueries.extra`` before the query encoders run (``{"source": ...}``)."""
+        encoders = tuple(self.plugins.encoders)
+        if options:
+            encoders = (lambda encoded: encoded.extra.update(options), *encoders)
+        return SearchParts(self._require_model(), self.device, self.store, self.stages,
+                           MappingProxyType(dict(self.plugins.modes)),
+                           tuple(self.plugins.hooks if hooks is None else hooks), encoders,
+                           MappingProxyType(self.plugins.explainers()), self.frames,
+                           self.query_text)
+
+    def query(self, text: str | Sequence[str], k: int = 10,
+              candidates: int | None = DEFAULT_CANDIDATES, *,
+              hooks: Sequence[RerankHook] | None = None, chunk: int = 1024,
+              exclude: Sequence[str] = (), mode: str | None = None, **options: object
+              ) -> SearchResult | list[SearchResult]:
+        """The ``k`` best videos for ``text`` and everything the search computed: a
+        :class:`SearchResult` (hits best first, seconds per stage, the encoded query, the
+        candidates and their scores, ``truncated``, ``explain``, ``timelines``); a list of
+        texts gives one per text, searched together.
+
+        Args:
+            candidates: rows the first stage(s) propose for DiCoSA to rerank (C, raised to
+                ``k`` when smaller). None scores every row with :meth:`DiCoSA.score` (the
+                exhaustive reference); C at least the index's size reranks every row.
+            hooks: rerank hooks to apply instead of the plugins'.
+            chunk: videos per forward of the exhaustive path.
+            exclude: things every result should not show, as ``"A without B"`` in the text
+                does (needs the exclusion plugin).
+            mode: a search mode (``index.plugins.modes``): which first stages propose
+                candidates (``"dense"``; with a lexical head ``"lexical"``, ``"bow"`` or
+                ``"hybrid"``). None: every registered stage.
+            options: the search options the plugins register
+                (``index.plugins.query_options``), e.g. the text plugin's ``source``: what
+                the query is matched against, ``"visual"`` (DiCoSA alone), ``"subtitles"``,
+                ``"speech"``, ``"screen"``, ``"text"`` (the three), ``"all"``, or several (a
+                list, or comma-separated). None: what the option does by default.
+        """
+        k, candidates = check_search(text, k, candidates)
+        texts = [text] if isinstance(text, str) else list(text)
+        searcher = Searcher(self.snapshot(hooks, self.check_request(**options)))
+        results = searcher.run(texts, k, candidates, exclude=exclude, mode=mode, chunk=chunk)
+        for result in results:
+            if result.truncated:
+                log.warning("the query %r is longer than the %d tokens the model reads; it was "
+                            "searched as far as the model reads it", result.query[:60],
+                            self.model.config.max_words)
+        return results[0] if isinstance(text, str) else results
+
+    def search(self, text: str | Sequence[str], k: int = 10,
+               candidates: int | None = DEFAULT_CANDIDATES, **options
+               ) -> list[Hit] | list[list[Hit]]:
+        """The hits of :meth:`query` (its arguments): the ``k`` best videos for ``text``,
+        best first; a list of texts gives one list per text."""
+        found = self.query(text, k, candidates, **options)
+        return found.hits if isinstance(found, SearchResult) else [r.hits for r in found]
+
+    def check_request(self, exclude: Sequence[str] = (), mode: str | None = None,
+                      **options: object) -> dict:
+        """The one check of a search's request against this index (its plugins', one
+        sentence where it cannot answer: :meth:`PluginHost.check_request
+        <dicosa.index.plugin_host.PluginHost.check_request>`); the options as the query
+        encoders read them."""
+        return self.plugins.check_request(exclude, mode, **options)
+
+    @property
+    def default_mode(self) -> str:
+        """The search mode of a search that names none (a plugin's, else dense)."""
+        return self.plugins.default_mode
+
+    @property
+    def annotations(self) -> Annotations:
+        """What the plugins add to answers, as the front ends ask for it."""
+        return self.plugins.annotations
+
+    # -- writes ---------------------------------------------------------------------------
+    def add(self, videos: str | os.PathLike | Iterable[str | os.PathLike], *,
+            batch_size: int = 16, num_workers: int | None = None, shard_size: int = 256,
+            progress: bool = True, titles: dict[str, str] | str | os.PathLike | None = None,
+            only_new: bool = True) -> int:
+        """Encode and store the videos not yet indexed, and those whose file changed (size
+        or modification time) since it was indexed; returns how many were stored.
+
+        Files that cannot be decoded are logged, counted in :attr:`skipped` and left out,
+        unless ``titles`` gives them a title: then they are indexed text-only (no frame in
+        the mask; :attr:`text_only`); those whose decode lost part of them are indexed from
+        what decodes and listed in :attr:`partial`. Each full shard is one transaction:
+        stored, given to every first stage, committed. ``only_new=False`` encodes every
+        listed video (each process of a multi-process build has decided itself what is new).
+        The writer lock is held from the listing to the end, so two writers never encode the
+        same video.
+        """
+        from ..search.title_fusion import normalise_titles
+
+        batch_size = at_least(batch_size, "batch_size")
+        shard_size = at_least(shard_size, "shard_size")
+        if num_workers is not None:
+            num_workers = at_least(num_workers, "num_workers", least=0)
+        model = self._require_model()
+        listed = list(dict.fromkeys(list_videos(videos)))
+        with self.writing():
+            todo = (new_or_changed(listed, self.store.table.videos()) if only_new
+                    else listed)
+            if not todo:
+                return 0
+            retried = set(todo)
+            with self.transaction():
+                self.skipped = [(p, r) for p, r in self.skipped if p not in retried]
+            report = ingest(model, self.device, todo, self.frames, self._store_pending,
+                            segments=self.segments, batch_size=batch_size,
+                            num_workers=num_workers, shard_size=shard_size,
+                            progress=progress, titles=normalise_titles(titles))
+            with self.transaction():
+                self.skipped += report.skipped
+                self.text_only += report.text_only
+                self.partial += report.partial
+                if self.directory is not None:
+                    self.stages.save(self.directory)
+        if report.skipped:
+            log.warning("skipped %d of %d video files that could not be indexed (see "
+                        "index.skipped)", len(report.skipped), len(todo))
+        return report.added
+
+    def _store_pending(self, pending: list[Clip] | list[VideoRun], pad: np.ndarray) -> None:
+        if isinstance(pending[0], VideoRun):
+            self.add_runs(pending, pad)
+            return
+        self.add_features(*clips_as_features(pending))
+
+    def add_features(self, video: VideoFeatures, rows: list[dict]) -> np.ndarray:
+        """Store already encoded videos (float16 ``[n, N, D]`` frames and their metadata rows,
+        at least ``path``) as one shard, in one transaction; returns their row ids. A live
+        row of the same path is replaced (a changed file encoded again)."""
+        return self.writer.add_features(video, rows)
+
+    def add_runs(self, runs: list[VideoRun], pad: np.ndarray) -> np.ndarray:
+        """Store already encoded videos as frame runs cut into segments (one ``runs``
+        shard, :mod:`dicosa.search.shards`), in one transaction; returns their row ids. The
+        live rows of the same paths are replaced."""
+        return self.writer.add_runs(runs, pad, self.segments.window)
+
+    def link_shards(self, shards: list[tuple[str, int, dict | None]]) -> np.ndarray:
+        """Append shard files already in the index folder, ``(name, count, sha256)``: each
+        ``name`` relative to the folder, holding ``count`` rows, ``sha256`` its files'
+        checksums where the writer recorded them; as new rows, without copying them, in one
+        transaction; returns their ids. The merge of a multi-process or Ray build links its
+        workers' shards this way."""
+        return self.writer.link(shards, None if self.segments is None
+                                else self.segments.window)
+
+    def remove(self, videos: str | Iterable[str] | np.ndarray | Sequence[int]) -> int:
+        """Remove videos (paths, or ids: a video's id or any of its rows' ids) from the store
+        and every first stage, every row of each, in one transaction; returns how many rows
+        were live. Their ids are never reused."""
+        return self.writer.remove(videos)
+
     # -- contents -------------------------------------------------------------------------
     def __len__(self) -> int:
         """Indexed (live) videos; a long video's segments count once (rows:
         ``len(index.store)``)."""
-        return self.store.num_videos()
+        return len(self.store.videos)
 
     @property
     def ids(self) -> np.ndarray:
         """Ids of the indexed (live) videos, ascending (a video's id is its first row's)."""
-        return self.store.live_videos()
+        return self.store.videos.live()
 
     @property
     def paths(self) -> list[str]:
-        return self.store.paths(self.store.live_videos())
+        return self.store.table.paths(self.store.videos.live())
 
     @property
     def metadata(self) -> pd.DataFrame:
         """One row per indexed video (index: the video's id): the columns of
         :data:`dicosa.search.store.COLUMNS`."""
-        return self.store.video_metadata()
-
-    @property
-    def features(self) -> VideoFeatures:
-        """Every live row's features, float16 ``frames [R, N, D]`` and ``frame_mask [R, N]``,
-        read into memory: for small indexes and tests; search reads only candidates."""
-        if not len(self):
-            raise ValueError("the index is empty")
-        return self.store.gather(self.store.live())
-
-def segment_policy(segments: SegmentPolicy | dict | bool | None,
-                   num_frames: int) -> SegmentPolicy | None:
-    """The :class:`SegmentPolicy` the ``segments`` option asks for, for a model of
-    ``num_frames`` frames (see :class:`VideoIndex`)."""
-    if segments is False:
-        return None
-    if segments is None or segments is True:
-        return SegmentPolicy(window=num_frames)
-    if isinstance(segments, dict):
-        return SegmentPolicy.from_dict({"window": num_frames, **segments})
-    if segments.window != num_frames:
-        raise ValueError(f"a segment holds the model's {num_frames} frames, not "
-                         f"{segments.window}")
-    return segments
+        return self.store.table.videos()
 
 
 def open_index(directory: str | os.PathLike, model: DiCoSA | None = None, *,
@@ -444,7 +614,7 @@ def open_index(directory: str | os.PathLike, model: DiCoSA | None = None, *,
                options: dict | None = None) -> VideoIndex:
     """An index ready to search as it was recorded: the model its manifest names (unless
     ``model`` is given) and every plugin it recorded (but those in ``skip``; ``options``:
-    a front end's, :meth:`VideoIndex.restore_plugins`).
+    a front end's, :meth:`VideoIndex.load`).
     ``towers="text"`` loads that model without CLIP's image tower: a process that only
     searches (adding videos then says it needs the whole model). ``verify``: as
     :meth:`VideoIndex.load`'s."""

@@ -257,7 +257,7 @@ class TextPlugin(IndexPlugin):
         """Rows ``missing`` read by :attr:`reads` (workers of a cluster, each holding its
         recogniser), a video's rows in one job; each job's lines committed here as it comes
         back (this process alone writes the text index), its reports added up."""
-        videos = self._ctx.store.videos_of(missing)
+        videos = self._ctx.store.videos.of(missing)
         chunks, start = [], 0
         for end in range(1, len(missing) + 1):  # whole videos, about _READ_CHUNK rows each
             if end == len(missing) or (end - start >= _READ_CHUNK
@@ -364,7 +364,7 @@ class TextPlugin(IndexPlugin):
         found = list(lines.values())[:limit]
         if not found and self._ctx is not None:
             matched = np.array([m.row for m in ranking.matches], dtype=np.int64)
-            videos = self._ctx.store.videos_of(matched)
+            videos = self._ctx.store.videos.of(matched)
             found = [m for m, v in zip(ranking.matches, videos, strict=True) if v == hit.id][:1]
         return [ranking.said(m) for m in found]
 

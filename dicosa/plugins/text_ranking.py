@@ -93,7 +93,7 @@ class TextRanking:
         live = store.is_live(np.array([m.row for m in found], np.int64))
         ranking.matches = [m for m, ok in zip(found, live, strict=True) if ok][:TEXT_RANKED]
         rows = np.array([m.row for m in ranking.matches], np.int64)
-        spans = store.spans(rows)  # [n, 2]
+        spans = store.videos.spans(rows)  # [n, 2]
         scores = np.array([m.score for m in ranking.matches]) * held(
             np.array([m.start for m in ranking.matches]),
             np.array([m.end for m in ranking.matches]), spans[:, 0], spans[:, 1])

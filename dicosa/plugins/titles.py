@@ -206,7 +206,7 @@ def index_fusion_rows(ctx, head=None, start: int = 0) -> FusionRows:
     first = min(start, len(cache.array))  # the cache may need rows before start too
     live = store.live()
     live = live[live >= first]
-    table = store.rows(live)
+    table = store.table.rows(live)
     title = [""] * (end - first)
     text_only = np.ones(end - first, dtype=bool)
     frames_lost = np.ones(end - first, dtype=np.float32)

@@ -16,7 +16,7 @@ and row.
 A **timeline** says, frame by frame over the whole video, how well it matches: each frame
 gets the DiCoSA score S of the best row that holds it and its weight in that row's pooling,
 a_i = softmax_i(Tᵀ f_i / τ) (Eq. 1, :func:`dicosa.functional.matched_pooling_weights`): the
-frames the score rests on (:func:`video_timeline`).
+frames the score rests on (:func:`video_timelines`).
 
 Frame times. A long video's rows keep their frames' times as the decoder gave them (the store's
 ``frame_time``). A video decoded as N frames (a short one, or any video of an index without
@@ -49,8 +49,7 @@ from ..model import DiCoSA, TextFeatures, VideoFeatures
 
 __all__ = ["JOIN_LEVEL", "Moment", "Timeline", "best_moments", "format_span", "frame_times",
            "frame_weights", "overlaps",
-           "row_frame_times", "timeline_rows", "timelines", "video_timeline",
-           "video_timelines"]
+           "row_frame_times", "timeline_rows", "timelines", "video_timelines"]
 
 
 # An overlapping row joins a moment when its score is at least this far from the background
@@ -114,9 +113,9 @@ def frame_times(frames: FrameProtocol, slots: int, rows: pd.DataFrame | dict,
                 frame_mask: Tensor | np.ndarray, stored: np.ndarray | None = None
                 ) -> np.ndarray:
     """The time of each frame slot of the store's rows ``rows`` (metadata in order: a table,
-    or :meth:`FrameStore.columns` of ``num_frames``, ``fps`` and ``frames_lost``) whose
+    or ``store.table.columns`` of ``num_frames``, ``fps`` and ``frames_lost``) whose
     stored frames have ``frame_mask [n, N]``: float64 ``[n, N]``. ``stored`` [n, N]: the
-    times the store keeps (:meth:`FrameStore.times`), used where a row has any; the others
+    times the store keeps (``store.videos.times``), used where a row has any; the others
     are :func:`row_frame_times`."""
     mask = np.asarray(frame_mask, dtype=bool)
     out = np.full((len(mask), slots), np.nan)
@@ -320,31 +319,25 @@ def _rounded(values: np.ndarray, digits: int) -> list[float | None]:
     return out.tolist()
 
 
-def video_timeline(model: DiCoSA, store, protocol: FrameProtocol, text: Tensor,
-                   video: int) -> Timeline | None:
-    """The timeline of video ``video`` (its id in ``store``) under the text vector
-    ``text [1, D]`` (:func:`video_timelines` of one video)."""
-    return video_timelines(model, store, protocol, text, [video])[0]
-
-
 @torch.inference_mode()
 def video_timelines(model: DiCoSA, store, protocol: FrameProtocol, text: Tensor,
                     videos: list[int], max_rows: int | None = None,
-                    keep: list[np.ndarray] | None = None) -> list[Timeline | None]:
+                    keep: list[np.ndarray] | None = None,
+                    scored: tuple[np.ndarray, np.ndarray] | None = None
+                    ) -> list[Timeline | None]:
     """The timelines of ``videos`` (ids in ``store``) under the text vector ``text [1, D]``:
     every row of each video scored by DiCoSA and pooled (Eq. 1), each frame given the score
     of the best row holding it and its weight there. The rows of all the videos are read and
-    scored together.
+    scored together; ``scored``: rows ``[C]`` whose S is known ``[C]`` (a search's
+    candidates: -1 pads, -inf where unknown), not scored again.
 
     ``max_rows``: a video of more rows has only that many scored (:func:`timeline_rows`:
     ``keep[i]``, its rows that must be, and the rest spread evenly over it), and its frames
     outside them are left out of its timeline (invalid, as padding is). Scoring every row of
     an hour-long video costs the search seven times over (~760 rows against 1,000
     candidates shared by all the hits), so a service bounds it."""
-    from .rerank import pair_scores
-
-    layouts = [store.run(v, frames=False) for v in videos]  # None: a clip, its one row
-    every = [store.video_rows(v) if run is None else run["rows"][store.is_live(run["rows"])]
+    layouts = [store.videos.run(v, frames=False) for v in videos]  # None: a clip, its one row
+    every = [store.videos.rows(v) if run is None else run["rows"][store.is_live(run["rows"])]
              for v, run in zip(videos, layouts, strict=True)]
     per_video = [timeline_rows(own, None if keep is None else keep[i], max_rows,
                                _starts(run, own, max_rows))
@@ -356,26 +349,46 @@ def video_timelines(model: DiCoSA, store, protocol: FrameProtocol, text: Tensor,
     features = store.gather(rows, dtype)  # [R, N, D]
     text = text.to(next(model.parameters()).device, dtype)
     weights = frame_weights(model, text, features).numpy()  # [R, N]
-    one = torch.zeros(len(rows), dtype=torch.int64, device=text.device)
-    scored = pair_scores(model, TextFeatures(text), features.to(text.device, dtype),
-                         pairs=one).cpu().numpy()  # [R]
+    scores = _row_scores(model, text, features, rows, scored)  # [R]
     mask = features.frame_mask.numpy()
-    metadata = store.columns(rows, ("num_frames", "fps", "frames_lost"))
+    metadata = store.table.columns(rows, ("num_frames", "fps", "frames_lost"))
     times = frame_times(protocol, mask.shape[1], metadata, mask,
-                        stored=store.times(rows))  # [R, N]
-    spans = store.spans(rows)
+                        stored=store.videos.times(rows))  # [R, N]
+    spans = store.videos.spans(rows)
     out, first = [], 0
     for run, own, total in zip(layouts, per_video, every, strict=True):
         part = slice(first, first + len(own))
         first += len(own)
         out.append(_video_timeline(run if len(own) else None, own, weights[part],
-                                   times[part], mask[part], scored[part], spans[part],
+                                   times[part], mask[part], scores[part], spans[part],
                                    len(total)))
     return out
 
 
+def _row_scores(model: DiCoSA, text: Tensor, features: VideoFeatures, rows: np.ndarray,
+                scored: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """DiCoSA's S of ``text [1, D]`` with each of ``rows [R]`` (their ``features``): the
+    known one where ``scored`` holds a finite S for the row, else computed now: ``[R]``."""
+    from .rerank import pair_scores
+
+    out = np.full(len(rows), np.nan)
+    if scored is not None:
+        ids, values = scored
+        known = (ids >= 0) & np.isfinite(values)
+        found = dict(zip(ids[known].tolist(), values[known].tolist(), strict=True))
+        out[:] = [found.get(row, np.nan) for row in rows.tolist()]
+    todo = np.flatnonzero(np.isnan(out))
+    if len(todo):
+        dtype = next(model.parameters()).dtype
+        video = VideoFeatures(features.frames[todo], features.frame_mask[todo])
+        one = torch.zeros(len(todo), dtype=torch.int64, device=text.device)
+        out[todo] = pair_scores(model, TextFeatures(text), video.to(text.device, dtype),
+                                pairs=one).cpu().numpy()
+    return out
+
+
 def _starts(run: dict | None, rows: np.ndarray, max_rows: int | None) -> np.ndarray | None:
-    """[L] the start times of a video's ``rows`` (from its ``run``, :meth:`FrameStore.run`)
+    """[L] the start times of a video's ``rows`` (from its ``run``, ``store.videos.run``)
     where :func:`timeline_rows` spreads over them (more rows than ``max_rows``), else None."""
     if run is None or max_rows is None or len(rows) <= max_rows:
         return None

@@ -61,7 +61,7 @@ from .frame_codec import dequantise, quantise
 from .row_checksums import CRC_TENSOR, video_crcs
 
 __all__ = ["COLUMNS", "ClipShard", "RunShard", "StoreError", "VideoRun", "open_shard",
-           "populate", "read_rows", "write_shard"]
+           "populate", "populate_shards", "read_rows", "write_shard"]
 
 # path, duration (s, as decoded), fps, num_frames (in the file), valid_frames (stored frames
 # that are real, the rest padding); title, text_only, frames_lost are reserved for heads that
@@ -584,6 +584,17 @@ def populate(array: np.ndarray) -> int:
     except OSError:  # EINVAL: a kernel without it
         return 0
     return len(mapped)
+
+
+def populate_shards(shards: list[Shard], max_bytes: int) -> int:
+    """Map every written shard's frames into this process now (:func:`populate`), so that
+    reading rows costs no page faults; nothing when the frames not yet in the page cache
+    exceed ``max_bytes`` (the page cache could not keep them, and reading them all would only
+    push out other pages; frames another process has mapped in cost nothing more). The bytes
+    mapped."""
+    if sum(uncached(shard.frames) for shard in shards) > max_bytes:
+        return 0
+    return sum(populate(shard.frames) for shard in shards)
 
 
 def read_rows(path: Path | io.StringIO) -> pd.DataFrame:

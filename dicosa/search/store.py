@@ -11,7 +11,7 @@ one. Shards keep their rows in one of two layouts (:mod:`dicosa.search.shards`):
 one row of N frames per video, and ``runs``, each video's frames once with rows that are
 views of them; :meth:`FrameStore.gather` gives both the same ``[n, N, D]`` shape. The rows of
 one video are consecutive ids; the video's id is the id of its first row
-(:meth:`FrameStore.videos_of`), and removing a video removes all of them.
+(``store.videos.of``), and removing a video removes all of them.
 
 A shard's name may also be a path relative to the index folder (``parts/rank-1/shard-00000``:
 the shards a multi-process build's processes wrote, linked by :meth:`FrameStore.link`).
@@ -19,6 +19,12 @@ the shards a multi-process build's processes wrote, linked by :meth:`FrameStore.
 Row ids are store row numbers: shard ``s`` holds ids ``first_id .. first_id + count - 1``.
 Removed rows are tombstoned (listed in the manifest) and their ids are never reused. The
 store's part of the manifest is :meth:`FrameStore.manifest`; the index writes the file.
+
+:class:`FrameStore` keeps the shards, the id space and the frames (read, appended, linked,
+saved); it composes the rest, each a module with one job: ``store.videos`` (row ↔ video and
+time, :mod:`dicosa.search.row_videos`) and ``store.table`` (the metadata,
+:mod:`dicosa.search.row_table`); checking its files is :mod:`dicosa.search.store_check`,
+mapping them in :func:`~dicosa.search.shards.populate_shards`.
 
 Version-1 indexes (shards without "proxy", five csv columns) are read as they are: their
 proxies are computed when opened and the missing columns read as empty.
@@ -28,19 +34,17 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..files import file_sha256
 from ..model import VideoFeatures
 from .frame_codec import check_frame_dtype, dequantise
-from .row_checksums import damaged_videos
+from .row_table import COLUMNS, ROW_COLUMNS, RowTable
+from .row_videos import VideoMap
 from .shards import (
-    COLUMNS,
     ClipShard,
     RunShard,
     Shard,
@@ -48,49 +52,11 @@ from .shards import (
     VideoRun,
     finite_rows,
     open_shard,
-    populate,
     read_rows,
-    uncached,
     write_shard,
 )
 
-__all__ = ["COLUMNS", "ROW_COLUMNS", "ChecksumFailure", "FrameStore", "StoreError",
-           "VideoRun", "finite_rows"]
-
-# What store.rows() gives per row: the video's metadata, then the row's own: ``video`` (the id
-# of the video's first row: how the rows of one video are told apart from another's) and the
-# row's ``start``/``end`` in seconds.
-ROW_COLUMNS = (*COLUMNS, "video", "start", "end")
-
-
-@dataclass
-class ChecksumFailure:
-    """A shard file that differs from its checksum, and the live rows that cannot be trusted
-    for it."""
-
-    path: Path  # the first of the shard's files that differs
-    ids: np.ndarray  # int64 [n] live row ids
-    by_row: bool  # True: named by their videos' CRC32s; False: every live row of the shard
-    files: list[str] = field(default_factory=list)  # every differing file's suffix
-
-    def sentence(self) -> str:
-        """What is damaged, as one sentence (no advice: the caller's)."""
-        what = "is missing" if not self.path.is_file() else "does not match its checksum"
-        rows = _span(self.ids)
-        if self.by_row and len(self.ids) == 1:
-            return f"{self.path} {what}: its row {rows} fails its own checksum"
-        if self.by_row:
-            return f"{self.path} {what}: its rows {rows} fail their own checksums"
-        return f"{self.path} {what} (rows {rows}: the whole shard)"
-
-
-def _span(ids: np.ndarray) -> str:
-    """Row ids as a reader takes them in: ``3``, ``3, 7``, ``4..9`` or ``3, 7, 8 and 5 more``."""
-    ids = np.asarray(ids)
-    if len(ids) > 2 and ids[-1] - ids[0] == len(ids) - 1:
-        return f"{ids[0]}..{ids[-1]}"
-    shown = ", ".join(str(i) for i in ids[:3])
-    return shown + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+__all__ = ["COLUMNS", "ROW_COLUMNS", "FrameStore", "StoreError", "VideoRun", "finite_rows"]
 
 
 class FrameStore:
@@ -108,7 +74,11 @@ class FrameStore:
         # dicosa/index/manifest.py, "reserved ids"); the next append starts at or after it.
         self.reserved = 0
         self._starts = np.zeros(0, dtype=np.int64)
-        self._videos: tuple[tuple[int, int], np.ndarray] | None = None  # (state, live videos)
+        self._compose()
+
+    def _compose(self) -> None:
+        self.videos = VideoMap(self)  # row <-> video and time
+        self.table = RowTable(self, self.videos)  # the rows' metadata
 
     # -- contents -------------------------------------------------------------------------
     @property
@@ -139,7 +109,7 @@ class FrameStore:
         """Whether any shard keeps runs (rows that are segments of longer videos)."""
         return any(isinstance(s, RunShard) for s in self.shards)
 
-    def _locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(shard number, row within the shard) of each id."""
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.next_id):
@@ -147,12 +117,12 @@ class FrameStore:
         shard = np.searchsorted(self._starts, ids, side="right") - 1
         return shard, ids - self._starts[shard]
 
-    def _by_shard(self, ids: np.ndarray):
+    def by_shard(self, ids: np.ndarray):
         """Yield (shard, positions in ``ids``, rows in the shard), one shard at a time, the
         rows ascending (pages are read in file order). One sort of ``ids`` groups them all."""
         ids = np.asarray(ids, dtype=np.int64)
         order = np.argsort(ids, kind="stable")
-        shard, row = self._locate(ids[order])
+        shard, row = self.locate(ids[order])
         bounds = np.flatnonzero(np.diff(shard)) + 1
         for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(order)], strict=True):
             if hi > lo:
@@ -168,7 +138,7 @@ class FrameStore:
         made); another ``dtype`` is converted from float16.
         """
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        parts = list(self._by_shard(ids))
+        parts = list(self.by_shard(ids))
         if _all_int8(parts):
             # int8 rows of every shard side by side, dequantised in one pass (per shard,
             # the many small conversions cost more than the bytes)
@@ -188,7 +158,7 @@ class FrameStore:
         None when any of the rows lies in a float16 shard. Ascending ids are read fastest:
         each shard's rows are copied straight into their place in the answer."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        parts = list(self._by_shard(ids))
+        parts = list(self.by_shard(ids))
         return self._codes(ids, parts) if _all_int8(parts) else None
 
     def _codes(self, ids: np.ndarray, parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -215,7 +185,7 @@ class FrameStore:
         if all(shard.all_rows_have_frames() for shard in self.shards):
             return np.ones(len(ids), dtype=bool)  # the usual store: no lookup per query
         out = np.empty(len(ids), dtype=bool)
-        for shard, where, rows in self._by_shard(ids):
+        for shard, where, rows in self.by_shard(ids):
             out[where] = shard.valid_any(rows)
         return out
 
@@ -223,7 +193,7 @@ class FrameStore:
         """Dense proxies of rows ``ids``: float32 ``[n, D]``."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         out = np.empty((len(ids), self.dim), dtype=np.float32)
-        for shard, where, rows in self._by_shard(ids):
+        for shard, where, rows in self.by_shard(ids):
             out[where] = shard.proxy[rows]
         return out
 
@@ -234,114 +204,6 @@ class FrameStore:
             keep = self.is_live(ids)
             if keep.any():
                 yield ids[keep], np.asarray(shard.proxy[keep], dtype=np.float32)
-
-    # -- videos and time ------------------------------------------------------------------
-    def videos_of(self, ids: np.ndarray) -> np.ndarray:
-        """The video of each row ``ids`` [n]: the id of the video's first row, int64 [n]."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        out = np.empty(len(ids), dtype=np.int64)
-        for shard, where, rows in self._by_shard(ids):
-            out[where] = shard.first_id + shard.first_row(shard.video_of(rows))
-        return out
-
-    def live_videos(self) -> np.ndarray:
-        """Ids of the live videos (each its first row's id), ascending."""
-        key = (self.next_id, len(self.removed))
-        if self._videos is None or self._videos[0] != key:
-            live = self.live()
-            if self.segmented and len(live):
-                live = live[self.videos_of(live) == live]
-            self._videos = (key, live)
-        return self._videos[1]
-
-    def num_videos(self) -> int:
-        """Live videos (a long video's segments count once)."""
-        return len(self.live_videos())
-
-    def video_rows(self, video: int) -> np.ndarray:
-        """The live row ids of video ``video`` (an id :meth:`videos_of` gives), in time order."""
-        shard, row = self._locate(np.array([video]))
-        part = self.shards[int(shard[0])]
-        rows = part.rows_of(int(part.video_of(row)[0])) + part.first_id
-        return rows[self.is_live(rows)]
-
-    def spans(self, ids: np.ndarray) -> np.ndarray:
-        """``[start, end]`` seconds of each row ``ids`` [n]: float64 ``[n, 2]`` (a whole
-        video's row: ``[0, duration]``; NaN where the duration is unknown)."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        out = np.empty((len(ids), 2), dtype=np.float64)
-        for shard, where, rows in self._by_shard(ids):
-            out[where] = shard.spans(rows)
-        return out
-
-    def times(self, ids: np.ndarray) -> np.ndarray:
-        """The stored time of each frame slot of rows ``ids``: float64 ``[n, N]``, NaN for
-        padding and for rows that keep no times (``clips`` shards:
-        :func:`dicosa.search.moment.frame_times` recomputes theirs)."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        out = np.empty((len(ids), self.num_frames), dtype=np.float64)
-        for shard, where, rows in self._by_shard(ids):
-            out[where] = shard.times(rows, self.num_frames)
-        return out
-
-    def columns(self, ids: np.ndarray, names: tuple[str, ...]) -> dict[str, np.ndarray]:
-        """The metadata columns ``names`` (of :data:`COLUMNS`) of rows ``ids`` [n], each an
-        array [n] in that order: what :meth:`rows` gives for them, without building a table
-        (a page's moments read three numbers a row)."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        out = {name: np.empty(len(ids), dtype=object) for name in names}
-        for shard, where, rows in self._by_shard(ids):
-            videos = shard.video_of(rows)
-            for name in names:  # a column an older shard lacks reads as unknown
-                column = shard.column(name)
-                out[name][where] = np.nan if column is None else column[videos]
-        return out
-
-    def run(self, video: int, frames: bool = True) -> dict[str, np.ndarray] | None:
-        """Video ``video``'s whole run of frames (:meth:`RunShard.run`, rows as ids; without
-        its frames, ``frames=False``); None for a video of a ``clips`` shard (its one row is
-        its run)."""
-        shard, row = self._locate(np.array([video]))
-        part = self.shards[int(shard[0])]
-        if not isinstance(part, RunShard):
-            return None
-        run = part.run(int(part.video_of(row)[0]), frames)
-        run["rows"] = run["rows"] + part.first_id
-        return run
-
-    # -- metadata -------------------------------------------------------------------------
-    def rows(self, ids: np.ndarray) -> pd.DataFrame:
-        """Metadata of rows ``ids``, in that order (index = the ids): the video's
-        :data:`COLUMNS`, then the row's ``video``, ``start`` and ``end`` (:data:`ROW_COLUMNS`)."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        parts, positions, videos, spans = [], [], [], []
-        for shard, where, rows in self._by_shard(ids):
-            own = shard.video_of(rows)
-            parts.append(shard.rows.iloc[own])  # a new frame: ``take`` copies
-            videos.append(shard.first_id + shard.first_row(own))
-            spans.append(shard.spans(rows))
-            positions.append(where)
-        if not parts:
-            return pd.DataFrame(columns=list(ROW_COLUMNS))
-        # One concat and one assignment of the row columns: a page of hits is read per
-        # answer, so pandas' per-call costs are what this takes, not the bytes.
-        table = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-        span = np.concatenate(spans)
-        table = table.assign(video=np.concatenate(videos), start=span[:, 0], end=span[:, 1])
-        order = np.argsort(np.concatenate(positions), kind="stable")
-        return table.iloc[order].set_axis(ids, axis=0)
-
-    def paths(self, ids: np.ndarray) -> list[str]:
-        """The file path of each row's video (a column read, no table built)."""
-        return self.columns(ids, ("path",))["path"].tolist()
-
-    def metadata(self) -> pd.DataFrame:
-        """Metadata of every live row (index = the ids)."""
-        return self.rows(self.live())
-
-    def video_metadata(self) -> pd.DataFrame:
-        """Metadata of every live video (index = the video ids), :data:`COLUMNS` only."""
-        return self.rows(self.live_videos())[list(COLUMNS)]
 
     # -- changes --------------------------------------------------------------------------
     def append(self, video: VideoFeatures, rows: list[dict]) -> np.ndarray:
@@ -435,6 +297,12 @@ class FrameStore:
                 "removed": sorted(self.removed),
                 "shards": [_entry(s) for s in self.shards]}
 
+    def take(self, other: FrameStore) -> None:
+        """Become ``other`` (this store reopened after a commit), in place: whoever holds
+        this store sees the committed rows."""
+        self.__dict__.update(other.__dict__)
+        self._compose()  # parts that answer for this store, not for ``other``
+
     @classmethod
     def open(cls, directory: str | os.PathLike, manifest: dict) -> FrameStore:
         """Map the shards a manifest lists (version 1 to 4); nothing is read but headers
@@ -475,62 +343,6 @@ class FrameStore:
         self._starts = np.array([s.first_id for s in self.shards], dtype=np.int64)
         return np.arange(shard.first_id, shard.first_id + count, dtype=np.int64)
 
-    def verify(self) -> list[str]:
-        """Read every shard file whose checksum the manifest recorded and compare: one
-        sentence per shard whose damage reaches live rows (empty: none does). Reads the whole
-        store."""
-        return [failure.sentence() for failure in self.checksum_failures()]
-
-    def checksum_failures(self) -> list[ChecksumFailure]:
-        """Each shard whose files differ from their recorded sha256 in a way that reaches
-        live rows: those rows, found by the videos' CRC32s where the shard keeps them (the
-        whole shard where it keeps none, its csv differs, or the damage lies outside every
-        video). A shard whose damaged videos are all removed is sound again. Reads every
-        shard whole."""
-        found = []
-        for shard in self.shards:
-            differs = self._differing_files(shard)
-            if not differs:
-                continue
-            ids = np.arange(shard.first_id, shard.first_id + shard.count, dtype=np.int64)
-            videos = None if "csv" in differs else damaged_videos(shard)
-            if videos is not None and len(videos):
-                ids = ids[np.isin(shard.video_of(ids - shard.first_id), videos)]
-            ids = ids[self.is_live(ids)]
-            if len(ids):
-                found.append(ChecksumFailure(
-                    shard._directory / f"{shard.name}.{differs[0]}", ids,
-                    videos is not None and len(videos) > 0, differs))
-        return found
-
-    def _differing_files(self, shard: Shard) -> list[str]:
-        """The suffixes (``safetensors``, ``csv``) of ``shard``'s files that are missing or
-        differ from their recorded sha256; none for a shard without checksums or without
-        live rows (a repair removes a damaged one's)."""
-        if shard.sha256 is None or shard._directory is None or shard.name is None:
-            return []
-        ids = np.arange(shard.first_id, shard.first_id + shard.count)
-        if not self.is_live(ids).any():
-            return []
-        return [suffix for suffix, expected in shard.sha256.items()
-                if file_sha256(shard._directory / f"{shard.name}.{suffix}") != expected]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of stored frames (what a whole-store checksum check reads)."""
-        return sum(s.nbytes for s in self.shards)
-
-    def populate(self, max_bytes: int) -> int:
-        """Map every written shard into this process now (:func:`shards.populate`), so that
-        reading rows costs no page faults; nothing when the frames not yet in the page cache
-        exceed ``max_bytes`` (the page cache could not keep them, and reading them all would
-        only push out other pages; frames another process has mapped in cost nothing more).
-        The bytes mapped."""
-        if sum(uncached(shard.frames) for shard in self.shards) > max_bytes:
-            return 0
-        return sum(populate(shard.frames) for shard in self.shards)
-
-
 def _entry(shard: Shard) -> dict:
     """A shard's record in the manifest."""
     entry = {"name": shard.name, "first_id": shard.first_id, "count": shard.count}
@@ -552,5 +364,5 @@ def _table(rows: list[dict]) -> pd.DataFrame:
 
 
 def _all_int8(parts: list) -> bool:
-    """Whether every shard of ``FrameStore._by_shard``'s parts keeps int8 frames."""
+    """Whether every shard of ``FrameStore.by_shard``'s parts keeps int8 frames."""
     return bool(parts) and all(shard.frame_scale is not None for shard, _, _ in parts)

@@ -251,8 +251,9 @@ def _facts(engine: Engine | None) -> IndexFacts:
     if engine is None:
         return IndexFacts()
     index = engine.index
-    return IndexFacts(tuple(index.modes), index.leaves_out,
-                      {name: option.schema for name, option in index.query_options.items()})
+    return IndexFacts(tuple(engine.parts.modes), index.plugins.leaves_out,
+                      {name: option.schema
+                       for name, option in index.plugins.query_options.items()})
 
 
 def _install_guards(app: FastAPI, settings: Settings, guard: Guard) -> None:

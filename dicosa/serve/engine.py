@@ -1,11 +1,13 @@
 """The service's view of one opened index: search, "more like this", moments, media files.
 
 The routes (``app.py``) call only this module. It opens an index with
-:func:`~dicosa.index.open_index` (the model and every plugin the manifest recorded), searches
-with :meth:`VideoIndex.query` (whose :class:`~dicosa.index.SearchResult` carries the encoded
-query, the candidates and ``explain``), and adds what the page needs: each hit's moments and
-its timeline over the whole video, frame by frame (:mod:`dicosa.search.moment`), paging, and
-the files it may serve.
+:func:`~dicosa.index.open_index` (the model and every plugin the manifest recorded) and keeps
+its :meth:`~dicosa.index.VideoIndex.snapshot`; it searches with :meth:`VideoIndex.query`,
+asks "more like this" with a video's vector through the same
+:class:`~dicosa.index.searcher.Searcher` (whose :class:`~dicosa.index.SearchResult` carries
+the encoded query, the candidates and their scores, ``explain`` and ``timelines``), and adds
+what the page needs: each hit's moments and its timeline over the whole video, frame by frame
+(:mod:`dicosa.search.moment`), paging, and the files it may serve.
 
 An :class:`Engine` is a snapshot: nothing in it changes once it is open, and every request
 passes its parameters along (no shared search settings), so any number of requests use one at
@@ -26,18 +28,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from torch import Tensor
 
 from ..data.datasets import VIDEO_EXTENSIONS
 from ..index import Hit, SearchResult, VideoIndex, open_index
 from ..index.plugins import how_to_get
+from ..index.searcher import Searcher
 from ..integers import as_int
-from ..model import DiCoSA, TextFeatures
+from ..model import DiCoSA
 from ..search.evidence import best_within, evidence_window
-from ..search.moment import video_timelines
 from ..search.query import Query, parse_query
 from ..search.query_text import QueryText
-from ..search.types import EncodedQueries
+from ..search.shards import populate_shards
 from .errors import ServeError, UnknownMoment, UnknownVideo
 from .machine import available_bytes
 from .spec import TIMELINE_ROWS, EngineSpec
@@ -45,7 +46,6 @@ from .spec import TIMELINE_ROWS, EngineSpec
 __all__ = ["MEDIA_TYPES", "Answer", "Engine", "Ranked", "SearchRequest", "VideoFile",
            "rank_requests"]
 
-_SCORE_CHUNK = 1024  # videos per DiCoSA.score call of "more like this"
 # the metadata a hit shows (_row_facts)
 _FACTS = ("path", "title", "duration", "fps", "expected_duration", "damage")
 TIMELINE_POINTS = 240  # frames a hit's timeline sends at most (a long video's are thinned)
@@ -81,18 +81,17 @@ class Ranked:
     """One query's ranked hits before paging, with what the page needs from its search."""
 
     hits: list[Hit]
-    text: Tensor  # [1, D] the query's DiCoSA text vector (a video's proxy for "more like this")
-    candidates: np.ndarray  # [C] the row ids reranked
+    reranked: int  # rows reranked
     times: dict[str, float]  # seconds per stage of the search it ran in
     stage: str
-    result: SearchResult | None = None  # the index's answer (None: "more like this")
+    result: SearchResult | None = None  # the search (None: none ran, the index is empty)
     batch: int = 1  # queries searched together with it
+    worded: bool = True  # a query of words (False: "more like this", a video's vector)
 
     @classmethod
-    def of(cls, result: SearchResult, batch: int) -> Ranked:
-        q = result.position
-        return cls(result.hits, result.encoded.text.text[q:q + 1],
-                   result.ids[result.ids >= 0], dict(result.times), result.stage, result, batch)
+    def of(cls, result: SearchResult, batch: int, worded: bool = True) -> Ranked:
+        return cls(result.hits, result.candidates, dict(result.times), result.stage, result,
+                   batch, worded)
 
 
 @dataclass(frozen=True)
@@ -137,6 +136,7 @@ class Engine:
         if query_text is not None:  # a reopened snapshot keeps the tower and its cache
             index.query_text = query_text
         self.index = index
+        self.parts = index.snapshot()  # what every search and page of this snapshot reads
         self.model: DiCoSA = index.model
         self.said = index.annotations  # what the plugins add to answers
         self.directory = index.directory
@@ -146,7 +146,6 @@ class Engine:
         self.spec: EngineSpec | None = None  # what open() opened (None: made around an index)
         self.timeline_rows = timeline_rows  # the most rows of a video a hit's timeline scores
         self._plugins: dict | None = None  # describe_plugins(), made once
-        self._dtype = next(self.model.parameters()).dtype
         if len(index):  # lazily made parts (the dense summary, codes) made now, not racing
             index.search("warm up", k=1)
 
@@ -165,7 +164,7 @@ class Engine:
         if query_text is None:
             query_text = index.configure_queries(spec.text_tower, spec.query_cache)
         if spec.populate:
-            index.store.populate(available_bytes() // 2)
+            populate_shards(index.store.shards, available_bytes() // 2)
         engine = cls(index, media_roots=spec.media_roots, query_text=query_text,
                      timeline_rows=spec.timeline_rows)
         engine.spec = spec
@@ -186,7 +185,7 @@ class Engine:
 
     def changed(self) -> bool:
         """Whether another writer committed since this snapshot was opened."""
-        return self.index.changed()
+        return self.index.writer.changed()
 
     def outdated(self) -> bool:
         """Whether another writer has committed and finished since this snapshot was opened:
@@ -214,10 +213,10 @@ class Engine:
                       "frames": config.num_frames, "dim": self.model.embed_dim,
                       "max_words": config.max_words},
             "plugins": self.describe_plugins(),
-            "modes": {name: mode.help for name, mode in index.modes.items()},
+            "modes": {name: mode.help for name, mode in self.parts.modes.items()},
             "default_mode": self.default_mode,
-            "backend": index.stage_spec.get("backend"),
-            "summary": index.stage_spec.get("summary"),
+            "backend": index.stages.spec.get("backend"),
+            "summary": index.stages.spec.get("summary"),
             "frame_protocol": index.frames.as_dict(),
             "frame_dtype": index.store.frame_dtype,
             "timeline_rows": self.timeline_rows,
@@ -247,9 +246,7 @@ class Engine:
         """The ``depth`` best hits of each text, searched together (one batch)."""
         mode = mode or self.default_mode
         if not len(self.index):
-            empty = torch.zeros(1, self.model.embed_dim)
-            return [Ranked([], empty, np.zeros(0, np.int64), {}, "none")
-                    for _ in texts]
+            return [Ranked([], 0, {}, "none") for _ in texts]
         results = self.index.query(list(texts), k=depth, candidates=max(candidates, depth),
                                    exclude=list(exclude), mode=mode, **dict(options))
         return [Ranked.of(result, len(texts)) for result in results]
@@ -260,11 +257,12 @@ class Engine:
         started = time.perf_counter()
         page = ranked.hits[request.offset:request.depth]
         ids = np.array([h.id for h in page], dtype=np.int64)
-        facts = self.index.store.columns(ids, _FACTS)  # the one metadata read of the page
+        facts = self.parts.store.table.columns(ids, _FACTS)  # the one metadata read of the page
         rows = [{name: facts[name][i] for name in _FACTS} for i in range(len(ids))]
-        said = self._said(ranked.result, request.offset, page)
-        found = self.timelines(ranked.text, ids, [[h.row, *(m.row for m in h.moments)]
-                                                  for h in page], [w for _, w in said])
+        result = ranked.result if ranked.worded else None  # what the plugins may speak of
+        said = self._said(result, request.offset, page)
+        found = self.timelines(ranked.result, range(request.offset, request.offset + len(page)),
+                               [w for _, w in said])
         times = {**ranked.times, "moments_s": time.perf_counter() - started}
         explained = [{} for _ in page]
         if request.explain and ranked.result is not None and page:
@@ -277,7 +275,6 @@ class Engine:
                     zip(page, rows, found, explained, strict=True))]
         for hit, (added, _) in zip(hits, said, strict=True):
             hit.update(added)  # the text plugin's: the lines that matched
-        result = ranked.result
         query = result.encoded.queries[result.position] if result is not None else None
         return Answer({
             "query": {"q": request.text, "exclude": list(request.exclude),
@@ -286,15 +283,15 @@ class Engine:
                       "mode": request.mode or self.default_mode, "k": request.k,
                       "offset": request.offset, "candidates": request.candidates,
                       "explain": request.explain,
-                      **{name: None for name in self.index.query_options},
+                      **{name: None for name in self.index.plugins.query_options},
                       **dict(request.options)},
             "videos": len(self.index),
-            "reranked": len(ranked.candidates),
+            "reranked": ranked.reranked,
             "stage": ranked.stage,
             **self.said.answer(result),
             "truncated": bool(result is not None and result.truncated),
             "batch": ranked.batch,
-            "more": len(ranked.hits) >= request.depth and len(ranked.candidates) > request.depth,
+            "more": len(ranked.hits) >= request.depth and ranked.reranked > request.depth,
             "times_ms": {key[:-2]: round(1000 * value, 3) for key, value in times.items()},
             "notes": self._notes(query),
             "hits": hits,
@@ -319,36 +316,28 @@ class Engine:
         return self.answer(request, rank_requests(self, [request])[0])
 
     # -- more like this -------------------------------------------------------------------
-    @torch.inference_mode()
     def similar(self, video_id: object, *, row: object = None, k: int = 10, offset: int = 0,
                 candidates: int = 1000) -> Answer:
         """Videos like video ``video_id``, or like one of its moments (``row``, a row id its
         hit's ``moments`` name): the seed's dense proxy (the masked frame mean, Eq. 1 at
-        τ → ∞; a whole long video's: the mean of its rows') asks as a query would. The dense
-        stage proposes rows, DiCoSA's score ranks them, each video at its best row with its
-        moments (the seed's own video left out)."""
+        τ → ∞; a whole long video's: the mean of its rows') is the query vector of a search
+        (:class:`~dicosa.index.searcher.Searcher`): the dense stage proposes rows, DiCoSA's
+        score ranks them, each video at its best row with its moments, the seed's own video
+        left out."""
         seed = self.live_id(video_id)
-        store = self.index.store
-        rows = store.video_rows(seed)
+        store = self.parts.store
+        rows = store.videos.rows(seed)
         if row is not None:
             rows = rows[rows == self._row_id(row)]
             if not len(rows):
                 raise UnknownMoment(self._row_id(row), seed)
-        clock = time.perf_counter()
         depth = offset + k
         proxy = torch.from_numpy(store.proxies(rows).mean(0, keepdims=True))  # [1, D]
-        text = proxy.to(self.index.device, self._dtype)
-        ids, stage, first = self._similar_candidates(text, max(candidates, depth + 1))
-        keep = store.videos_of(ids) != seed
-        ids, first = ids[keep], first[keep]
-        found = time.perf_counter()
-        scores = torch.from_numpy(self._scores(text, ids))[None]  # [1, C]
-        labels = (stage, None if stage == "all" else first[None], None)
-        hits = self.index.searcher().top(scores, scores, ids[None], labels, depth)[0]
-        times = {"first_stage_s": found - clock, "rerank_s": time.perf_counter() - found}
+        result = Searcher(self.parts).run(proxy, depth, max(candidates, depth + 1),
+                                          skip_videos=[seed])[0]
         like = f"more like video {seed}" + ("" if row is None else f" at row {int(rows[0])}")
         request = SearchRequest(like, k=k, offset=offset, candidates=candidates, mode="dense")
-        answer = self.answer(request, Ranked(hits, text, ids, times, stage))
+        answer = self.answer(request, Ranked.of(result, 1, worded=False))
         answer.body["query"].update(like=seed, like_row=None if row is None else int(rows[0]),
                                     q=None, mode=None)
         return answer
@@ -360,46 +349,18 @@ class Engine:
             raise ServeError(f"row must be a row id (digits), got {row!r}")
         return int(text)
 
-    def _similar_candidates(self, text: Tensor, count: int) -> tuple[np.ndarray, str, np.ndarray]:
-        """``(ids [C], stage, the stage's scores [C])`` for a seed's proxy ``text``."""
-        index = self.index
-        stages = index.searcher().stages
-        dense = stages.dense_stage()
-        if dense is None or count >= len(index.store):
-            ids = index.store.live()
-            return ids, "all", np.zeros(len(ids), np.float32)
-        # The dense stage compares summary vectors: the seed asks in the query's form of them.
-        vectors = TextFeatures(stages.summary().queries(text))
-        found = dense.search(EncodedQueries([Query("more like this")], vectors,
-                                            {"mode": "dense"}), count)
-        ids, scores = found.ids[0], found.scores[0]
-        keep = (ids >= 0) & index.store.is_live(ids)
-        return ids[keep], found.stage, scores[keep]
-
-    def _scores(self, text: Tensor, ids: np.ndarray) -> np.ndarray:
-        parts = [np.zeros(0, np.float32)]
-        for start in range(0, len(ids), _SCORE_CHUNK):
-            video = self.index.store.gather(ids[start:start + _SCORE_CHUNK], self._dtype)
-            video = video.to(self.index.device)
-            parts.append(self.model.score(TextFeatures(text), video)[0].float().cpu().numpy())
-        return np.concatenate(parts)
-
     # -- the moment -----------------------------------------------------------------------
-    def timelines(self, text: Tensor, ids: np.ndarray, keep: list[list[int]],
-                  shown: list[tuple[str, tuple[float, float] | None]] | None = None
-                  ) -> list[dict | None]:
-        """Each video's relevance over its length under ``text [1, D]``, frame by frame, and
-        its best frame (:func:`dicosa.search.moment.video_timelines`): a video of more than
-        ``timeline_rows`` rows scored on that many, its rows in ``keep`` among them.
-        ``shown``: per video, what its best frame is taken from and the time range
+    def timelines(self, result: SearchResult | None, hits: range,
+                  shown: list[tuple[str, tuple[float, float] | None]]) -> list[dict | None]:
+        """Hits ``hits`` of ``result``: each one's relevance over its video's length, frame by
+        frame, and its best frame (:meth:`SearchResult.timelines`): a video of more than
+        ``timeline_rows`` rows scored on that many, its hit's moments' rows among them.
+        ``shown``: per hit, what its best frame is taken from and the time range
         (:func:`~dicosa.search.evidence.best_within`), said in ``best.by``."""
-        if not len(ids):
+        if result is None or not len(hits):
             return []
-        found = video_timelines(self.model, self.index.store, self.index.frames, text,
-                                ids.tolist(), self.timeline_rows,
-                                [np.array(rows, np.int64) for rows in keep])
-        shown = shown or [("pictures", None)] * len(found)
         out = []
+        found = result.timelines(hits, self.timeline_rows)
         for timeline, (by, window) in zip(found, shown, strict=True):
             if timeline is None:
                 out.append(None)
@@ -416,7 +377,7 @@ class Engine:
         return self.said.explain(result, i)
 
     def _notes(self, query: Query | None) -> list[str]:
-        if query is not None and query.exclude and not self.index.leaves_out:
+        if query is not None and query.exclude and not self.index.plugins.leaves_out:
             return [f"'{', '.join(query.exclude)}' was not left out: that takes "
                     f"{how_to_get(lambda plugin: plugin.leaves_out)}"]
         return []
@@ -429,8 +390,8 @@ class Engine:
         if not (text.isascii() and text.isdigit()) or len(text) > 18:
             raise UnknownVideo(video_id)
         number = int(text)
-        store = self.index.store
-        if not store.is_live(np.array([number]))[0] or store.videos_of(
+        store = self.parts.store
+        if not store.is_live(np.array([number]))[0] or store.videos.of(
                 np.array([number]))[0] != number:  # a video is named by its first row
             raise UnknownVideo(video_id)
         return number
@@ -439,7 +400,7 @@ class Engine:
         """The file of video ``video_id`` if it may be served: its row's path, resolved, a
         regular file with a video extension inside the media roots (module docstring)."""
         number = self.live_id(video_id)
-        file = self._file(number, self.index.store.paths(np.array([number]))[0])
+        file = self._file(number, self.parts.store.table.paths(np.array([number]))[0])
         if file is None:
             raise UnknownVideo(video_id)
         return file
@@ -462,7 +423,7 @@ class Engine:
     def details(self, video_id: object) -> dict:
         """A video's metadata, without its path."""
         number = self.live_id(video_id)
-        row = self.index.store.rows(np.array([number])).iloc[0]
+        row = self.parts.store.table.rows(np.array([number])).iloc[0]
         return {"id": number, **_row_facts(row)}
 
 

@@ -35,7 +35,7 @@ class EngineSpec:
         query_cache: query texts whose encodings are kept (0: none).
         timeline_rows: the most rows of a hit's video its timeline scores.
         populate: map the frame store in when opening, where what the page cache lacks of it
-            fits in half the memory available (:meth:`FrameStore.populate`).
+            fits in half the memory available (:func:`~dicosa.search.shards.populate_shards`).
     """
 
     index: str

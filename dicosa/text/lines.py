@@ -125,7 +125,7 @@ def _column(table: pd.DataFrame, name: str, n: int, missing: float) -> np.ndarra
 
 def row_spans(store, ids: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray]:
     """:func:`spans_of` the rows ``ids`` of a :class:`~dicosa.search.store.FrameStore`."""
-    return spans_of(store.rows(np.asarray(ids, dtype=np.int64)))
+    return spans_of(store.table.rows(np.asarray(ids, dtype=np.int64)))
 
 
 def assign(line_start: float, line_end: float, start: np.ndarray, end: np.ndarray
