@@ -6,7 +6,8 @@ evenly from 0.25 to 1.75 times ``--minutes`` (so that one file takes several tim
 work, as in a real collection), is indexed by each engine through the command line, as a user
 runs it, into a fresh folder:
 
-- ``processes``: ``dicosa index`` (one process, its default DataLoader decode workers);
+- ``processes``: ``dicosa index`` (one process, its default DataLoader decode workers;
+  ``processes:W`` gives it ``--num-workers W``);
 - ``ray``: ``dicosa index --engine ray``, a local Ray cluster started and stopped by the
   command (its start is timed apart once, ``ray_cluster_start_s``, for a cluster kept up);
 - ``torchrun``: ``torchrun --nproc_per_node 2 -m dicosa index``.
@@ -34,9 +35,12 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import av
 import numpy as np
+import torch
 from common import environment, report
 from ingest_long import write_video
 
@@ -51,15 +55,33 @@ def write_collection(folder: Path, args: argparse.Namespace) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     minutes = args.minutes * np.linspace(0.25, 1.75, args.videos)
     order = np.random.default_rng(0).permutation(args.videos)  # long files not all last
-    seconds = 0.0
-    for i, length in zip(order, minutes, strict=True):
-        path = folder / f"video{i:03d}-{length:.2f}min.mp4"
-        if not path.is_file():
-            write_video(path, float(length), args.width, args.height, args.fps, seed=int(i))
-        seconds += round(length * 60 * args.fps) / args.fps
+    seconds, jobs = 0.0, []
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for i, length in zip(order, minutes, strict=True):
+            path = folder / f"video{i:03d}-{length:.2f}min.mp4"
+            if not path.is_file():
+                jobs.append(pool.submit(write_video, path, float(length), args.width,
+                                        args.height, args.fps, seed=int(i)))
+            seconds += round(length * 60 * args.fps) / args.fps
+        for job in jobs:
+            job.result()
     return {"videos": args.videos, "seconds": seconds, "longest_s": float(minutes[-1] * 60),
             "shortest_s": float(minutes[0] * 60), "width": args.width, "height": args.height,
             "fps": args.fps, "bytes": sum(p.stat().st_size for p in folder.glob("*.mp4"))}
+
+
+def read_collection(folder: Path) -> dict:
+    """Facts of a folder of videos given as they are (``--collection``)."""
+    files = sorted(folder.rglob("*.mp4"))
+    if not files:
+        raise SystemExit(f"{folder} holds no .mp4 file")
+    seconds = []
+    for path in files:
+        with av.open(str(path)) as container:
+            seconds.append(container.duration / av.time_base)
+    return {"videos": len(files), "seconds": round(sum(seconds), 2),
+            "longest_s": round(max(seconds), 2), "shortest_s": round(min(seconds), 2),
+            "bytes": sum(p.stat().st_size for p in files), "given": str(folder)}
 
 
 def write_config(path: Path, args: argparse.Namespace) -> Path:
@@ -72,8 +94,11 @@ def write_config(path: Path, args: argparse.Namespace) -> Path:
 
 
 def command(engine: str, folder: Path, out: Path, config: Path) -> list[str]:
+    """``engine``'s ``dicosa index`` command line (``processes:W``: W decode workers)."""
     index = ["-m", "dicosa", "index", str(folder), "--out", str(out), "--config", str(config),
              "--no-subtitles"]
+    if engine.startswith("processes:"):
+        index += ["--num-workers", engine.split(":", 1)[1]]
     if engine == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                 "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
@@ -89,9 +114,10 @@ def free_port() -> int:
 
 def run(engine: str, folder: Path, work: Path, config: Path) -> dict:
     """One build by ``engine`` into a fresh folder: its wall time, rows, Ray's breakdown."""
-    out = work / f"index-{engine}"
+    out = work / f"index-{engine.replace(':', '-')}"
     shutil.rmtree(out, ignore_errors=True)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     started = time.perf_counter()
     done = subprocess.run(command(engine, folder, out, config), cwd=ROOT, env=env,
                           capture_output=True, text=True)
@@ -152,6 +178,9 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=12)
     p.add_argument("--engines", default=",".join(ENGINES))
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--jobs", type=int, default=1, help="processes writing the collection")
+    p.add_argument("--collection", help="index this folder of .mp4 files as it is in place "
+                   "of writing one")
     p.add_argument("--work", default="benchmarks/results/ingest-ray")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default="benchmarks/results/ingest_ray.json")
@@ -161,8 +190,13 @@ def main() -> None:
         args.arch, args.frames, args.work = "dicosa-tiny", 4, "ingest-ray-smoke"
         args.engines = "processes,ray"
     work = Path(args.work).resolve()
-    folder = work / f"videos-{args.videos}x{args.minutes:g}min-{args.height}p"
-    facts = write_collection(folder, args)
+    if args.collection:
+        folder = Path(args.collection).resolve()
+        facts = read_collection(folder)
+    else:
+        folder = work / f"videos-{args.videos}x{args.minutes:g}min-{args.height}p"
+        facts = write_collection(folder, args)
+    work.mkdir(parents=True, exist_ok=True)
     config = write_config(work / f"{args.arch}-{args.frames}.yaml", args)
     engines = [e for e in args.engines.split(",") if e]
     runs: dict[str, list[dict]] = {e: [] for e in engines}
@@ -172,7 +206,8 @@ def main() -> None:
     report({"benchmark": "ingest_ray", "collection": facts, "arch": args.arch,
             "N": args.frames, "engines": summarise(runs, facts["seconds"]),
             "ray_cluster_start_s": ray_cluster_start() if "ray" in engines else None,
-            "repeats": args.repeats, **environment("cpu")}, args.out)
+            "repeats": args.repeats,
+            **environment("cuda" if torch.cuda.is_available() else "cpu")}, args.out)
 
 
 if __name__ == "__main__":
