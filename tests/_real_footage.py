@@ -157,13 +157,14 @@ class Footage:
             at += round((end - start) * fps) / fps
         return path, sorted(round(c, 4) for c in cuts)
 
-    def portrait(self, name: str = "portrait.mp4") -> Path:
-        """Bikes' first 4 s stored turned 90 degrees clockwise (272x640 pixels) with a display
-        matrix that turns them back: shown upright, it is the landscape original."""
+    def portrait(self, name: str = "portrait.mp4", *, source: Path | None = None) -> Path:
+        """``source``'s (default bikes) first 4 s stored turned 90 degrees clockwise (bikes:
+        272x640 pixels) with a display matrix that turns them back: shown upright, it is the
+        landscape original."""
         path, made = self._out(name)
         if not made:
             turned = self.folder / f"turned-{name}"
-            run_ffmpeg("-i", str(self.bikes), "-t", "4", "-vf", "transpose=clock",
+            run_ffmpeg("-i", str(source or self.bikes), "-t", "4", "-vf", "transpose=clock",
                        "-c:v", "libx264", "-preset", "ultrafast", "-crf", "18",
                        "-pix_fmt", "yuv420p", str(turned))
             # The matrix turns the stored pixels 90 degrees counter-clockwise for display.

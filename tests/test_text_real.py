@@ -17,6 +17,7 @@ import sys
 import urllib.parse
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 
@@ -26,7 +27,7 @@ from dicosa.config import Config
 from dicosa.index import open_index
 from dicosa.model import DiCoSA
 from dicosa.text.lines import MAX_LINE_CHARS
-from dicosa.text.ocr import screen_lines
+from dicosa.text.ocr import read_lines, screen_lines
 from dicosa.text.query import SNIPPET_CHARS, words_of
 
 from ._real_footage import srt_text
@@ -258,6 +259,22 @@ def test_ocr_reads_burned_captions_and_invents_nothing(real_footage):
     lines, _ = screen_lines(title, [(0.0, 3.0)], 2)
     read = {w for line in lines for w in words_of(line.text)}
     assert len(read & {"sunrise", "over", "the", "valley"}) >= 3, lines
+
+
+@needs("tesseract", "fonts")
+def test_ocr_reads_a_portrait_video_the_right_way_up(real_footage):
+    """A lower third stored sideways with a display matrix that turns it upright (as a phone
+    records) is read as shown; the same pixels read as stored give no words of it."""
+    caption = real_footage.caption("GATE 42 LEFT LANE", "gate-caption.mp4")
+    stored_sideways = real_footage.portrait("gate-portrait.mp4", source=caption)
+    lines, report = screen_lines(stored_sideways, [(0.0, 3.0)], 2)
+    assert report.frames == 2
+    assert {"gate", "left", "lane"} <= {w for line in lines for w in words_of(line.text)}, lines
+    with av.open(str(stored_sideways)) as container:
+        frame = next(container.decode(video=0))
+    assert frame.rotation and frame.width < frame.height  # stored turned, shown upright
+    assert not {"gate", "left", "lane"} & {w for text in read_lines(frame.to_image())
+                                           for w in words_of(text)}
 
 
 # -- the page -------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.display import quarter_turns, upright
 from .lines import SourceReport, SourceUnavailable, TextLine
 
 __all__ = ["ALONE_LETTERS", "ANCHOR_CONFIDENCE", "ANCHOR_LETTERS", "BRIGHT", "DARK", "MAX_INK",
@@ -148,8 +149,19 @@ def read_lines(image) -> list[str]:
     return lines
 
 
+def _upright_image(frame):
+    """A decoded PyAV frame as a PIL image shown as a player shows it: turned as the stream's
+    display matrix says, so that a phone's portrait video is read the right way up."""
+    from PIL import Image
+
+    if not quarter_turns(frame.rotation):
+        return frame.to_image()
+    pixels = upright(frame.to_ndarray(format="rgb24"), frame.rotation)
+    return Image.fromarray(np.ascontiguousarray(pixels))
+
+
 def _frames_at(path: Path, times: list[float]) -> Iterator[tuple[float, object]]:
-    """``(time, PIL image)`` of the first frame at or after each time (ascending)."""
+    """``(time, upright PIL image)`` of the first frame at or after each time (ascending)."""
     import av
 
     with av.open(str(path)) as container:
@@ -164,7 +176,7 @@ def _frames_at(path: Path, times: list[float]) -> Iterator[tuple[float, object]]
                 if frame.pts is not None and float(frame.pts * stream.time_base) - origin >= t:
                     break
             if last is not None:
-                yield t, last.to_image()
+                yield t, _upright_image(last)
 
 
 def screen_lines(video: str | Path, spans: list[tuple[float, float]], count: int
