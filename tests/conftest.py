@@ -124,8 +124,19 @@ def cli_model():
 
 
 def pytest_sessionstart(session) -> None:
-    """Said before the tests (``-q`` too): what this machine lacks, which tests will not run."""
+    """Said before the tests (``-q`` too): what this machine lacks, which tests will not run.
+    The run's caches (the service's converted videos, under ``$XDG_CACHE_HOME``) go to a
+    folder of its own, removed after it, not into the user's ``~/.cache``; the real footage
+    keeps its own cache (``tests/_real_footage.py``)."""
+    import atexit
+    import shutil
+    import tempfile
+
     from tests._system import not_run
+
+    caches = tempfile.mkdtemp(prefix="dicosa-test-cache-")
+    os.environ["XDG_CACHE_HOME"] = caches
+    atexit.register(shutil.rmtree, caches, True)
 
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     for line in not_run() if reporter is not None else ():
