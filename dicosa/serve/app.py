@@ -226,6 +226,8 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
     _install_errors(app)
     _install_pages(app, guard, settings)
     _install_api(app, service, settings, guard, thumbnails, batcher)
+    _install_status(app, service, settings, guard, batcher)
+    _install_videos(app, service, thumbnails)
     _install_stream(app, service, media)
     install_docs(app)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -449,6 +451,7 @@ def _install_pages(app: FastAPI, guard: Guard, settings: Settings) -> None:
 
 def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guard,
                  thumbnails: Thumbnails, batcher: Batcher) -> None:
+    """Search (GET and POST) and "more like this", answers with each hit's media links."""
     limits, compute = settings.limits, service.compute  # compute: create_app's
 
     def links(answer: Answer) -> dict:
@@ -480,6 +483,47 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
         return _JSON(answer)  # as it is: FastAPI's encoder pass over it costs milliseconds
 
+    searched = {200: {"model": SearchAnswer}, **errors(400, 500, 503)}
+
+    @app.get("/api/search", tags=["search"], response_model=None, responses=searched)
+    def search(http: Request, q: str, exclude: Annotated[list[str] | None, Query()] = None,
+               k: int = 10, offset: int = 0, candidates: int = 1000, mode: str | None = None,
+               explain: bool = False, source: str | None = None) -> Response:
+        """Rank the videos for ``q`` ("A without B" leaves B out, as ``exclude`` does): the
+        page ``[offset, offset + k)`` with each hit's frame weights, their times and the best
+        moment, the time per stage, and (``explain``) the words and concepts behind each;
+        ``source`` (visual, subtitles, speech, screen, text, all) what the query is matched
+        against, each hit saying the ``line`` that matched."""
+        return run_search(_checked(limits, q, exclude or [], k, offset, candidates, mode,
+                                   explain, source), http)
+
+    @app.post("/api/search", tags=["search"], response_model=None, responses=searched)
+    def search_body(body: SearchBody, http: Request) -> Response:
+        """:func:`search` with the parameters in a JSON body."""
+        return run_search(_checked(limits, body.q, body.exclude, body.k, body.offset,
+                                   body.candidates, body.mode, body.explain, body.source),
+                          http)
+
+    @app.get("/api/videos/{video_id}/similar", tags=["videos"], response_model=None,
+             responses={200: {"model": SearchAnswer}, **errors(400, 404, 500, 503)})
+    def similar(video_id: str, k: int = 10, offset: int = 0, candidates: int = 1000,
+                row: str | None = None) -> Response:
+        """More like this: the videos whose frames are most like this video's (or, with
+        ``row``, like one of its moments: a row its hit's ``moments`` name), with moments."""
+        request = _checked(limits, "similar", [], k, offset, candidates, None, False)
+        started = time.perf_counter()
+        engine = service.engine
+        answer = links(compute.run(engine.similar, video_id, row=row, k=request.k,
+                                   offset=request.offset, candidates=request.candidates))
+        answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
+        return _JSON(answer)
+
+
+def _install_status(app: FastAPI, service: Service, settings: Settings, guard: Guard,
+                    batcher: Batcher) -> None:
+    """Whether the service answers, whether its index is open, and what it searches."""
+    limits = settings.limits
+
     @app.get("/api/health", tags=["service"], response_model=None,
              responses={200: {"model": Health}, **errors(500)})
     def health() -> dict:
@@ -504,46 +548,15 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
                 "server": {"pid": os.getpid(), "threads": batcher.ranking.threads,
                            "max_batch": settings.max_batch, **settings.topology.as_dict()}}
 
-    searched = {200: {"model": SearchAnswer}, **errors(400, 500, 503)}
 
-    @app.get("/api/search", tags=["search"], response_model=None, responses=searched)
-    def search(http: Request, q: str, exclude: Annotated[list[str] | None, Query()] = None,
-               k: int = 10, offset: int = 0, candidates: int = 1000, mode: str | None = None,
-               explain: bool = False, source: str | None = None) -> Response:
-        """Rank the videos for ``q`` ("A without B" leaves B out, as ``exclude`` does): the
-        page ``[offset, offset + k)`` with each hit's frame weights, their times and the best
-        moment, the time per stage, and (``explain``) the words and concepts behind each;
-        ``source`` (visual, subtitles, speech, screen, text, all) what the query is matched
-        against, each hit saying the ``line`` that matched."""
-        return run_search(_checked(limits, q, exclude or [], k, offset, candidates, mode,
-                                   explain, source), http)
-
-    @app.post("/api/search", tags=["search"], response_model=None, responses=searched)
-    def search_body(body: SearchBody, http: Request) -> Response:
-        """:func:`search` with the parameters in a JSON body."""
-        return run_search(_checked(limits, body.q, body.exclude, body.k, body.offset,
-                                   body.candidates, body.mode, body.explain, body.source),
-                          http)
+def _install_videos(app: FastAPI, service: Service, thumbnails: Thumbnails) -> None:
+    """A video's facts and its thumbnails (its stream: :func:`_install_stream`)."""
 
     @app.get("/api/videos/{video_id}", tags=["videos"], response_model=None,
              responses={200: {"model": VideoDetails}, **errors(404, 500, 503)})
     def video(video_id: str) -> dict:
         """A video's name, title, duration and frame rate (never its path)."""
         return service.engine.details(video_id)
-
-    @app.get("/api/videos/{video_id}/similar", tags=["videos"], response_model=None,
-             responses={200: {"model": SearchAnswer}, **errors(400, 404, 500, 503)})
-    def similar(video_id: str, k: int = 10, offset: int = 0, candidates: int = 1000,
-                row: str | None = None) -> Response:
-        """More like this: the videos whose frames are most like this video's (or, with
-        ``row``, like one of its moments: a row its hit's ``moments`` name), with moments."""
-        request = _checked(limits, "similar", [], k, offset, candidates, None, False)
-        started = time.perf_counter()
-        engine = service.engine
-        answer = links(compute.run(engine.similar, video_id, row=row, k=request.k,
-                                   offset=request.offset, candidates=request.candidates))
-        answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
-        return _JSON(answer)
 
     @app.get("/api/videos/{video_id}/thumb", tags=["videos"], response_class=Response,
              responses={200: _MEDIA["image"], **errors(400, 404, 500, 503)})
