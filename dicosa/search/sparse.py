@@ -50,7 +50,7 @@ def _as_csr(videos: object, width: int) -> sp.csr_matrix:
     return matrix
 
 
-def lexical_vectors(queries: EncodedQueries, k: int):
+def lexical_vectors(queries: EncodedQueries, k: int) -> object:
     """The queries' sparse word vectors (the lexical head's ``extra["lexical"]``) for a search
     of ``k`` rows each; one sentence where either is missing or wrong."""
     if k < 1:

@@ -35,6 +35,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -225,9 +226,11 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
     _install_arrivals(app, batcher)
     _install_errors(app)
     _install_pages(app, guard, settings)
-    _install_api(app, service, settings, guard, thumbnails, batcher)
+    # Registration order is the order of /openapi.json's paths and of the docs page.
+    links = _media_links(app, guard, thumbnails)
     _install_status(app, service, settings, guard, batcher)
-    _install_videos(app, service, thumbnails)
+    _install_api(app, service, settings, batcher, links)
+    _install_videos(app, service, settings, thumbnails, links)
     _install_stream(app, service, media)
     install_docs(app)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -449,10 +452,9 @@ def _install_pages(app: FastAPI, guard: Guard, settings: Settings) -> None:
         return response
 
 
-def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guard,
-                 thumbnails: Thumbnails, batcher: Batcher) -> None:
-    """Search (GET and POST) and "more like this", answers with each hit's media links."""
-    limits, compute = settings.limits, service.compute  # compute: create_app's
+def _media_links(app: FastAPI, guard: Guard,
+                 thumbnails: Thumbnails) -> Callable[[Answer], dict]:
+    """The function that gives an answer's body with the media links of each hit."""
 
     def links(answer: Answer) -> dict:
         """The answer's body with the media links of each hit (tokens in them when a key is
@@ -474,6 +476,14 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
             hit["media_token"] = token or None  # for links to its other moments
         thumbnails.prefetch(wanted)
         return answer.body
+
+    return links
+
+
+def _install_api(app: FastAPI, service: Service, settings: Settings, batcher: Batcher,
+                 links: Callable[[Answer], dict]) -> None:
+    """Search (GET and POST), answers with each hit's media links (``links``)."""
+    limits = settings.limits
 
     def run_search(request: SearchRequest, http: Request) -> Response:
         started = time.perf_counter()
@@ -503,20 +513,6 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         return run_search(_checked(limits, body.q, body.exclude, body.k, body.offset,
                                    body.candidates, body.mode, body.explain, body.source),
                           http)
-
-    @app.get("/api/videos/{video_id}/similar", tags=["videos"], response_model=None,
-             responses={200: {"model": SearchAnswer}, **errors(400, 404, 500, 503)})
-    def similar(video_id: str, k: int = 10, offset: int = 0, candidates: int = 1000,
-                row: str | None = None) -> Response:
-        """More like this: the videos whose frames are most like this video's (or, with
-        ``row``, like one of its moments: a row its hit's ``moments`` name), with moments."""
-        request = _checked(limits, "similar", [], k, offset, candidates, None, False)
-        started = time.perf_counter()
-        engine = service.engine
-        answer = links(compute.run(engine.similar, video_id, row=row, k=request.k,
-                                   offset=request.offset, candidates=request.candidates))
-        answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
-        return _JSON(answer)
 
 
 def _install_status(app: FastAPI, service: Service, settings: Settings, guard: Guard,
@@ -549,14 +545,31 @@ def _install_status(app: FastAPI, service: Service, settings: Settings, guard: G
                            "max_batch": settings.max_batch, **settings.topology.as_dict()}}
 
 
-def _install_videos(app: FastAPI, service: Service, thumbnails: Thumbnails) -> None:
-    """A video's facts and its thumbnails (its stream: :func:`_install_stream`)."""
+def _install_videos(app: FastAPI, service: Service, settings: Settings,
+                    thumbnails: Thumbnails, links: Callable[[Answer], dict]) -> None:
+    """A video's facts, "more like this" and its thumbnails (its stream:
+    :func:`_install_stream`)."""
+    limits, compute = settings.limits, service.compute  # compute: create_app's
 
     @app.get("/api/videos/{video_id}", tags=["videos"], response_model=None,
              responses={200: {"model": VideoDetails}, **errors(404, 500, 503)})
     def video(video_id: str) -> dict:
         """A video's name, title, duration and frame rate (never its path)."""
         return service.engine.details(video_id)
+
+    @app.get("/api/videos/{video_id}/similar", tags=["videos"], response_model=None,
+             responses={200: {"model": SearchAnswer}, **errors(400, 404, 500, 503)})
+    def similar(video_id: str, k: int = 10, offset: int = 0, candidates: int = 1000,
+                row: str | None = None) -> Response:
+        """More like this: the videos whose frames are most like this video's (or, with
+        ``row``, like one of its moments: a row its hit's ``moments`` name), with moments."""
+        request = _checked(limits, "similar", [], k, offset, candidates, None, False)
+        started = time.perf_counter()
+        engine = service.engine
+        answer = links(compute.run(engine.similar, video_id, row=row, k=request.k,
+                                   offset=request.offset, candidates=request.candidates))
+        answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
+        return _JSON(answer)
 
     @app.get("/api/videos/{video_id}/thumb", tags=["videos"], response_class=Response,
              responses={200: _MEDIA["image"], **errors(400, 404, 500, 503)})
