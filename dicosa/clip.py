@@ -91,24 +91,8 @@ def load_clip(
         or path.is_file()
     )
     if is_file:
-        if not path.is_file():
-            raise FileNotFoundError(f"CLIP checkpoint not found: {path}")
-        model = open_clip.create_model(
-            arch, pretrained=None,
-            force_quick_gelu=_wants_quick_gelu(arch) if quick_gelu is None else quick_gelu,
-        )
-        state = _load_state_dict(path)
-        missing, unexpected = _diff_keys(model, state)
-        if missing or unexpected:
-            raise ValueError(
-                f"checkpoint {path} does not match architecture '{arch}': "
-                f"{len(missing)} missing keys (e.g. {missing[:3]}), "
-                f"{len(unexpected)} unexpected keys (e.g. {unexpected[:3]})"
-            )
-        try:
-            model.load_state_dict(state, strict=True)
-        except RuntimeError as e:
-            raise ValueError(f"checkpoint {path} does not match architecture '{arch}': {e}") from e
+        model = _from_state_dict_file(
+            arch, path, _wants_quick_gelu(arch) if quick_gelu is None else quick_gelu)
     elif pretrained is None:
         # Random weights were asked for: open_clip's "No pretrained weights loaded ... Model
         # initialized randomly" says nothing the caller does not know (the demo says it once).
@@ -156,6 +140,27 @@ def _quiet_random_init() -> Iterator[None]:
         yield
     finally:
         root.removeFilter(quiet)
+
+
+def _from_state_dict_file(arch: str, path: Path, quick_gelu: bool):
+    """``arch`` with the weights of the state-dict file ``path``: one sentence where the
+    file is missing or its keys or shapes are not the architecture's."""
+    if not path.is_file():
+        raise FileNotFoundError(f"CLIP checkpoint not found: {path}")
+    model = open_clip.create_model(arch, pretrained=None, force_quick_gelu=quick_gelu)
+    state = _load_state_dict(path)
+    missing, unexpected = _diff_keys(model, state)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {path} does not match architecture '{arch}': "
+            f"{len(missing)} missing keys (e.g. {missing[:3]}), "
+            f"{len(unexpected)} unexpected keys (e.g. {unexpected[:3]})"
+        )
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"checkpoint {path} does not match architecture '{arch}': {e}") from e
+    return model
 
 
 def _wants_quick_gelu(arch: str) -> bool:

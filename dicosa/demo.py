@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from .config import replace, resolve_config
@@ -55,31 +56,15 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
         ``{"data", "run", "checkpoint", "metrics", "figure", "index", "search"}`` paths.
     """
     from .checkpoint import load
-    from .data.datasets import load_split
-    from .data.long_synthetic import load_long_synthetic, make_long_synthetic
-    from .data.protocol import FrameProtocol
-    from .data.synthetic import make_synthetic
     from .evaluation import evaluate, format_table
-    from .heads.summary import default_summary
-    from .index import VideoIndex
     from .training import train
-    from .visualize import visualize_factors
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    num_train, num_test, train_overrides = _QUICK if quick else _FULL
     started = time.perf_counter()
 
     _stage("1/7 synthetic benchmark")
-    cfg = resolve_config(config, None, overrides)
-    if cfg.model.pretrained is None:
-        print(f"model: {cfg.model.arch} from random weights (model.pretrained is null: "
-              "nothing is downloaded; the numbers below check the pipeline, not DiCoSA)")
-    # Clips at the model's resolution: decoding larger frames only to shrink them is wasted.
-    data = make_synthetic(out / "data", num_train=num_train, num_test=num_test,
-                          size=_image_size(cfg.model.arch), seconds=1.0, seed=0)
-    cfg = replace(cfg, data={"root": str(data)},
-                  train={"output_dir": str(out / "run"), **train_overrides})
+    cfg, data = _benchmark(out, resolve_config(config, None, overrides), quick)
 
     _stage("2/7 training")
     run = Path(train(cfg))
@@ -91,65 +76,16 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
 
     _stage("4/7 factor visualisation")
     model, cfg = load(checkpoint)
-    test = load_split(cfg.data.dataset, data, cfg.data.test_split)
-    vocabulary = load_split(cfg.data.dataset, data, cfg.data.train_split).captions
-    video = test.video_paths[test.caption_video[0]]
-    # Its first clause: the tiny model reads 16 tokens, and longer captions would be cut with
-    # a warning in every stage below.
-    caption = test.captions[0].split(",")[0]
-    print(f"the pair shown here and searched in step 5: {PAIR_RULE}")
-    figure_path = out / "factors.png"
-    _, report = visualize_factors(model, video, caption, vocabulary=vocabulary,
-                                  save_path=figure_path, protocol=FrameProtocol.of(cfg.data))
-    pair = report.pairs[0]
-    print(f'"{caption}" vs {Path(video).name}: S = {pair.similarity:.3f} = sum over factors '
-          "of g·s:")
-    for k in range(len(pair.cosines)):
-        print(f"  {k}: {pair.contributions[k]:+.3f} ({', '.join(pair.factor_names[k])})")
+    pair = _Pair.first(cfg, data)
+    figure_path = _factors(model, cfg, pair, out / "factors.png")
 
     _stage("5/7 index and search")
-    summary, notice = default_summary(checkpoint, model)  # what `index` does: the carried one
-    print(notice)
-    # Long videos of scenes the model never trained on, joined by hard cuts: the index finds
-    # their shots and searches inside them.
-    long_root = make_long_synthetic(out / "data" / "long", num_videos=2 if quick else 3,
-                                    scenes_per_video=3 if quick else 6, exclude_root=data,
-                                    size=_image_size(cfg.model.arch), num_workers=1)
-    long = load_long_synthetic(long_root)
-    index = VideoIndex.build(model, [*test.video_paths, *map(str, long.video_paths)],
-                             out / "index", **summary,
-                             num_workers=cfg.data.num_workers,
-                             frame_sampling=cfg.data.frame_sampling,
-                             frame_padding=cfg.data.frame_padding, meta={
-                                 "model": {"checkpoint": str(checkpoint.resolve())}})
-    # A fifth of the collection as candidates, so that both stages visibly do work here
-    # (the default, 1000, would rerank every one of these 100 videos).
-    candidates = max(2, len(index) // 5)
-    result = index.query(caption, k=5, candidates=candidates)
-    hits, stats = result.hits, {**result.times, "stage": result.stage, "mode": result.mode,
-                                "candidates": [result.candidates],
-                                "truncated": [result.truncated]}
-    ranks = _ranks(index, caption, video, candidates)
-    recall = {key: results["metrics"]["raw"]["t2v"][key] for key in ("R@1", "R@5")}
-    search_path = out / "search.json"
-    search_path.write_text(json.dumps({
-        "query": caption, "rule": PAIR_RULE, "expected": str(Path(video).resolve()),
-        "expected_rank": ranks, "model_test_t2v": recall, "candidates": candidates,
-        "stats": stats, "results": [h.as_dict() for h in hits]}, indent=1))
-    kept = stats["candidates"][0]
-    print(f"two-stage search: encode text {1000 * stats['encode_s']:.1f} ms, first stage "
-          f"({stats['stage']}) {1000 * stats['first_stage_s']:.1f} ms kept {kept} of "
-          f"{len(index)} videos, DiCoSA rerank {1000 * stats['rerank_s']:.1f} ms")
-    print(f'top 5 for "{caption}" (the caption of {Path(video).name}):')
-    for rank, hit in enumerate(hits, 1):
-        mark = "  <- its video" if Path(hit.path) == Path(video).resolve() else ""
-        print(f"  {rank}. {hit.score:.4f}  {Path(hit.path).name}  ({hit.stage}){mark}")
-    print(_rank_sentence(Path(video).name, ranks, len(index), kept, recall))
-    _moment(index, long)
+    index, search_path = _index_and_search(model, cfg, checkpoint, data, pair, results, out,
+                                           quick)
 
     _stage("6/7 words: the lexical (VDR) head")
-    row = [Path(p) for p in index.paths].index(Path(video).resolve())
-    head_path = _lexical_words(model, checkpoint, out / "lexical.pt", caption,
+    row = [Path(p) for p in index.paths].index(Path(pair.video).resolve())
+    head_path = _lexical_words(model, checkpoint, out / "lexical.pt", pair.caption,
                                index.store.gather(index.ids[row:row + 1]))
 
     _stage("7/7 an exclusion query (\"A without B\")")
@@ -169,6 +105,121 @@ def run_demo(out_dir: str | Path = "outputs/demo", *, quick: bool = False,
     print(f"look at the results in a browser: dicosa serve {out / 'index'}  (then "
           "open http://127.0.0.1:8000/)")
     return outputs
+
+
+def _benchmark(out: Path, cfg, quick: bool):
+    """Step 1: the synthetic benchmark written under ``out/data``; the config pointed at it
+    and at ``out/run`` with the mode's training overrides."""
+    from .data.synthetic import make_synthetic
+
+    num_train, num_test, train_overrides = _QUICK if quick else _FULL
+    if cfg.model.pretrained is None:
+        print(f"model: {cfg.model.arch} from random weights (model.pretrained is null: "
+              "nothing is downloaded; the numbers below check the pipeline, not DiCoSA)")
+    # Clips at the model's resolution: decoding larger frames only to shrink them is wasted.
+    data = make_synthetic(out / "data", num_train=num_train, num_test=num_test,
+                          size=_image_size(cfg.model.arch), seconds=1.0, seed=0)
+    cfg = replace(cfg, data={"root": str(data)},
+                  train={"output_dir": str(out / "run"), **train_overrides})
+    return cfg, data
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """The caption and video the demo shows (:data:`PAIR_RULE`), and the training captions
+    that name the figure's factors."""
+
+    caption: str
+    video: str
+    vocabulary: list[str]
+
+    @classmethod
+    def first(cls, cfg, data: Path) -> _Pair:
+        from .data.datasets import load_split
+
+        test = load_split(cfg.data.dataset, data, cfg.data.test_split)
+        vocabulary = load_split(cfg.data.dataset, data, cfg.data.train_split).captions
+        # Its first clause: the tiny model reads 16 tokens, and longer captions would be cut
+        # with a warning in every stage below.
+        return cls(test.captions[0].split(",")[0], test.video_paths[test.caption_video[0]],
+                   vocabulary)
+
+
+def _factors(model, cfg, pair: _Pair, figure_path: Path) -> Path:
+    """Step 4: the factor figure of the pair, and its score factor by factor."""
+    from .data.protocol import FrameProtocol
+    from .visualize import visualize_factors
+
+    print(f"the pair shown here and searched in step 5: {PAIR_RULE}")
+    _, report = visualize_factors(model, pair.video, pair.caption, vocabulary=pair.vocabulary,
+                                  save_path=figure_path, protocol=FrameProtocol.of(cfg.data))
+    scored = report.pairs[0]
+    print(f'"{pair.caption}" vs {Path(pair.video).name}: S = {scored.similarity:.3f} = sum '
+          "over factors of g·s:")
+    for k in range(len(scored.cosines)):
+        print(f"  {k}: {scored.contributions[k]:+.3f} ({', '.join(scored.factor_names[k])})")
+    return figure_path
+
+
+def _index_and_search(model, cfg, checkpoint: Path, data: Path, pair: _Pair, results: dict,
+                      out: Path, quick: bool):
+    """Step 5: the test videos and a few long videos of unseen scenes indexed, the pair's
+    caption searched in two stages (where its video ranked, beside the model's test
+    recall), then a scene of a long video and its moment; ``(index, search.json)``."""
+    from .data.datasets import load_split
+    from .data.long_synthetic import load_long_synthetic, make_long_synthetic
+    from .heads.summary import default_summary
+    from .index import VideoIndex
+
+    summary, notice = default_summary(checkpoint, model)  # what `index` does: the carried one
+    print(notice)
+    test = load_split(cfg.data.dataset, data, cfg.data.test_split)
+    # Long videos of scenes the model never trained on, joined by hard cuts: the index finds
+    # their shots and searches inside them.
+    long_root = make_long_synthetic(out / "data" / "long", num_videos=2 if quick else 3,
+                                    scenes_per_video=3 if quick else 6,
+                                    exclude_root=data,
+                                    size=_image_size(cfg.model.arch), num_workers=1)
+    long = load_long_synthetic(long_root)
+    index = VideoIndex.build(model, [*test.video_paths, *map(str, long.video_paths)],
+                             out / "index", **summary,
+                             num_workers=cfg.data.num_workers,
+                             frame_sampling=cfg.data.frame_sampling,
+                             frame_padding=cfg.data.frame_padding, meta={
+                                 "model": {"checkpoint": str(checkpoint.resolve())}})
+    # A fifth of the collection as candidates, so that both stages visibly do work here
+    # (the default, 1000, would rerank every one of these 100 videos).
+    candidates = max(2, len(index) // 5)
+    result = index.query(pair.caption, k=5, candidates=candidates)
+    ranks = _ranks(index, pair.caption, pair.video, candidates)
+    recall = {key: results["metrics"]["raw"]["t2v"][key] for key in ("R@1", "R@5")}
+    search_path = out / "search.json"
+    search_path.write_text(json.dumps({
+        "query": pair.caption, "rule": PAIR_RULE, "expected": str(Path(pair.video).resolve()),
+        "expected_rank": ranks, "model_test_t2v": recall, "candidates": candidates,
+        "stats": _stats(result), "results": [h.as_dict() for h in result.hits]}, indent=1))
+    _print_search(result, pair, len(index))
+    print(_rank_sentence(Path(pair.video).name, ranks, len(index), result.candidates, recall))
+    _moment(index, long)
+    return index, search_path
+
+
+def _stats(result) -> dict:
+    return {**result.times, "stage": result.stage, "mode": result.mode,
+            "candidates": [result.candidates], "truncated": [result.truncated]}
+
+
+def _print_search(result, pair: _Pair, videos: int) -> None:
+    """Each stage's time and the top 5, the pair's own video marked."""
+    times = result.times
+    print(f"two-stage search: encode text {1000 * times['encode_s']:.1f} ms, first stage "
+          f"({result.stage}) {1000 * times['first_stage_s']:.1f} ms kept "
+          f"{result.candidates} of {videos} videos, DiCoSA rerank "
+          f"{1000 * times['rerank_s']:.1f} ms")
+    print(f'top 5 for "{pair.caption}" (the caption of {Path(pair.video).name}):')
+    for rank, hit in enumerate(result.hits, 1):
+        mark = "  <- its video" if Path(hit.path) == Path(pair.video).resolve() else ""
+        print(f"  {rank}. {hit.score:.4f}  {Path(hit.path).name}  ({hit.stage}){mark}")
 
 
 def _ranks(index, caption: str, video: str, candidates: int) -> dict[str, int | None]:

@@ -219,22 +219,9 @@ def visualize_factors(
         clean = _explain_clean(model, tokens, frames, mask, device)
         relevance = _relevance(model, tokens, frames, mask, device)
         for t, text in enumerate(texts):
-            length = int(tokens[t].argmax()) + 1  # through EOT, the largest id
-            names, name_scores = _factor_names(clean["video_factors"][t], word_factors, words,
-                                               num_names)
-            report.pairs.append(PairReport(
-                text=text,
-                tokens=_token_strings(tokenizer, tokens[t, :length].tolist()),
-                similarity=float(clean["similarity"][t]),
-                weights=clean["weights"][t].numpy(),
-                cosines=clean["cosines"][t].numpy(),
-                confidences=clean["confidences"][t].numpy(),
-                contributions=(clean["confidences"][t] * clean["cosines"][t]).numpy(),
-                heatmaps=relevance["heatmaps"][t].numpy(),
-                word_attributions=relevance["words"][t][:, :length].numpy(),
-                factor_names=names,
-                name_scores=name_scores,
-            ))
+            names = _factor_names(clean["video_factors"][t], word_factors, words, num_names)
+            report.pairs.append(_pair_report(text, t, tokens, tokenizer, clean, relevance,
+                                             names))
     finally:
         model.train(was_training)
 
@@ -243,6 +230,26 @@ def visualize_factors(
         Path(save_path).parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(save_path, format="png", dpi=100)
     return Figured(figure, report)
+
+
+def _pair_report(text: str, t: int, tokens: Tensor, tokenizer, clean: dict, relevance: dict,
+                 names: tuple[list[list[str]], list[list[float]]]) -> PairReport:
+    """Text ``t``'s part of the explanation: its score factor by factor, the frames' and
+    words' relevance, and the factors' names with their scores."""
+    length = int(tokens[t].argmax()) + 1  # through EOT, the largest id
+    return PairReport(
+        text=text,
+        tokens=_token_strings(tokenizer, tokens[t, :length].tolist()),
+        similarity=float(clean["similarity"][t]),
+        weights=clean["weights"][t].numpy(),
+        cosines=clean["cosines"][t].numpy(),
+        confidences=clean["confidences"][t].numpy(),
+        contributions=(clean["confidences"][t] * clean["cosines"][t]).numpy(),
+        heatmaps=relevance["heatmaps"][t].numpy(),
+        word_attributions=relevance["words"][t][:, :length].numpy(),
+        factor_names=names[0],
+        name_scores=names[1],
+    )
 
 
 # -- inputs ----------------------------------------------------------------------------------

@@ -288,6 +288,14 @@ def make_synthetic(
                      "background": background, "noise": noise, "seed": int(rng.integers(2**31)),
                      "fps": fps, "codec": codec})
 
+    _render(jobs, num_workers)
+    _write_annotations(root, videos, sentences, meta, num_train, test_captions, seed)
+    return root
+
+
+def _render(jobs: list[dict], num_workers: int | None) -> None:
+    """Encode the clips ``jobs`` describe, in ``num_workers`` processes (None: one per
+    core)."""
     workers = (os.cpu_count() or 1) if num_workers is None else num_workers
     if workers <= 1:
         for job in jobs:
@@ -296,6 +304,11 @@ def make_synthetic(
         with ProcessPoolExecutor(max_workers=workers) as pool:
             list(pool.map(_render_job, jobs, chunksize=max(1, len(jobs) // (workers * 4))))
 
+
+def _write_annotations(root: Path, videos: list[dict], sentences: list[dict], meta: dict,
+                       num_train: int, test_captions: str, seed: int) -> None:
+    """MSR-VTT's annotation files for the clips (the first ``num_train`` are the training
+    split), and the scenes behind them (``synthetic_meta.json``)."""
     with (root / "MSRVTT_train.9k.csv").open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["video_id"])
@@ -311,4 +324,3 @@ def make_synthetic(
         {"info": {"description": f"dicosa synthetic benchmark, seed {seed}"},
          "videos": videos, "sentences": sentences}))
     (root / "synthetic_meta.json").write_text(json.dumps(meta))
-    return root

@@ -259,27 +259,9 @@ def fit_summary(model: DiCoSA, videos: VideoFeatures, text: Tensor,
     warm_up = 0.05 if abs(0.05 * config.steps - 1) > 1e-9 else 0.06
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, config.lr,
                                                    total_steps=config.steps, pct_start=warm_up)
-    shared_count = min(config.shared_videos, len(videos))
     head.train()
     for step in range(1, config.steps + 1):
-        qs = torch.randint(len(text), (config.queries_per_step,), generator=generator)
-        shared = torch.randint(len(videos), (shared_count,), generator=generator)
-        own = ranked[qs, :top]
-        if window > top and config.near:
-            near = torch.randint(top, window, (config.near,), generator=generator)
-            own = torch.cat([own, ranked[qs][:, near]], 1)  # [B, top + near]
-        # Each distinct video once: on a small training set most of a step's videos repeat.
-        unique, where = torch.unique(torch.cat([shared, own.flatten()]), return_inverse=True)
-        vec = prepared.videos(head, unique)[where]
-        query = prepared.queries(head, qs)
-        student = torch.cat([query @ vec[:shared_count].t(),
-                             torch.einsum("bm,bcm->bc", query,
-                                          vec[shared_count:].view(len(qs), own.shape[1], -1))],
-                            1)
-        target = torch.cat([teacher[qs][:, shared], teacher[qs[:, None], own]], 1)
-        loss = F.kl_div(F.log_softmax(student * head.scale / config.tau, 1),
-                        F.log_softmax(target / config.tau, 1), log_target=True,
-                        reduction="batchmean")
+        loss = _distillation_loss(head, prepared, teacher, ranked, top, generator)
         optimiser.zero_grad()
         loss.backward()
         optimiser.step()
@@ -297,6 +279,34 @@ def fit_summary(model: DiCoSA, videos: VideoFeatures, text: Tensor,
                     "loss": float(loss.item()), "seconds": round(time.perf_counter() - started)}
     head.fit_report = dict(head.trained)  # what ``heads train`` records in the head file
     return head.eval()
+
+
+def _distillation_loss(head: DistilledSummaryHead, prepared: _Prepared, teacher: Tensor,
+                       ranked: Tensor, top: int, generator: torch.Generator) -> Tensor:
+    """One step's KL divergence between the head's and DiCoSA's score distributions over a
+    batch of captions, each against videos shared by the batch and its own teacher's top
+    ``top`` (and ``config.near`` more from the rest of its ``ranked`` window)."""
+    config = head.config
+    queries, videos = teacher.shape  # [Q, V]
+    window = ranked.shape[1]
+    shared_count = min(config.shared_videos, videos)
+    qs = torch.randint(queries, (config.queries_per_step,), generator=generator)
+    shared = torch.randint(videos, (shared_count,), generator=generator)
+    own = ranked[qs, :top]
+    if window > top and config.near:
+        near = torch.randint(top, window, (config.near,), generator=generator)
+        own = torch.cat([own, ranked[qs][:, near]], 1)  # [B, top + near]
+    # Each distinct video once: on a small training set most of a step's videos repeat.
+    unique, where = torch.unique(torch.cat([shared, own.flatten()]), return_inverse=True)
+    vec = prepared.videos(head, unique)[where]
+    query = prepared.queries(head, qs)
+    student = torch.cat([query @ vec[:shared_count].t(),
+                         torch.einsum("bm,bcm->bc", query,
+                                      vec[shared_count:].view(len(qs), own.shape[1], -1))], 1)
+    target = torch.cat([teacher[qs][:, shared], teacher[qs[:, None], own]], 1)
+    return F.kl_div(F.log_softmax(student * head.scale / config.tau, 1),
+                    F.log_softmax(target / config.tau, 1), log_target=True,
+                    reduction="batchmean")
 
 
 class _Prepared:

@@ -51,7 +51,7 @@ import scipy.sparse as sp
 
 from ..config import ConfigError, dataclass_from_dict
 from .dense import top_k
-from .sparse import SparseIndexError, SparseStage
+from .sparse import SparseIndexError, SparseStage, lexical_vectors
 from .types import Candidates, EncodedQueries
 
 __all__ = ["SeismicConfig", "SeismicStage", "SeismicUnavailableError", "import_seismic",
@@ -288,12 +288,7 @@ class SeismicStage(SparseStage):
     def search(self, queries: EncodedQueries, k: int) -> Candidates:
         """The ``k`` best rows per query that seismic finds, scored exactly (ties go to the
         smaller id); rows sharing no word with the query are not returned (``-1`` pads)."""
-        if k < 1:
-            raise SparseIndexError(f"k must be at least 1, got {k}")
-        vectors = queries.extra.get("lexical")
-        if vectors is None:
-            raise SparseIndexError("the queries carry no lexical vectors; call the lexical "
-                                   "head's prepare(queries) first")
+        vectors = lexical_vectors(queries, k)
         vectors = sp.csr_matrix(vectors, dtype=np.float32)
         if vectors.shape[1] != len(self.words):
             raise SparseIndexError(f"query vectors have {vectors.shape[1]} dimensions but this "

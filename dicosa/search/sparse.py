@@ -26,7 +26,7 @@ import torch
 from ..files import write_bytes_atomic
 from .types import Candidates, EncodedQueries
 
-__all__ = ["SparseIndexError", "SparseStage"]
+__all__ = ["SparseIndexError", "SparseStage", "lexical_vectors"]
 
 _FORMAT_VERSION = 1
 _ROW_KEYS = ("version", "ids", "words", "data", "indices", "indptr")
@@ -48,6 +48,18 @@ def _as_csr(videos: object, width: int) -> sp.csr_matrix:
         raise SparseIndexError("sparse video vectors must be non-negative word weights")
     matrix.eliminate_zeros()
     return matrix
+
+
+def lexical_vectors(queries: EncodedQueries, k: int) -> object:
+    """The queries' sparse word vectors (the lexical head's ``extra["lexical"]``) for a search
+    of ``k`` rows each; one sentence where either is missing or wrong."""
+    if k < 1:
+        raise SparseIndexError(f"k must be at least 1, got {k}")
+    vectors = queries.extra.get("lexical")
+    if vectors is None:
+        raise SparseIndexError("the queries carry no lexical vectors; call the lexical "
+                               "head's prepare(queries) first")
+    return vectors
 
 
 class SparseStage:
@@ -132,12 +144,7 @@ class SparseStage:
     def search(self, queries: EncodedQueries, k: int) -> Candidates:
         """The ``k`` best rows per query by sparse dot product; ties go to the smaller id;
         rows sharing no word with the query are not returned (``-1`` pads)."""
-        if k < 1:
-            raise SparseIndexError(f"k must be at least 1, got {k}")
-        vectors = queries.extra.get("lexical")
-        if vectors is None:
-            raise SparseIndexError("the queries carry no lexical vectors; call the lexical "
-                                   "head's prepare(queries) first")
+        vectors = lexical_vectors(queries, k)
         matched = self.scores(vectors)
         out_ids = np.full((matched.shape[0], k), -1, dtype=np.int64)
         out_scores = np.full((matched.shape[0], k), -np.inf, dtype=np.float32)

@@ -35,6 +35,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -225,7 +226,11 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
     _install_arrivals(app, batcher)
     _install_errors(app)
     _install_pages(app, guard, settings)
-    _install_api(app, service, settings, guard, thumbnails, batcher)
+    # Registration order is the order of /openapi.json's paths and of the docs page.
+    links = _media_links(app, guard, thumbnails)
+    _install_status(app, service, settings, guard, batcher)
+    _install_api(app, service, settings, batcher, links)
+    _install_videos(app, service, settings, thumbnails, links)
     _install_stream(app, service, media)
     install_docs(app)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -447,9 +452,9 @@ def _install_pages(app: FastAPI, guard: Guard, settings: Settings) -> None:
         return response
 
 
-def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guard,
-                 thumbnails: Thumbnails, batcher: Batcher) -> None:
-    limits, compute = settings.limits, service.compute  # compute: create_app's
+def _media_links(app: FastAPI, guard: Guard,
+                 thumbnails: Thumbnails) -> Callable[[Answer], dict]:
+    """The function that gives an answer's body with the media links of each hit."""
 
     def links(answer: Answer) -> dict:
         """The answer's body with the media links of each hit (tokens in them when a key is
@@ -472,6 +477,14 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         thumbnails.prefetch(wanted)
         return answer.body
 
+    return links
+
+
+def _install_api(app: FastAPI, service: Service, settings: Settings, batcher: Batcher,
+                 links: Callable[[Answer], dict]) -> None:
+    """Search (GET and POST), answers with each hit's media links (``links``)."""
+    limits = settings.limits
+
     def run_search(request: SearchRequest, http: Request) -> Response:
         started = time.perf_counter()
         engine = service.engine
@@ -479,6 +492,33 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
         answer = links(batcher.answer(engine, request, getattr(http.state, "ticket", None)))
         answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
         return _JSON(answer)  # as it is: FastAPI's encoder pass over it costs milliseconds
+
+    searched = {200: {"model": SearchAnswer}, **errors(400, 500, 503)}
+
+    @app.get("/api/search", tags=["search"], response_model=None, responses=searched)
+    def search(http: Request, q: str, exclude: Annotated[list[str] | None, Query()] = None,
+               k: int = 10, offset: int = 0, candidates: int = 1000, mode: str | None = None,
+               explain: bool = False, source: str | None = None) -> Response:
+        """Rank the videos for ``q`` ("A without B" leaves B out, as ``exclude`` does): the
+        page ``[offset, offset + k)`` with each hit's frame weights, their times and the best
+        moment, the time per stage, and (``explain``) the words and concepts behind each;
+        ``source`` (visual, subtitles, speech, screen, text, all) what the query is matched
+        against, each hit saying the ``line`` that matched."""
+        return run_search(_checked(limits, q, exclude or [], k, offset, candidates, mode,
+                                   explain, source), http)
+
+    @app.post("/api/search", tags=["search"], response_model=None, responses=searched)
+    def search_body(body: SearchBody, http: Request) -> Response:
+        """:func:`search` with the parameters in a JSON body."""
+        return run_search(_checked(limits, body.q, body.exclude, body.k, body.offset,
+                                   body.candidates, body.mode, body.explain, body.source),
+                          http)
+
+
+def _install_status(app: FastAPI, service: Service, settings: Settings, guard: Guard,
+                    batcher: Batcher) -> None:
+    """Whether the service answers, whether its index is open, and what it searches."""
+    limits = settings.limits
 
     @app.get("/api/health", tags=["service"], response_model=None,
              responses={200: {"model": Health}, **errors(500)})
@@ -504,26 +544,12 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, guard: Guar
                 "server": {"pid": os.getpid(), "threads": batcher.ranking.threads,
                            "max_batch": settings.max_batch, **settings.topology.as_dict()}}
 
-    searched = {200: {"model": SearchAnswer}, **errors(400, 500, 503)}
 
-    @app.get("/api/search", tags=["search"], response_model=None, responses=searched)
-    def search(http: Request, q: str, exclude: Annotated[list[str] | None, Query()] = None,
-               k: int = 10, offset: int = 0, candidates: int = 1000, mode: str | None = None,
-               explain: bool = False, source: str | None = None) -> Response:
-        """Rank the videos for ``q`` ("A without B" leaves B out, as ``exclude`` does): the
-        page ``[offset, offset + k)`` with each hit's frame weights, their times and the best
-        moment, the time per stage, and (``explain``) the words and concepts behind each;
-        ``source`` (visual, subtitles, speech, screen, text, all) what the query is matched
-        against, each hit saying the ``line`` that matched."""
-        return run_search(_checked(limits, q, exclude or [], k, offset, candidates, mode,
-                                   explain, source), http)
-
-    @app.post("/api/search", tags=["search"], response_model=None, responses=searched)
-    def search_body(body: SearchBody, http: Request) -> Response:
-        """:func:`search` with the parameters in a JSON body."""
-        return run_search(_checked(limits, body.q, body.exclude, body.k, body.offset,
-                                   body.candidates, body.mode, body.explain, body.source),
-                          http)
+def _install_videos(app: FastAPI, service: Service, settings: Settings,
+                    thumbnails: Thumbnails, links: Callable[[Answer], dict]) -> None:
+    """A video's facts, "more like this" and its thumbnails (its stream:
+    :func:`_install_stream`)."""
+    limits, compute = settings.limits, service.compute  # compute: create_app's
 
     @app.get("/api/videos/{video_id}", tags=["videos"], response_model=None,
              responses={200: {"model": VideoDetails}, **errors(404, 500, 503)})
