@@ -33,10 +33,11 @@ lint: $(STAMP)
 # else said, with the tests that will not run, before the tests and in their summary
 # (tests/_system.py; DICOSA_SYSTEM_PACKAGES=never leaves the system alone).
 # The tests marked "paths" compare two code paths, batch sizes or thread counts; they run a
-# second time on one thread, because CPU kernels change their blocking with both.
+# second time on one thread, because CPU kernels change their blocking with both. The first
+# run names its 15 slowest tests, so that a slow suite says where its time went.
 test: $(STAMP) lint
 	$(PY) tests/_system.py install
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs --durations=15
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -m paths
 
 clean-demo:
