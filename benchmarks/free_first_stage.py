@@ -240,8 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
     with torch.inference_mode():
         text = model.encode_text(tokenize(queries)).text
     rendered = time.perf_counter() - started
-    model_source = {k: v for k, v in source.items() if k != "config_yaml"}  # not its text
-    result = {"benchmark": "free_first_stage", **environment("cpu"), "model": model_source,
+    result = {"benchmark": "free_first_stage", **environment("cpu"), "model": str(source),
               "videos": args.videos, "queries": len(chosen), "generator_seed": args.seed,
               "render_s": round(rendered, 1)}
     if not args.index_only:

@@ -20,6 +20,7 @@ SCRIPTS = ["train_step.py", "score.py", "data.py", "ablation.py",
 @pytest.mark.parametrize("script", [*SCRIPTS, "search.py --summary distilled --quality-videos 0",
                                     "search.py --summary frames --quality-videos 0",
                                     "search.py --frame-dtype int8 --text-tower packed",
+                                    "free_first_stage.py --work renders",
                                     "serve.py --frame-dtype int8 --text-tower packed --rankers 0 "
                                     "--query-cache 16 --profile"])
 def test_benchmark_smoke(script, tmp_path):
