@@ -88,10 +88,9 @@ class _ContiguousGrad(torch.autograd.Function):
     """Identity whose backward makes the incoming gradient contiguous.
 
     The all-gather's backward hands the per-rank slices of this gradient to a collective
-    (reduce-scatter; all-to-all on gloo for the deprecated gather) that reads raw memory; a
-    gradient arriving as a strided view (an einsum's or rearrange's backward produces those)
-    was sent scrambled, which the 2-process equality test caught. Current torch makes it
-    contiguous itself; this keeps older versions right.
+    (reduce-scatter; all-to-all on gloo for the deprecated gather) that reads raw memory, so
+    older torch sends a gradient arriving as a strided view (an einsum's or rearrange's
+    backward produces those) scrambled; current torch makes it contiguous itself.
     """
 
     @staticmethod
