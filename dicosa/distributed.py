@@ -17,13 +17,9 @@ which is exactly the single-process gradient on the concatenated batch, so no ex
 is needed.  The same holds when each rank computes a *different* loss ``L_r`` (e.g. only its
 local queries against all keys): the result is the gradient of ``mean_r L_r``.
 
-The alternative found in many CLIP4Clip-style code bases, the released DiCoSA among them —
-backward returns only the local slice of the incoming gradient, without summing — yields
-``(1/W) * dL/dtheta`` after DDP averaging for every parameter before the gather, i.e. an
-implicit learning-rate division by the world size for the towers (parameters after the
-gather see the whole batch on every rank and get the full gradient).
-:func:`all_gather_local_grad` has that backward; training reproduces it with
-``train.tower_grad: released``.
+The released DiCoSA's backward keeps only the local slice, which gives every parameter before
+the gather ``(1/W) * dL/dtheta`` (docs/training.md, "Tower gradient");
+:func:`all_gather_local_grad` has that backward, and ``train.tower_grad: released`` reproduces it.
 
 All ranks must pass tensors of identical shape (use ``drop_last=True`` in distributed
 samplers); the underlying collective does not support ragged batches.
@@ -88,10 +84,9 @@ class _ContiguousGrad(torch.autograd.Function):
     """Identity whose backward makes the incoming gradient contiguous.
 
     The all-gather's backward hands the per-rank slices of this gradient to a collective
-    (reduce-scatter; all-to-all on gloo for the deprecated gather) that reads raw memory; a
-    gradient arriving as a strided view (an einsum's or rearrange's backward produces those)
-    was sent scrambled, which the 2-process equality test caught. Current torch makes it
-    contiguous itself; this keeps older versions right.
+    (reduce-scatter; all-to-all on gloo for the deprecated gather) that reads raw memory, so
+    older torch sends a gradient arriving as a strided view (an einsum's or rearrange's
+    backward produces those) scrambled; current torch makes it contiguous itself.
     """
 
     @staticmethod

@@ -18,12 +18,10 @@ whether a model collapses many scores onto one value.
 
 Video-to-text with several captions per video
 ---------------------------------------------
-Two conventions are in use, and both are reported (``"v2t"`` and ``"v2t_groups"``):
+Both conventions in use are reported (``"v2t"`` and ``"v2t_groups"``, docs/training.md):
 :func:`ranks_v2t` ranks a video's best caption among *all* captions (ranks up to N_t);
 :func:`ranks_v2t_groups` ranks the video's caption *group* among the V groups, each group
-scored by its best caption (ranks up to V: the CLIP4Clip / DiCoSA evaluation). R@1 is the
-same under both; R@5, R@10, MdR and MnR differ as soon as another video has several
-captions above the target.
+scored by its best caption (ranks up to V: the CLIP4Clip / DiCoSA evaluation).
 
 Neither convention needs a full sort: counting the candidates above a threshold is one
 comparison per matrix entry, done in row chunks so that memory stays bounded for

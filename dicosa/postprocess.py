@@ -35,17 +35,10 @@ def dual_softmax(sim: Tensor, temperature: float = 1 / 100, dim: int = 0) -> Ten
     * video->text (rank each column over captions): ``dim=1`` — for each caption, a softmax
       over all videos.
 
-    The factor ``sim.shape[dim]`` makes a uniform prior equal to 1; being a positive constant
-    it does not change any ranking.
-
-    Sources (facts only, not code): the authors' released loss ``starmemda/CAMoE: DSL.py``
-    uses ``sim * softmax(sim / temp, dim=0) * len(sim)`` on a text x video matrix; a
-    DiCoSA-derived ``main_retrieval.py`` in the public code index applies it at inference as
-    ``dim=0`` for t2v and ``dim=1`` for v2t on the same text x video matrix, with
-    ``t2v_temp = v2t_temp = 0.01``.
-
-    Note: DSL multiplies, so for negative similarities a larger prior makes the score *more*
-    negative; this is the published definition and is kept as is.
+    The factor ``sim.shape[dim]`` makes a uniform prior equal to 1 and changes no ranking.
+    This is the authors' definition (``starmemda/CAMoE: DSL.py``), applied at inference as
+    DiCoSA-derived code does (temperature 0.01 both ways); as there, a negative similarity
+    becomes *more* negative under a larger prior.
 
     Args:
         sim: [N_t, N_v] similarities.
@@ -137,18 +130,10 @@ def qb_norm(
     Rows therefore end up on different scales; the result is only meant for ranking within
     each row (each query), which is also how the reference uses it.
 
-    Where the details come from (facts checked in the public code index, not copied):
-
-    * ``ioanacroi/qb-norm: dynamic_inverted_softmax.py`` (authors' reference): activated set
-      = ``np.unique`` of the bank top-k (no threshold, i.e. ``theta = 1``); rows whose
-      ``argsort(-sims)[:, 0]`` is in that set are replaced by ``exp(beta*test) /
-      exp(beta*bank).sum(axis=0)``; defaults ``k=1, beta=20``.
-    * ``jpthu17/DiCoSA: main_retrieval.py`` (released DiCoSA): same, but the activated set
-      keeps only items whose occurrence count in the bank top-k satisfies
-      ``count >= theta`` (note: ``>=``, not ``>``), with defaults ``t2v_k=1, t2v_beta=70,
-      t2v_theta=3`` and ``v2t_k=1, v2t_beta=70, v2t_theta=5``.  It calls
-      ``qb_norm(train_test_t2v, sim)`` for t2v and ``qb_norm(train_test_v2t.T, sim.T)`` for
-      v2t.
+    The authors' reference (``ioanacroi/qb-norm``) activates every item of the bank top-k
+    (``theta = 1``, ``beta = 20``); the defaults here follow released DiCoSA
+    (``jpthu17/DiCoSA: main_retrieval.py``: ``count >= theta``, ``k=1, beta=70``, theta 3
+    for t2v and 5 for v2t).
 
     Banks per direction:
 

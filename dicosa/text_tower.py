@@ -23,21 +23,17 @@ The same products in the same float32, so the vectors equal the model's up to fl
 The blocks' float linear layers run on oneDNN, PyTorch's CPU deep-learning kernels, with each
 weight reordered once into oneDNN's own blocked layout (the ops ``_reorder_linear_weight`` and
 ``_linear_pointwise`` of ``torch.ops.mkldnn``, which PyTorch's compiler uses for frozen CPU
-linears): float32 products with float32 sums, in another order than MKL's. PyTorch's
-``nn.Linear`` calls MKL, whose kernels for a few rows against a plain row-major weight are
-slower on the 2-core AMD EPYC measured: a lone ViT-B/32 query about half as long again
-(benchmarks/RESULTS.md, "The text tower on oneDNN"). The ops are underscored, so
-the tower checks them on a probe when it is built; where they are missing, differ, or oneDNN
-is off (``torch.backends.mkldnn.enabled``) the layers stay ``nn.Linear``, computed as below.
+linears): float32 products with float32 sums, measured faster for a few rows than
+``nn.Linear``'s MKL kernels (benchmarks/RESULTS.md, "The text tower on oneDNN"). The ops are
+underscored, so the tower checks them on a probe when it is built; where they are missing,
+differ, or oneDNN is off (``torch.backends.mkldnn.enabled``) the layers stay ``nn.Linear``,
+computed as below.
 
-``int8=True`` applies ``torch.ao.quantization.quantize_dynamic`` (PyTorch's documented
-dynamic quantisation: int8 weights with one scale per output channel, activations quantised
-per call with one scale per tensor, fbgemm/x86 kernels) to the blocks' four linear layers;
-the embeddings, LayerNorms, attention and the final projection stay float32. On the
-random-weight towers tested this moves the text vector by a few percent and changes the top
-10 of many queries (docs/serve.md gives the figures): it is a speed option that does not keep
-the ranking, not a default. PyTorch marks ``torch.ao.quantization``
-deprecated in favour of torchao; where it is missing, asking for int8 is one sentence.
+``int8=True`` applies ``torch.ao.quantization.quantize_dynamic`` (int8 weights with one scale
+per output channel, activations quantised per call) to the blocks' four linear layers; the
+embeddings, LayerNorms, attention and the final projection stay float32. It moves the text
+vector by a few percent and does not keep the ranking (docs/serve.md gives the figures), so it
+is not a default. Where ``torch.ao.quantization`` is missing, asking for int8 is one sentence.
 """
 
 from __future__ import annotations

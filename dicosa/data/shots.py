@@ -4,12 +4,10 @@ PySceneDetect (``scenedetect``) is the well-kept open detector of hard cuts: ``c
 (:class:`scenedetect.ContentDetector`: a jump in the HSV content between consecutive frames)
 and ``adaptive`` (:class:`scenedetect.AdaptiveDetector`: the same score against a rolling
 average of the frames around it, steadier under camera motion). ``adaptive`` is the default,
-with a floor of :data:`ADAPTIVE_FLOOR` on the content change (PySceneDetect's is 15): chosen
-on the validation films and long videos of ``benchmarks/cuts.py`` (``benchmarks/RESULTS.md``,
-"Shot cuts"), where it put a row boundary at 19 of 20 real cuts and 45 of 45 synthetic ones
-with no false boundary, against 16 and 44 (and 10 false ones inside moving synthetic scenes)
-for ``content``; the lower floor catches jump cuts (one shot joined to a later moment of
-itself), whose colours barely change. Opening the file again through PySceneDetect's own
+with a floor of :data:`ADAPTIVE_FLOOR` on the content change (PySceneDetect's is 15), which
+catches jump cuts (one shot joined to a later moment of itself), whose colours barely change:
+chosen on the validation films and long videos of ``benchmarks/cuts.py``
+(``benchmarks/RESULTS.md``, "Shot cuts"). Opening the file again through PySceneDetect's own
 backends would decode it twice; instead :class:`ShotDetector` takes small BGR frames from the
 one streaming decode (:mod:`dicosa.data.stream`), every decoded frame, through the detectors'
 documented ``process_frame`` / ``post_process`` interface.

@@ -20,7 +20,6 @@ leaves open).
 from __future__ import annotations
 
 import logging
-import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from ..metrics import ranks_t2v, retrieval_metrics
 from ..model import VideoFeatures
 from .base import Head
 from .features import HeadData, SplitFeatures
+from .vocabulary import caption_words
 
 __all__ = [
     "ConceptCodesConfig",
@@ -52,8 +52,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_WORD = re.compile(r"[a-z]+")
 
 
 @dataclass(frozen=True)
@@ -82,11 +80,6 @@ class ConceptCodesConfig:
 
 
 # ---------------------------------------------------------------- words and sentences
-
-
-def caption_words(text: str) -> list[str]:
-    """Lower-case alphabetic words of ``text``, in order ("A red-circle" -> a, red, circle)."""
-    return _WORD.findall(text.lower())
 
 
 def build_vocabulary(captions: Sequence[str]) -> list[str]:

@@ -182,8 +182,7 @@ def cut_videos(videos: VideoFeatures, count: int, frame_drop: float,
     A training split shows the teacher few of the frame combinations a collection holds
     (new scenes mix objects and motions the training clips show apart). The teacher scores
     cut videos exactly, so the student learns S on more of them; no video beyond the
-    training split is used. On pseudo-queries of a separate generator gallery (RESULTS.md)
-    the carried summary's recall@10 at a 1% candidate ratio rose from 0.88 to 0.92."""
+    training split is used (benchmarks/RESULTS.md measures the gain)."""
     frames, mask = videos.frames, videos.frame_mask  # [V, N, D], [V, N]
     total, num = mask.shape
     first = torch.randint(total, (count,), generator=generator)

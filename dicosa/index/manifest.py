@@ -6,23 +6,11 @@ them, atomically and fsync'ed; a reader that opened the old manifest keeps readi
 names, which no writer changes (shards are immutable once listed; every other file is
 replaced by rename, and is derivable from the shards).
 
-Fields (JSON): ``format`` (:data:`FORMAT`), ``version`` (2; 3 when the frame protocol is
-not ``segments``/``black``, so that a dicosa from before the ``frames`` field refuses such an
-index; 4 when it holds ``runs`` shards, the frame runs of videos cut into segments, which an
-older dicosa cannot read; 5 when it keeps frames as int8, :mod:`dicosa.search.frame_codec`),
-``generation`` (commits so far: a long-lived reader reloads when it
-grows), ``fingerprint`` (``weights_sha256`` and the config fields that change features or scores),
-the store's fields (``num_frames``, ``dim``, ``frame_dtype`` (``float16`` or ``int8``: how new
-shards keep frames), ``next_id``, ``removed`` row ids, ``shards``:
-``[{"name", "first_id", "count", "proxy", "frames", "sha256": {"safetensors", "csv"}}]``),
-``num_videos`` (live rows), ``first_stage`` (``backend``, ``uri``, ``options``,
-``summary``, ``calibration``, ``dim``, ``synced``: the store's ``[next_id, removed]`` when the
-stage was last saved; a stage that lags is rebuilt from the stored proxies when opened),
-``skipped`` (``[{"path", "reason"}]``), ``frames`` (``{"sampling", "padding"}``), ``segments``
-(the :class:`~dicosa.data.segments.SegmentPolicy` long videos are decoded and cut by; absent:
-an index of whole clips, one row per video, as before segments) and ``meta``
-(free-form; dicosa keeps there ``model``, what built the index, and one record per plugin:
-``lexical``, ``concepts``, ``fusion``).
+Its fields are listed in ``docs/index-format.md`` ("manifest.json"): the format and its
+``version`` (raised only where an older dicosa must refuse the index: frame protocol,
+``runs`` shards, int8 frames), ``generation``, the model's ``fingerprint``, the store's
+fields, ``first_stage``, ``skipped``, ``frames``, ``segments`` and the free-form ``meta``
+(dicosa keeps there ``model`` and one record per plugin).
 
 **Reserved ids.** Before a write hands row ids to new rows it records, in
 ``reserved.json``, the id after the last one it will use. Files derived from rows (a first

@@ -9,22 +9,18 @@ The result is an ordinary index folder; :meth:`VideoIndex.load` reads it as any 
 
 - **Split.** The main process lists the videos still to encode (the given ones the index does
   not hold or holds from a file changed since, less those in part shards not yet linked) and
-  hands the list to every process;
-  process r of W takes the r-th of W contiguous blocks of it (sizes differ by at most one).
-  Blocks of the sorted list keep a clean build's rows in the order one process would give them,
-  and splitting only what is left shares a resumed build's work evenly among however many
-  processes the relaunch has.
+  hands the list to every process; process r of W takes the r-th of W contiguous blocks of it,
+  so a clean build's rows come in the order one process would give them.
 - **Shard names.** A process writes only under its own ``parts/rank-R``; the merged manifest
   names those shards ``parts/rank-R/shard-NNNNN``. A later single-process :meth:`VideoIndex.add`
   writes ``shard-NNNNN`` at the top, numbered by position in the store, so nothing collides.
-- **Resume.** Kill every process and relaunch the same command (any number of processes): the
-  shards a part manifest lists are kept and their videos are not encoded again; an unlisted
-  shard file (killed while writing) is overwritten. Part shards are linked in rank order, then
-  in the order each part wrote them; row ids continue after the index's own (never reused), so
-  an index that was already merged keeps its ids.
-- **Frames.** Every process decodes with the frame protocol the main process settles on (the
-  one asked for, or the one a resumed index recorded) and a part recorded with another one is
-  refused, so the merged index never mixes two ways of picking frames.
+- **Resume.** Relaunching the same command (any number of processes) keeps the shards a part
+  manifest lists; an unlisted shard file (killed while writing) is overwritten. Part shards
+  are linked in rank order, then in the order each part wrote them; row ids continue after
+  the index's own (never reused).
+- **Frames.** Every process decodes with the frame protocol the main process settles on, and
+  a part recorded with another one is refused, so the merged index never mixes two ways of
+  picking frames.
 - **Undecodable files** are logged and skipped by the process that meets them, as in
   :meth:`VideoIndex.add`; the main process gathers every process's list into the manifest.
 """

@@ -1,31 +1,20 @@
 """One index built on a Ray cluster: ``dicosa index FOLDER --out INDEX --engine ray``.
 
-One Ray Data pipeline (:mod:`dicosa.index.ray_work` holds what its workers run):
+One Ray Data pipeline (:mod:`dicosa.index.ray_work` holds what its workers run): the driver
+lists the videos still to index (:func:`~dicosa.index.parallel.pending_videos`), one video per
+block so that a long video holds one worker, never a queue of others; CPU tasks **decode**
+them, a pool of actors (the model loaded once in each, one GPU each where the cluster has
+GPUs) **encodes** them through the single process's :class:`~dicosa.index.encode.Encoder`,
+and CPU tasks **write** the features as shard files into ``INDEX/parts/ray/`` (a folder every
+node reaches). The driver links each shard into that part's manifest as its record arrives
+and, at the end, links every part shard into the index in one transaction and builds the
+first stages once, as a multi-process build merges its parts
+(:func:`~dicosa.index.parallel.merge_parts`).
 
-1. the driver lists the videos still to index (those neither the index nor a part shard
-   holds: :func:`~dicosa.index.parallel.pending_videos`), one video per block, so that Ray
-   hands videos out one at a time to whichever worker is free (a long video holds one worker,
-   never a queue of others);
-2. **decode** (CPU tasks, ``decode_cpus`` each): a video decoded whole, as a clip of N frames
-   or a long video's frames at the segment rate with its shot cuts, at the model's input
-   size;
-3. **encode** (a pool of actors, the model loaded once in each, one GPU each where the cluster
-   has GPUs): a few videos per call through the single process's
-   :class:`~dicosa.index.encode.Encoder`; what leaves it is features, never frames;
-4. **write** (CPU tasks): up to a shard of encoded videos per call written as shard files
-   into ``INDEX/parts/ray/`` (the index folder must be a folder every node reaches);
-5. the **driver** links each shard into that part's manifest as its record arrives (one
-   small commit: the job's record of finished work), and at the end links every part shard
-   into the index in one transaction and builds the first stages once over all rows, as a
-   multi-process build merges its parts (:func:`~dicosa.index.parallel.merge_parts`).
-
-**Faults.** Ray restarts a dead encoder actor and runs again the calls a dead worker had
-not finished (``tries`` times at most for one call); what was linked stays linked, and a
-retried call's shard files get new names, so no file is overwritten and no video is linked
-twice (a shard whose videos are already linked is not linked again). Videos whose call
-failed on every try are run again one per call; one that fails then too is listed with the
-unreadable files, never fatal. A build killed whole resumes from the part manifest: the
-same command encodes only the videos no linked shard holds (``tests/test_index_ray.py``).
+**Faults.** A retried call's shard files get new names, so no file is overwritten and no
+video is linked twice; videos whose call failed on every try are run again one per call, and
+one that fails then too is listed with the unreadable files. A build killed whole resumes
+from the part manifest. docs/search.md ("On Ray") gives the cases and what was tested.
 
 **Cluster.** A process already connected to Ray builds on that cluster; else on the
 cluster at ``address`` (``ray start --head`` prints it), or at ``$RAY_ADDRESS``; else on a

@@ -22,11 +22,8 @@ index``, which reads subtitles whenever present) gives an index:
   a hit's best moment (its thumbnail is taken there).
 
 **Who writes.** Only the process holding the index's writer lock writes ``text.sqlite``
-(:attr:`~dicosa.index.plugins.IndexContext.writing`); a reader that meets rows without text
-(added by a writer without this plugin) leaves them and says so. Lines of rows the manifest
-does not hold (a write that died between the text commit and the manifest commit) are never
-searched (the search keeps live rows only) and are deleted by the next writer, as reserved
-ids are (``docs/data-safety.md``).
+(:attr:`~dicosa.index.plugins.IndexContext.writing`); docs/text.md ("Writes and crashes") says
+what a reader and a crash leave.
 
 Its record (``meta["text"]``): ``{"subtitles", "speech", "ocr_frames", "rrf_k",
 "text_weight"}``.

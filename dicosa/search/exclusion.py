@@ -8,13 +8,9 @@ evidence of B, so a clip without evidence keeps its score and can only rise:
                           - λ_c · max(0, code(v) · code(B) - τ_c)
 
 summed over the exclusions B₁..B_n. S_w(B, v) is DiCoSA's score of B on v's best window of
-``window`` consecutive frames (:func:`best_windows`; a video shows B if any stretch of it
-does), max_c S(A, c) the best plain score among the candidates (so ρ is a share of "what a
-match looks like" for this model and query, not a number on one model's scale; it assumes
-scores near 0 for unrelated pairs, as DiCoSA's cosines are), and the optional second term
-the concepts head's code similarity to B (off by default: validation found it adds nothing
-to the windows). ρ, λ, the window and the codes' τ_c, λ_c are chosen on
-validation collections of both kinds, B rare among A's results and B frequent
+``window`` consecutive frames (:func:`best_windows`), max_c S(A, c) the best plain score among
+the candidates, and the optional second term the concepts head's code similarity to B (off by
+default); docs/heads.md explains each term and how the values were chosen
 (``benchmarks/exclusion.py``). :func:`demotions` computes the penalties,
 :class:`Demotions` keeps them with their evidence for the explanation.
 

@@ -8,31 +8,22 @@ the index folder's memory-mapped store; docs/search.md ("Milvus") explains how t
 files but the model (the store on shared storage, or a FLOAT16_VECTOR frames field, which
 needs Milvus 2.4 or later).
 
-Freshness on a server. A Milvus server searches rows it has not indexed yet differently from
-indexed ones: inserted rows sit in growing segments, and a flushed (sealed) segment is searched
-through an interim IVF index (16 of 128 lists) until the index node has built the collection's
-HNSW index for it and the query node has loaded that index, tens of seconds later (measured on
-the ``milvus`` 2.3.5 standalone server: recall@10 0.44 in between, 0.99 after, against exact
-search on 20,000 random 128-wide vectors). This stage therefore waits: :meth:`MilvusStage.save`
-flushes and then polls the server until every flushed row is indexed *and* served from an
-indexed segment (:meth:`MilvusStage.index_progress`), logging progress every 10 s and giving
-up after ``MilvusConfig.index_wait`` seconds with one sentence; a search after
-:meth:`MilvusStage.add` in the same process does the same first. So ``index`` then ``search``
-(and ``index.add`` then ``index.search``) search only indexed segments, at the recall the
-index type promises. Segments smaller than the server's
-``indexCoord.segment.minSegmentNumRowsToEnableIndex`` (``index_min_rows``, 1,024 by default)
-are never indexed, so nothing is waited for there: Milvus searches them exhaustively or
-through the interim index (a segment of 300 rows was searched exactly, one of 900 at recall
-0.92) until its compaction merges them into indexed ones. Another process searching while a
-writer ingests sees the rows the writer inserted so far, some not yet indexed. milvus-lite
-indexes as it inserts: its stages only flush.
+Freshness on a server: a Milvus server indexes in the background and searches rows it has
+not indexed yet at a lower recall, so :meth:`MilvusStage.save` flushes and then polls until
+every flushed row is indexed *and* served from an indexed segment
+(:meth:`MilvusStage.index_progress`), logging progress every 10 s and giving up after
+``MilvusConfig.index_wait`` seconds with one sentence; a search after :meth:`MilvusStage.add`
+in the same process does the same first. Segments smaller than ``index_min_rows`` are never
+indexed, so nothing is waited for there. milvus-lite indexes as it inserts: its stages only
+flush.
 
 Consistency: a search within ``strong_for`` seconds of this stage's own add or remove is
 Strong (it sees that write); later ones are Bounded (``MilvusConfig.strong_for``). Faults:
 every request is retried for at most ``timeout`` seconds, then fails in one sentence naming
 the server; rows whose insert the server acknowledged survive a crash of the server, and
 :meth:`MilvusStage.row_ids` / :meth:`MilvusStage.drop_from` let a writer resume or undo an
-add the index never recorded. docs/milvus.md: running against a server or a cluster.
+add the index never recorded. docs/milvus.md says what was measured and how to run against a
+server or a cluster.
 """
 
 from __future__ import annotations

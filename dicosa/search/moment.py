@@ -54,9 +54,7 @@ __all__ = ["JOIN_LEVEL", "Moment", "Timeline", "best_moments", "format_span", "f
 
 # An overlapping row joins a moment when its score is at least this far from the background
 # to the seed's score (module docstring). Chosen on the validation collection of
-# benchmarks/moments.py (seed 1, scenes of 2-12 s; benchmarks/RESULTS.md, "Moments as
-# ranges"): moment R@5 at tIoU >= 0.7 54.0 at 0.5 (0.3-0.8 within a point; 0.9: 46.0; rows
-# alone: 21.0); on scenes of 3 s, one row each, every level gives the same.
+# benchmarks/moments.py (benchmarks/RESULTS.md, "Moments as ranges").
 JOIN_LEVEL = 0.5
 _TOUCH = 1e-3  # seconds: rows that share no more than this only meet
 

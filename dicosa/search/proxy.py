@@ -18,11 +18,8 @@ Eq. 1 at τ → ∞) so nothing but p is stored:
   head (``VideoIndex(..., summary="distilled", summary_head=...)``) and reads every video's
   frames from the store when it is indexed.
 
-On the trained tiny model with 100k videos (benchmarks/search.py), the exhaustive DiCoSA top 10
-is in the top 1,000 of ``"mean"`` for 15% of its videos and of ``"confidence"`` for 59%; of
-``"distilled"`` for 98%, on pseudo-queries and test captions alike (benchmarks/RESULTS.md,
-"Search quality"; docs/search.md, "The dense summary"). At 20k videos ``"frames"`` keeps 85%
-where ``"confidence"`` keeps 55% ("Without a trained head: per-frame stages").
+How much of DiCoSA's exhaustive top 10 each keeps among the first stage's candidates:
+docs/search.md, "The dense summary", and benchmarks/RESULTS.md, "Search quality".
 """
 
 from __future__ import annotations

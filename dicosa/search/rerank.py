@@ -8,38 +8,14 @@ the video half of the confidence MLP's first layer (Eq. 8), so the frames are po
     e^v = W (Σ_i a_i f_i)            instead of   Σ_i a_i (W f_i)
     W_1^v e_k^v                      instead of   Σ_i a_i (W_1^v e_{k,i}^v)
 
-which costs one D×D projection and one K×d×H product per pair rather than N of each (the
-batch path must keep them per frame, since there each frame is pooled under many texts).
-Everything of the text alone (its factors e^t_k = W^t_k T, their norms, the text half of the
-MLP's first layer W_1^t e^t_k + b_1) is computed once per query, not per pair. The result
-equals :meth:`DiCoSA.score` up to float rounding (tests/test_index_search.py).
+which costs one D×D projection and one K×d×H product per pair rather than N of each.
+Everything of the text alone is computed once per query, not per pair. The result equals
+:meth:`DiCoSA.score` up to float rounding (tests/test_index_search.py); docs/search.md
+("Rerank") says why nothing more of it moves to index time.
 
-**What could move to index time, and what cannot.** Per pair the rerank computes, for the C
-candidates of a query with N frames of width D, K factors of width d = D/K and an MLP of
-width H:
-
-- Eq. 1's weights a_i = softmax_i(Tᵀ f_i / τ) (N·D per pair) need the raw frames f_i and the
-  query: nothing of them exists before the query, and they need every stored frame. The
-  pooled vector Σ a_i f_i (N·D) likewise.
-- Eq. 2's projection W^v (paper variant; D² per pair, none in the released variant) is
-  linear, so storing W^v f_i per frame at index time would be exact, but Eq. 1 still needs
-  f_i itself (Tᵀ f_i is not a function of W^v f_i unless W^v is inverted, which is not exact
-  in floating point): the store would hold both, twice the bytes read per candidate, to save
-  one D×D product per pair. Not done.
-- The MLP's video half W_1^v e^v_k (K·d·H = D·H per pair) is linear in the pooled vector too:
-  storing W_1^v W^v_k f_i per frame would be exact but is K·H numbers per frame (4D with
-  the default expansion of 4) beside the raw D that Eq. 1 needs: five times the bytes, to
-  replace D·H by N·K·H per pair. Not done.
-- Per frame and query-independent, so storable exactly: nothing else that the score reads.
-  What is query-independent and exact is computed once per query instead (the text side,
-  above), and the first stage's per-video vectors (the dense proxy: Eq. 1 at τ → ∞) are.
-
-So the rerank reads each candidate's N frames once and costs about N·D + N·D + D·H (+ D² in
-the paper variant) multiply-adds per pair. Frames of an int8 index arrive as kept
-(:class:`QuantisedVideo`, a quarter of float32's bytes) and are dequantised a block of
-pairs at a time into one reused float32 buffer just before Eq. 1 pools them: the same float32
-frames as dequantising them all first, without writing (and first faulting in) 24 KiB of
-fresh memory per candidate, which cost more than the rest of the rerank.
+Frames of an int8 index arrive as kept (:class:`QuantisedVideo`) and are dequantised a block
+of pairs at a time into one reused float32 buffer just before Eq. 1 pools them, rather than
+into fresh memory per candidate.
 """
 
 from __future__ import annotations

@@ -9,23 +9,15 @@ each list into blocks with a summary vector, and at query time scans the ``query
 heaviest query words, skipping a block whose summary score is below ``heap_factor`` times the
 current k-th best. It is approximate: a row can be missed.
 
-What this module adds around it:
-
-- **exact scores**: seismic stores the weights as float16; the candidates it returns (plus
-  ``slack`` more) are rescored from the float32 rows, so ``Candidates.scores`` equal the exact
-  stage's and the order among candidates is exact (ties to the smaller id);
-- **adds are searched exactly until they are many**: seismic has no incremental insert, so rows
-  added since the last build wait outside it and every search scores them exactly (a
-  term-major matrix of just those rows) beside seismic's candidates; once they exceed
-  ``pending_fraction`` of the built rows, the next ``search`` or ``save`` rebuilds the index
-  from every row (logged, with its time). Adding one video to a large index costs no rebuild;
-- **removals are tombstones**: removed rows leave the rows at once and are filtered from
-  seismic's answers, which are over-fetched by the number of tombstones so that ``k`` live rows
-  still come back; past ``rebuild_fraction`` of the built rows the index is rebuilt;
-- **files**: the rows file of the exact stage (``sparse-<name>.npz``, which records which
-  build goes with it) and the seismic index ``sparse-<name>.<build>.seismic``, written first
-  under a temporary name; the rows file is the commit point, so a crash leaves either the old
-  pair or the new one, and a missing or unreadable index is rebuilt from the rows.
+What this module adds around it (docs/search.md, "The sparse stage and seismic", says more):
+its candidates (plus ``slack`` more) are rescored from the float32 rows, so the scores and
+their order are the exact stage's; rows added since the last build are scored exactly beside
+seismic's candidates until they pass ``pending_fraction`` of the built rows, and removed rows
+are tombstones filtered from its answers until they pass ``rebuild_fraction``, when the index
+is rebuilt from every row; the rows file of the exact stage (``sparse-<name>.npz``) names the
+build that goes with it (``sparse-<name>.<build>.seismic``, written first under a temporary
+name), so a crash leaves either the old pair or the new one; a missing or unreadable index
+is rebuilt from the rows.
 
 ``pyseismic-lsr`` is an optional dependency (``pip install 'dicosa[seismic]'``); asking for
 this stage without it is one sentence (:class:`SeismicUnavailableError`).
@@ -84,9 +76,9 @@ class SeismicConfig:
     rebuilds it); search-time ones trade speed for recall on every query.
 
     The build defaults are pyseismic-lsr's own. Search: heap_factor 0.9 as its guidelines
-    ([0.7, 1]); query_cut 20, not their 10, because ``benchmarks/sparse.py`` (queries of 5-30
-    words) lost 1.5% of the exact top-10 with 10 and at most 0.05% with 20, for < 1 ms at 1M
-    rows (benchmarks/RESULTS.md, "Sparse first stage"; docs/search.md, "The sparse stage").
+    ([0.7, 1]); query_cut 20, not their 10, which lost more of the exact top 10 on
+    ``benchmarks/sparse.py``'s queries (benchmarks/RESULTS.md, "Sparse first stage";
+    docs/search.md, "The sparse stage").
     """
 
     # -- build ---------------------------------------------------------------------------

@@ -2,40 +2,30 @@
 
 A shard is two files written once and never changed: ``NAME.safetensors`` (the arrays) and
 ``NAME.csv`` (one metadata row per video, :data:`COLUMNS`). The store's *rows* are what search
-ranks; how a shard keeps them is its layout:
+ranks; how a shard keeps them is its layout (docs/index-format.md, "Shards", lists the
+tensors of each):
 
-``clips`` (:class:`ClipShard`): one row per video, N frames each: ``frames`` float16
-``[n, N, D]``, ``frame_mask`` bool ``[n, N]``, ``proxy`` float32 ``[n, D]``. What an index
-without segments writes (every index before moments, and ``VideoIndex.add_features``).
+``clips`` (:class:`ClipShard`): one row per video, N frames each (``frames`` ``[n, N, D]``,
+``frame_mask``, ``proxy``). What an index without segments writes (and
+``VideoIndex.add_features``).
 
-``runs`` (:class:`RunShard`): each video's frames once, as one run, and rows that are
-*segments*, views of the run (:mod:`dicosa.data.segments`):
-
-    frames          float16 [F, D]   every stored frame, video after video
-    frame_valid     bool    [F]      False for the padding rows of a video decoded as a clip
-    frame_time      float32 [F]      seconds into its video (NaN for padding, or unknown)
-    segment         int64   [S, 2]   each row's (first frame, frame count <= N) in ``frames``
-    segment_video   int64   [S]      each row's video: its line in the csv (ascending)
-    segment_time    float32 [S, 2]   each row's [start, end] in seconds
-    proxy           float32 [S, D]   each row's dense proxy (masked mean of its frames)
-    pad             float16 [D]      what fills the slots of a row with fewer than N frames
+``runs`` (:class:`RunShard`): each video's frames once, as one run (``frames`` ``[F, D]``
+with their validity and times), and rows that are *segments*, views of the run
+(:mod:`dicosa.data.segments`: ``segment``, ``segment_video``, ``segment_time``, ``proxy``),
+with the ``pad`` vector that fills the slots of a row with fewer than N frames.
 
 :meth:`gather` gives every layout's rows the same shape, ``[r, N, D]`` with a mask, so
 everything that scores rows (first stages, rerank, heads) is the same for both.
 
 Every shard file written now also holds ``video_crc32`` int64 ``[videos]``, each video's
 CRC32 (:mod:`dicosa.search.row_checksums`): a file that fails its sha256 then says which of
-its videos changed. A shard without it (written before) reads as before.
+its videos changed. A shard without it reads all the same.
 
 Either layout may keep its frames as int8 (the store's ``frame_dtype``,
-:mod:`dicosa.search.frame_codec`): ``frames`` is then int8 and ``frame_scale`` float32 holds
-one scale per frame (``[n, N]`` in ``clips``, ``[F]`` in ``runs``); :meth:`gather`
-dequantises the rows it reads, and nothing else, and ``codes`` hands them over as kept (the
-rerank's read). A ``runs`` shard of int8 frames fills its rows' empty slots with the pad's
-int8 form, as a ``clips`` shard keeps its padding. The ``pad``
-vector matters only to models whose pooling keeps padded frames in the softmax (the released
-variant's ``mask_mode="after"``): it is the model's vector of a padding frame, so a short
-segment is pooled as a short clip with padding would be.
+:mod:`dicosa.search.frame_codec`), with ``frame_scale`` float32 holding one scale per frame;
+:meth:`gather` dequantises the rows it reads, and nothing else, and ``codes`` hands them over
+as kept (the rerank's read). A ``runs`` shard of int8 frames fills its rows' empty slots with
+the pad's int8 form, as a ``clips`` shard keeps its padding.
 """
 
 from __future__ import annotations

@@ -26,10 +26,9 @@ Fused score of query q and row v (:func:`fused_scores`)::
 A part a row lacks (DiCoSA for a text-only row, the title term for an untitled one) is
 imputed from the part it has (:func:`fill_missing`): the query's mean of the missing part
 plus ``trust`` x its spread x the row's z-score in the other part, so a text-only row whose
-title matches the query as well as the best videos do ranks among them. (The plain mean,
-trust = 0, left every text-only clip out of the top 10 on the synthetic benchmark.) Mul2vec
-fusion is β_title = 0; late fusion is β_sem = 0; each β is chosen on the validation split
-(``benchmarks/mul2vec.py``).
+title matches the query as well as the best videos do ranks among them (docs/heads.md says
+why the plain mean is not enough). Mul2vec fusion is β_title = 0; late fusion is β_sem = 0;
+each β is chosen on the validation split (``benchmarks/mul2vec.py``).
 
 The index side (the arrays built from an index's rows, the plugin that attaches them) is
 :mod:`dicosa.plugins.titles`.

@@ -6,9 +6,7 @@ and while more threads are under libgomp's management than there are cores, ever
 workers stop spinning between regions and sleep at once (libgomp's throttled spin): each
 region then pays for waking them. A service whose model was loaded on the main thread, whose
 batches run on a batching thread and whose pages are cut on the HTTP worker threads has
-several teams, so all of them run that way: a lone query's text tower takes about half as
-long again on a second thread as on the first (benchmarks/RESULTS.md, "one compute
-thread").
+several teams, so all of them run that way (benchmarks/RESULTS.md, "one compute thread").
 
 So a service process whose torch runs several threads opens its index, ranks, builds pages
 and reopens the index on one :class:`ComputeThread`, and no other thread of it runs torch:
@@ -20,9 +18,8 @@ The compute thread releases the GIL in each of the hundreds of torch calls of a 
 must take it back from whichever request thread holds it then (parsing a request, building
 an answer's JSON); CPython makes a thread that asks wait up to its switch interval, 5 ms by
 default, so a batch's rerank beside a thread looping in Python takes seconds, not tens of
-milliseconds. A service process sets 1 ms (:data:`SWITCH_INTERVAL_S`), which gave 8 clients
-more searches a second and a lower p99 at 1M videos with a lone client's latency unchanged
-(benchmarks/RESULTS.md, "a short GIL switch interval").
+milliseconds. A service process sets 1 ms (:data:`SWITCH_INTERVAL_S`; benchmarks/RESULTS.md,
+"a short GIL switch interval").
 """
 
 from __future__ import annotations
@@ -100,16 +97,15 @@ def freeze_heap(again: bool = False) -> None:
     (``gc.freeze``), after one collection; ``again``: first give back the ones frozen before
     (a reopened index replaces the old one: its cycles are collected now, once).
 
-    A service process holds the opened index's Python objects (at 1M videos its tables, ids
-    and model: millions), and CPython's full collection walks all of them: 190-290 ms at 1M,
-    a pause of every search in flight, set off now and then by the answers' short-lived
-    objects (about one in 30 s of 8 clients). Frozen, they are never
-    walked, and a full collection walks only what came after; reference counting still
-    frees them. Only service processes do this (``dicosa serve`` and each ranker),
-    once the index is open and after each reopening, never a library call: it is the whole
-    process's setting. Giving them back costs one full collection per reopening (a pause as
-    above, once); a snapshot still in a search's hands at that moment is frozen again, and
-    reference cycles in it, if any, then stay until the process ends."""
+    A service process holds the opened index's Python objects (millions at 1M videos), and
+    CPython's full collection, set off now and then by the answers' short-lived objects,
+    walks all of them: a pause of every search in flight (docs/serve.md gives its length).
+    Frozen, they are never walked, and a full collection walks only what came after;
+    reference counting still frees them. Only service processes do this (``dicosa serve``
+    and each ranker), once the index is open and after each reopening, never a library call:
+    it is the whole process's setting. Giving them back costs one full collection per
+    reopening (a pause as above, once); a snapshot still in a search's hands at that moment
+    is frozen again, and reference cycles in it, if any, then stay until the process ends."""
     if again:
         gc.unfreeze()
     gc.collect()

@@ -4,9 +4,8 @@ A search's CPU time is torch's (the text tower, the first stage, the rerank, the
 Python's (parsing the request, cutting the page, writing its JSON). In one process those
 share one GIL: with two torch threads, one search at a time keeps part of the second core
 spinning between torch's many small parallel regions; with two batching threads of one torch
-thread each, the request threads and both batches wait for the GIL in turn (at 1M videos
-37-38 searches/s against 54-58 for the same batches in a script without HTTP,
-benchmarks/RESULTS.md).
+thread each, the request threads and both batches wait for the GIL in turn
+(benchmarks/RESULTS.md, "Lanes", measures what that costs).
 
 Here the server process keeps the HTTP side and the one :class:`~dicosa.serve.batching.
 Batcher`, and N ranker processes (started with ``spawn``: none inherits the server's torch

@@ -15,10 +15,8 @@ __all__ = ["TIMELINE_ROWS", "EngineSpec"]
 
 # Rows (segments) a hit's timeline scores at most by default (``dicosa serve --timeline-rows``):
 # its moments' rows and others spread evenly over the video (dicosa.search.moment.
-# timeline_rows). 10 hits of an hour-long video (~760 rows each) scored in full cost ~310 ms a
-# search at 1,000 hours (7,600 rows against the rerank's 1,000 candidates); at 16, a row every
-# ~4 min of an hour, 10 ms, and 8 clients got 33.5 searches/s against 21.2 at 48
-# (benchmarks/RESULTS.md, "1,000 hours of video served").
+# timeline_rows). Scoring every row of long videos' timelines costs more than the rerank;
+# 16 is a row every ~4 min of an hour (benchmarks/RESULTS.md, "1,000 hours of video served").
 TIMELINE_ROWS = 16
 
 

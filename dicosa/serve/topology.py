@@ -7,16 +7,13 @@ one batcher while ``rankers`` processes rank whole batches and cut their pages
 - searches on a GPU: one process (ranker processes would each hold the model on the device;
   not measured);
 - one CPU core: one process (a ranker needs a core of its own);
-- 2 cores or more: :data:`RANKERS` rankers where the memory holds them. On the 2-core
-  machine two rankers served 8 clients at 54.1 searches/s, p99 213 ms, at 100,000 videos
-  against 44.6/s, 238 ms in one process, and 46.4-58.0/s against 30.9-44.7/s at 1,000,000; a
-  lone client waited 36 against 32 ms at 100k (docs/serve.md, "Load"). More rankers on more
-  cores are not measured: two stay, each running half the cores.
+- 2 cores or more: :data:`RANKERS` rankers where the memory holds them (measured on 2 cores
+  only, docs/serve.md, "Load"; more cores keep two, each running half of them).
 
-Memory: a ranker holds about what the server holds once the index is open (at 1M 2.5 GiB each
-against the server's 2.4), and twice that for a moment while it reopens the index after a
-change. So rankers are chosen only where the memory available holds twice theirs, measured
-from the server's own once it has opened the index (``held``).
+Memory: a ranker holds about what the server holds once the index is open, and twice that
+for a moment while it reopens the index after a change. So rankers are chosen only where the
+memory available holds twice theirs, measured from the server's own once it has opened the
+index (``held``).
 
 Threads: one process runs ``--threads`` or torch's default (every core); a ranker runs
 ``--threads`` or ``cores // rankers`` while another ranker is busy and every core when it

@@ -8,31 +8,21 @@ part of the range, so its time is known to within half a part; the same text on 
 frames of a row is one line over their parts.
 
 **Reading a frame** (:func:`read_lines`). Tesseract given a whole natural picture reads its
-texture as words ("Wy", "AN", "4", "ws 7 fe"), some at 90 % confidence. Text put on a video
-(titles, captions, lower thirds, slides) is drawn in a flat colour far lighter or darker than
-what surrounds it, so the frame is read as two masks, :func:`ink_masks`: the pixels at least
-:data:`BRIGHT` grey (white, yellow or cyan letters, with or without an outline or box) and
-the pixels at most :data:`DARK` (black letters on a light card), each drawn black on white. A
-mask keeps the letters whole and leaves a picture's texture as a few large blobs, which
-Tesseract does not read as words. A mask whose ink covers less than :data:`MIN_INK` of the
-frame (no pixel that light or dark: no such text) or more than :data:`MAX_INK` (a frame mostly
-that light or dark: no background for letters) is not read, which spares Tesseract most
-frames without text. Frames whose short side is under :data:`MIN_SIDE` pixels are enlarged
-first (Tesseract reads letters about 20 px high best); Tesseract segments each mask as sparse
-text (``--psm 11``: captions, signs and titles anywhere on the picture).
+texture as words, while text put on a video is drawn in a flat colour far lighter or darker
+than what surrounds it; so the frame is read as two masks, :func:`ink_masks`: the pixels at
+least :data:`BRIGHT` grey and those at most :data:`DARK`, each drawn black on white, which
+keep letters whole and leave a picture's texture as a few large blobs. A mask whose ink
+covers less than :data:`MIN_INK` of the frame or more than :data:`MAX_INK` is not read.
+Frames whose short side is under :data:`MIN_SIDE` pixels are enlarged first; Tesseract
+segments each mask as sparse text (``--psm 11``).
 
-**What is kept** (:func:`text_lines`). Tesseract groups its words into lines (block,
-paragraph, line). A word is kept when Tesseract is at least :data:`WORD_CONFIDENCE` % sure of
-it and it is written as a word is: letters in one case pattern (``word``, ``WORD``,
-``Word``; an apostrophe or hyphen inside), or a number (``7``, ``12:30``, ``3.5``, ``40%``);
-surrounding punctuation is dropped. A line is kept only with an anchor: a kept word of at least
-:data:`ANCHOR_LETTERS` letters, a vowel among them, read at :data:`ANCHOR_CONFIDENCE` % or
-more; a line of one word needs an anchor of :data:`ALONE_LETTERS` letters. Texture read as
-text is short, of mixed case or unsure, and alone ("ate", "the", "dig" on Big Buck Bunny's
-grass); a caption has a real word in it.
-What this cannot read: letters neither light nor dark (mid-grey, saturated red or blue on a
-dark picture), letters as light as the picture behind them with no outline, a single
-number or a two-letter word on its own (no anchor), handwriting.
+**What is kept** (:func:`text_lines`). A word read at least :data:`WORD_CONFIDENCE` % sure and
+written as a word is (letters in one case pattern, or a number; surrounding punctuation
+dropped), in a line that holds an anchor: a kept word of at least :data:`ANCHOR_LETTERS`
+letters, a vowel among them, read at :data:`ANCHOR_CONFIDENCE` % or more (a line of one word
+needs :data:`ALONE_LETTERS` letters). Texture read as text is short, of mixed case or unsure,
+and alone; a caption has a real word in it. docs/text.md ("On-screen text") says why, what
+this cannot read, and what was measured.
 """
 
 from __future__ import annotations
