@@ -21,9 +21,9 @@ Consistency: a search within ``strong_for`` seconds of this stage's own add or r
 Strong (it sees that write); later ones are Bounded (``MilvusConfig.strong_for``). Faults:
 every request is retried for at most ``timeout`` seconds, then fails in one sentence naming
 the server; rows whose insert the server acknowledged survive a crash of the server, and
-:meth:`MilvusStage.row_ids` / :meth:`MilvusStage.drop_from` let a writer resume or undo an
-add the index never recorded. docs/milvus.md says what was measured and how to run against a
-server or a cluster.
+:meth:`MilvusStage.row_ids` says what an interrupted build holds; the index removes the rows
+of an add it never recorded with its next add (their ids were reserved, then tombstoned).
+docs/milvus.md says what was measured and how to run against a server or a cluster.
 """
 
 from __future__ import annotations
@@ -471,21 +471,6 @@ class MilvusStage:
             raise MilvusError(f"Milvus at {self.uri} holds some row id of collection "
                               f"{self.collection!r} more than once")
         return ids
-
-    def drop_from(self, first_id: int) -> int:
-        """Delete every row whose id is ``first_id`` or more; returns how many there were.
-
-        The rows of an add interrupted after some inserts (the server acknowledged them, the
-        index never recorded them) stay in the collection; the index hands out their ids
-        again, so its next add calls this first with the first new id (under the writer lock:
-        a reader must not, a writer may be adding those rows)."""
-        stale = self._ids_from(int(first_id))
-        if len(stale):
-            log.warning("Milvus at %s: deleting %d rows (ids %d to %d) that an interrupted add "
-                        "left in collection %r", self.uri, len(stale), stale[0], stale[-1],
-                        self.collection)
-            self.remove(np.unique(stale))
-        return len(stale)
 
     def _ids_from(self, low: int) -> np.ndarray:
         """The ids ``>= low`` in the collection, sorted, read in windows of MAX_QUERY
