@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Display", "display_of", "first_rotation", "quarter_turns", "upright"]
+__all__ = ["Display", "display_of", "first_rotation", "quarter_turns", "shown_pixels",
+           "upright"]
 
 
 def quarter_turns(rotation: float | None) -> int:
@@ -36,6 +37,13 @@ def upright(pixels: np.ndarray, rotation: float | None) -> np.ndarray:
     """``[..., H, W, C]`` stored pixels turned as the display matrix says (a view)."""
     turns = quarter_turns(rotation)
     return np.rot90(pixels, turns, axes=(-3, -2)) if turns else pixels
+
+
+def shown_pixels(frame, **scale) -> np.ndarray:
+    """A decoded PyAV frame's uint8 RGB pixels ``[H, W, 3]`` as a player shows them: turned
+    as its display matrix says. ``scale``: ``to_ndarray``'s ``width``, ``height`` (and
+    ``interpolation``), the stored frame's size the decoder scales to before the turn."""
+    return upright(frame.to_ndarray(format="rgb24", **scale), frame.rotation)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..errors import VideoDecodeError
-from .display import display_of, upright
+from .display import display_of, shown_pixels
 from .shots import DETECT_WIDTH, ShotDetector
 from .unreadable import plain_reason
 from .video import _check_file, _decode_size, _open_container, _resize_crop
@@ -191,8 +191,7 @@ class FrameStream:
 def _rgb(frame, width: int, height: int) -> np.ndarray:
     """uint8 RGB of a decoded frame, scaled by the decoder (bicubic) to ``width`` x
     ``height`` and turned upright (``[width, height, 3]`` when turned a quarter)."""
-    return upright(frame.to_ndarray(format="rgb24", width=width, height=height,
-                                    interpolation="BICUBIC"), frame.rotation)
+    return shown_pixels(frame, width=width, height=height, interpolation="BICUBIC")
 
 
 class _Ticks:

@@ -35,7 +35,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from ..errors import VideoDecodeError
 from ..progress import progress as show_progress
-from .display import Display, display_of, first_rotation, upright
+from .display import Display, display_of, first_rotation, shown_pixels, upright
 from .unreadable import plain_reason
 
 if TYPE_CHECKING:
@@ -402,8 +402,7 @@ def _pyav_scan(path: Path, container: av.container.InputContainer, stream: av.Vi
         for frame in frames:
             seen = place(frame, seen)
             if seen in wanted:
-                found[seen] = upright(frame.to_ndarray(width=width, height=height,
-                                                       format="rgb24"), frame.rotation)
+                found[seen] = shown_pixels(frame, width=width, height=height)
             seen += 1
         if seen > indices[-1]:
             break

@@ -40,7 +40,7 @@ import numpy as np
 import simplejpeg
 from starlette.responses import FileResponse, Response
 
-from ..data.display import display_of, upright
+from ..data.display import display_of, shown_pixels
 from .engine import VideoFile
 from .errors import UnknownVideo
 from .transcode import MediaCache
@@ -187,8 +187,7 @@ def _upright_image(stream: av.VideoStream, frame: av.VideoFrame, width: int) -> 
     scaled = max(2, round(shown_width * scale / 2) * 2)
     height = max(2, round(shown_height * scale / 2) * 2)
     size = (height, scaled) if display.turned else (scaled, height)  # before turning
-    return upright(frame.to_ndarray(width=size[0], height=size[1], format="rgb24"),
-                   display.rotation)
+    return shown_pixels(frame, width=size[0], height=size[1])
 
 
 class Thumbnails:

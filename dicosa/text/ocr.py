@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.display import quarter_turns, upright
+from ..data.display import shown_pixels
 from .lines import SourceReport, SourceUnavailable, TextLine
 
 __all__ = ["ALONE_LETTERS", "ANCHOR_CONFIDENCE", "ANCHOR_LETTERS", "BRIGHT", "DARK", "MAX_INK",
@@ -144,10 +144,7 @@ def _upright_image(frame):
     display matrix says, so that a phone's portrait video is read the right way up."""
     from PIL import Image
 
-    if not quarter_turns(frame.rotation):
-        return frame.to_image()
-    pixels = upright(frame.to_ndarray(format="rgb24"), frame.rotation)
-    return Image.fromarray(np.ascontiguousarray(pixels))
+    return Image.fromarray(np.ascontiguousarray(shown_pixels(frame)))
 
 
 def _frames_at(path: Path, times: list[float]) -> Iterator[tuple[float, object]]:
