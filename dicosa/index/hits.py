@@ -60,7 +60,7 @@ class Hit:
 
 
 def top_hits(store: FrameStore, scores: Tensor, dicosa: Tensor, ids: np.ndarray,
-         proposed: tuple, k: int) -> list[list[Hit]]:
+             proposed: tuple, k: int) -> list[list[Hit]]:
     """The ``k`` best videos per query among candidates ``ids [Q, C]`` ranked by
     ``scores [Q, C]`` (``dicosa``: DiCoSA's S before the hooks), each at its best row with
     its best moments among the query's candidates (:func:`_moments`); ``proposed``: the
@@ -89,6 +89,7 @@ def top_hits(store: FrameStore, scores: Tensor, dicosa: Tensor, ids: np.ndarray,
                             moments=tuple(moments[int(videos[q, c])])))
         results.append(hits)
     return results
+
 
 def _moments(store: FrameStore, rows: np.ndarray, videos: np.ndarray, scores: np.ndarray,
              limit: int, background: float, join: float | None = None

@@ -373,8 +373,13 @@ def _row_scores(model: DiCoSA, text: Tensor, features: VideoFeatures, rows: np.n
     if scored is not None:
         ids, values = scored
         known = (ids >= 0) & np.isfinite(values)
-        found = dict(zip(ids[known].tolist(), values[known].tolist(), strict=True))
-        out[:] = [found.get(row, np.nan) for row in rows.tolist()]
+        ids, values = ids[known], np.asarray(values, np.float64)[known]
+        order = np.argsort(ids, kind="stable")
+        ids, values = ids[order], values[order]
+        at = np.minimum(np.searchsorted(ids, rows), max(len(ids) - 1, 0))
+        if len(ids):
+            found = ids[at] == rows
+            out[found] = values[at[found]]
     todo = np.flatnonzero(np.isnan(out))
     if len(todo):
         dtype = next(model.parameters()).dtype
