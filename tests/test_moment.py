@@ -144,6 +144,9 @@ def test_moments_join_the_matching_rows_next_to_their_best_row():
     unknown = best_moments(np.arange(3), np.array([[np.nan, np.nan], [0, 4], [2, 6]]),
                            np.array([0.9, 0.8, -np.inf]), 3, background=0.0)
     assert [(m.start, m.end, m.row) for m in unknown] == [(None, None, 0), (0.0, 4.0, 1)]
+    apart = best_moments(np.arange(3), np.array([[0, 4], [10, 14], [20, 24]]),
+                         np.array([0.5, -np.inf, np.nan]), 3, background=0.0)
+    assert [m.row for m in apart] == [0]  # -inf and NaN: not scored, even with time free
 
 
 def test_moments_without_a_background_take_the_median_of_the_scores():

@@ -155,47 +155,61 @@ def best_moments(rows: np.ndarray, spans: np.ndarray, scores: np.ndarray,
         join: the level a neighbour must reach, as a fraction of the seed's height above the
             background (None: :data:`JOIN_LEVEL`; above 1: rows are never joined).
     """
-    values = np.nan_to_num(np.asarray(scores, np.float64), nan=-np.inf)
-    spans = np.asarray(spans, np.float64).reshape(-1, 2)
-    usable = np.isfinite(values)
+    # Python floats, not numpy: a hit has a few dozen rows, where numpy's per-call cost
+    # would be most of the work (this runs twice per hit of every search).
+    values = [-math.inf if math.isnan(v) else v
+              for v in np.asarray(scores, np.float64).ravel().tolist()]
+    spans = [tuple(s) for s in np.asarray(spans, np.float64).reshape(-1, 2).tolist()]
+    usable = [math.isfinite(v) for v in values]
     if background is None:
-        background = float(np.median(values[usable])) if usable.any() else 0.0
+        background = _median([v for v in values if math.isfinite(v)])
     level = JOIN_LEVEL if join is None else join
-    taken = ~usable  # rows already in a moment, or not scored
+    taken = [not ok for ok in usable]  # rows already in a moment, or not scored
     picked: list[Moment] = []
-    for i in np.argsort(-values, kind="stable").tolist():
+    for i in sorted(range(len(values)), key=lambda j: -values[j]):
         if len(picked) == limit or not usable[i]:
             break
         if taken[i]:
             continue
         bar = background + level * (values[i] - background)
         members = _grow(i, spans, values, taken, bar) if level <= 1 else [i]
-        taken[members] = True
-        start, end = np.min(spans[members, 0]), np.max(spans[members, 1])
-        moment = Moment(_clean(start), _clean(end), float(values[i]), int(rows[i]))
+        for j in members:
+            taken[j] = True
+        start = min(spans[j][0] for j in members)
+        end = max(spans[j][1] for j in members)
+        moment = Moment(_clean(start), _clean(end), values[i], int(rows[i]))
         if not overlaps(moment, picked):
             picked.append(moment)
     return picked
 
 
-def _grow(seed: int, spans: np.ndarray, values: np.ndarray, taken: np.ndarray,
-          bar: float) -> list[int]:
+def _median(values: list[float]) -> float:
+    """The median of ``values`` (0.0 for none), as numpy's: the mean of the middle two."""
+    if not values:
+        return 0.0
+    ordered, half = sorted(values), len(values) // 2
+    return ordered[half] if len(values) % 2 else (ordered[half - 1] + ordered[half]) / 2
+
+
+def _grow(seed: int, spans: list[tuple[float, float]], values: list[float],
+          taken: list[bool], bar: float) -> list[int]:
     """The rows of one moment: ``seed`` and, one after the other, the free rows reaching
     ``bar`` that overlap the range so far (rows of unknown time join nothing)."""
-    members = [seed]
     lo, hi = spans[seed]
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return members
-    free = np.flatnonzero(~taken & (values >= bar) & np.isfinite(spans).all(1))
-    free = free[free != seed]
-    grew = True
-    while grew and len(free):
-        near = (spans[free, 0] < hi - _TOUCH) & (spans[free, 1] > lo + _TOUCH)
-        grew = bool(near.any())
-        members += free[near].tolist()
-        lo = min(lo, float(spans[free[near], 0].min(initial=lo)))
-        hi = max(hi, float(spans[free[near], 1].max(initial=hi)))
-        free = free[~near]
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return [seed]
+    members = [seed]
+    free = [j for j, (s, e) in enumerate(spans) if j != seed and not taken[j]
+            and values[j] >= bar and math.isfinite(s) and math.isfinite(e)]
+    while free:
+        near = [j for j in free if spans[j][0] < hi - _TOUCH and spans[j][1] > lo + _TOUCH]
+        if not near:
+            break
+        members += near
+        lo = min(lo, *(spans[j][0] for j in near))
+        hi = max(hi, *(spans[j][1] for j in near))
+        joined = set(near)
+        free = [j for j in free if j not in joined]
     return members
 
 
