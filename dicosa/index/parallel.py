@@ -135,33 +135,21 @@ def build_index(
     shard_size: int = 256,
     meta: dict | None = None,
     progress: bool = True,
-    backend: str | None = "default",
-    uri: str | None = None,
-    stage_options: dict | None = None,
-    summary: str | None = None,
-    summary_head=None,
     titles: dict[str, str] | str | os.PathLike | None = None,
-    frame_sampling: str | None = None,
-    frame_padding: str | None = None,
     launch: Launch | None = None,
-    lock_timeout: float | None = None,
-    segments=None,
-    frame_dtype: str | None = None,
+    **stage,
 ) -> BuildReport:
     """:meth:`VideoIndex.build` into ``out_dir``, split over the processes of the launch.
 
     One process, into a folder without ``parts/``: exactly :meth:`VideoIndex.build`. Several
     processes, or a folder a multi-process build left parts in: see the module docstring.
     Every process must call it with the same arguments; the options mean what they mean for
-    :meth:`VideoIndex.build` (``batch_size``, ``num_workers`` and ``shard_size`` per process).
+    :meth:`VideoIndex.build` (``batch_size``, ``num_workers`` and ``shard_size`` per process;
+    ``stage``: :meth:`VideoIndex.create_or_resume`'s options, ``lock_timeout`` included).
     """
     owned = launch is None  # a launch this call detected is closed by it
     launch = launch or Launch.detect()
     out = Path(out_dir)
-    stage = {"backend": backend, "uri": uri, "stage_options": stage_options, "summary": summary,
-             "summary_head": summary_head, "frame_sampling": frame_sampling,
-             "frame_padding": frame_padding, "lock_timeout": lock_timeout,
-             "segments": segments, "frame_dtype": frame_dtype}
     if launch.size == 1 and not (out / PARTS).is_dir():
         index = VideoIndex.build(model, videos, out, batch_size=batch_size,
                                  num_workers=num_workers, shard_size=shard_size, meta=meta,
