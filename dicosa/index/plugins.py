@@ -1,29 +1,13 @@
 """The plugin contract: how a head or a text source joins an index.
 
-A plugin (the lexical head's words, the concepts head's exclusions, title fusion, the videos'
-text; one module each under ``dicosa/plugins/``) subclasses :class:`IndexPlugin`, whose
-methods have defaults, and
-
-- attaches itself through an :class:`IndexContext`, the narrow set of things an index lends
-  it: first stages, query encoders, rerank hooks, search modes (one of them may be the
-  index's default), query options it checks (:class:`QueryOption`); the model, the store and
-  the folder; its class says what a request may ask of it (its modes, leaving things out)
-  and how an index gets it, for the sentence that refuses a request an index without it;
-- says what the manifest keeps of it under its :attr:`~IndexPlugin.key` and comes back from
-  that record (:meth:`~IndexPlugin.restore`) or from a front end's options in its place
-  (:meth:`~IndexPlugin.from_options`); checks its head against the model before any work
-  (:meth:`~IndexPlugin.validate`) and its own files for ``dicosa check``
-  (:meth:`~IndexPlugin.check_files`);
-- explains a hit (:meth:`~IndexPlugin.explain`, under its :attr:`~IndexPlugin.api_name` in
-  answers), annotates hits, moments and answers, says all that as readable lines, and
-  describes itself for ``/api/info`` and ``dicosa index``.
-
-No plugin imports the index object's modules, and no front end imports a plugin: the
-command line and the service reach them through the index
-(:class:`~dicosa.index.plugin_host.PluginHost`, :mod:`~dicosa.index.annotations`).
-``VideoIndex.use(plugin)`` attaches and records; ``VideoIndex.load`` and ``open_index``
-restore every recorded plugin, found by its record's key in :data:`BUILTIN_PLUGINS` (names
-of classes, kept as data so that this module imports no plugin).
+A plugin (one module each under ``dicosa/plugins/``) subclasses :class:`IndexPlugin`, whose
+methods have defaults, and attaches itself through an :class:`IndexContext`, the narrow set
+of things an index lends it. No plugin imports the index object's modules, and no front end
+imports a plugin: the command line and the service reach them through the index
+(:class:`~dicosa.index.plugin_host.PluginHost`, :mod:`~dicosa.index.annotations`). A
+recorded plugin is restored by its record's key in :data:`BUILTIN_PLUGINS` (names of
+classes, kept as data so that this module imports no plugin). ``docs/architecture.md``
+("The plugin contract") walks through it.
 """
 
 from __future__ import annotations
