@@ -27,16 +27,11 @@ __all__ = ["CheckReport", "check_index"]
 
 # The dense stages' derived files and how to see that one loads; each is rebuilt when
 # missing. The plugins check their own (IndexPlugin.check_files).
-_DERIVED = {
-    "dense.pending.npz": lambda p: np.load(p).files,
-    "dense.removed.npy": np.load,
-    "dense.exact.npz": lambda p: np.load(p).files,
-    # the per-frame stage's (summary "frames"), in its folder
-    "frames/frames.npz": lambda p: np.load(p).files,
-    "frames/dense.pending.npz": lambda p: np.load(p).files,
-    "frames/dense.removed.npy": np.load,
-    "frames/dense.exact.npz": lambda p: np.load(p).files,
-}
+_STAGE_FILES = {"dense.pending.npz": lambda p: np.load(p).files, "dense.removed.npy": np.load,
+                "dense.exact.npz": lambda p: np.load(p).files}
+# and the per-frame stage's (summary "frames"), in its folder
+_DERIVED = {**_STAGE_FILES, "frames/frames.npz": lambda p: np.load(p).files,
+            **{f"frames/{name}": read for name, read in _STAGE_FILES.items()}}
 _SHARD = re.compile(r"^shard-\d{5}\.(safetensors|csv)$")
 _REPAIR = "'dicosa check --repair' encodes them again from their videos"
 
@@ -176,4 +171,3 @@ def _partial(store: FrameStore, report: CheckReport) -> None:
 
 def _synced(manifest: Manifest, store: FrameStore) -> bool:
     return manifest.first_stage.get("synced") == [store.next_id, len(store.removed)]
-

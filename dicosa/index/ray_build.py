@@ -16,6 +16,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,11 +89,8 @@ def build_index_on_ray(
     ``batch_size``: videos per encoder call at most (clips are encoded together; fewer
     where the job is small, see :meth:`_Plan.call_size`); ``shard_size``: rows per shard
     file at most (a file also ends at 65,536 frames, as a single process cuts them).
-    ``stage`` takes the options of
-    :meth:`VideoIndex.create_or_resume` (``backend``, ``uri``, ``stage_options``,
-    ``summary``, ``summary_head``, ``frame_sampling``, ``frame_padding``, ``segments``,
-    ``frame_dtype``), which mean what they mean there. The index's writer lock is held
-    from the listing to the merge.
+    ``stage``: :meth:`VideoIndex.create_or_resume`'s options. The index's writer lock is
+    held from the listing to the merge.
     """
     from ..search.title_fusion import normalise_titles
 
@@ -202,7 +200,11 @@ class _Plan:
         data.context.max_errored_blocks = -1  # a call that failed on every try is dropped
         data.context.enable_progress_bars = False
         policy = part.segments
-        with _retries_as_remote_args():
+        with warnings.catch_warnings():
+            # Ray 2.60 takes a task's retries and an actor's restarts only as free remote
+            # arguments, which it marks deprecated (for 2.64) without a named replacement;
+            # the extra pins ray below 2.64
+            warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
             data = data.map_batches(
                 decode_videos, batch_size=1, num_cpus=self.settings.decode_cpus,
                 fn_kwargs={"num_frames": self.model.config.num_frames,
@@ -225,18 +227,6 @@ class _Plan:
                            "window": policy.window if policy is not None else None,
                            "shard_size": self.shard_size},
                 max_retries=retries)
-
-
-@contextlib.contextmanager
-def _retries_as_remote_args() -> Iterator[None]:
-    """Ray 2.60 takes a task's retries and an actor's restarts only as free remote
-    arguments, which it marks deprecated (for 2.64) without a named replacement; the
-    warning is silenced here, and the extra pins ray below 2.64."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
-        yield
 
 
 class _Journal:

@@ -41,6 +41,9 @@ from .ingest import _SHARD_FRAMES, IngestReport, _count, _frames, _rows
 
 __all__ = ["EncodeVideos", "decode_videos", "node_id", "write_shards"]
 
+# what an encoder says of a video beside its features, one column each ("" where nothing)
+_SAID = ("skipped", "text_only", "partial")
+
 
 def node_id() -> str:
     """The Ray node this process runs on ("" outside Ray)."""
@@ -94,8 +97,7 @@ class EncodeVideos:
         if self.device.type == "cpu":
             # Ray starts an actor of one CPU with OMP_NUM_THREADS=1; a CPU encoder shares its
             # node's cores with the decode tasks, as a single-process build's encoder shares
-            # them with its DataLoader workers (2 threads on 2 cores: 0.70 -> 0.80 of the
-            # single process's throughput, benchmarks/RESULTS.md)
+            # them with its DataLoader workers
             torch.set_num_threads(threads or os.cpu_count() or 1)
         self.model = model.to(self.device).eval()
         self.frames, self.segments, self.batch_size = frames, segments, batch_size
@@ -110,15 +112,13 @@ class EncodeVideos:
         encoder.flush()
         encoded = {e.row["path"]: e for e in encoder.ready()}
         pad = encoder.pad() if self.segments is not None else None
-        skipped, text_only = dict(encoder.skipped), dict(encoder.text_only)
-        partial = dict(encoder.partial)
         paths = list(batch["path"])
         seconds = (time.perf_counter() - started) / max(1, len(paths))
+        said = {key: dict(getattr(encoder, key)) for key in _SAID}  # path -> reason or loss
         return {"seq": batch["seq"], "path": batch["path"],
                 "encoded": _column([encoded.get(p) for p in paths]),
-                "skipped": np.array([skipped.get(p, "") for p in paths], dtype=object),
-                "text_only": np.array([text_only.get(p, "") for p in paths], dtype=object),
-                "partial": np.array([partial.get(p, "") for p in paths], dtype=object),
+                **{key: np.array([by_path.get(p, "") for p in paths], dtype=object)
+                   for key, by_path in said.items()},
                 "pad": _column([pad] * len(paths)), "decode_s": batch["decode_s"],
                 "encode_s": np.full(len(paths), seconds), "node": batch["node"],
                 "encoder_node": _column([node_id()] * len(paths))}
@@ -142,9 +142,7 @@ def write_shards(batch: dict[str, np.ndarray], *, folder: str, frame_dtype: str,
     record = {
         "shards": shards, "videos": report.added, "rows": report.rows,
         "frames": report.frames, "seconds": report.seconds, "paths": paths,
-        "skipped": [(p, r) for p, r in zip(paths, batch["skipped"], strict=True) if r],
-        "text_only": [(p, r) for p, r in zip(paths, batch["text_only"], strict=True) if r],
-        "partial": [(p, d) for p, d in zip(paths, batch["partial"], strict=True) if d],
+        **{key: [(p, r) for p, r in zip(paths, batch[key], strict=True) if r] for key in _SAID},
         "decode_s": float(np.sum(batch["decode_s"])),
         "encode_s": float(np.sum(batch["encode_s"])),
         "write_s": time.perf_counter() - started,

@@ -142,11 +142,9 @@ class VideoIndex:
         (None: in memory until :meth:`save`); an index already there (same model) is resumed
         and its videos are not encoded again.
 
-        ``options`` are :meth:`create_or_resume`'s (backend, uri, stage_options, summary,
-        summary_head, frame_sampling, frame_padding, lock_timeout, segments, frame_dtype);
-        the rest are :meth:`add`'s. ``meta``: free-form JSON-able facts stored in the
-        manifest. A folder of videos that does not exist is one sentence, and ``out_dir`` is
-        left as it was.
+        ``options`` are :meth:`create_or_resume`'s, the rest :meth:`add`'s. ``meta``:
+        free-form JSON-able facts stored in the manifest. A folder of videos that does not
+        exist is one sentence, and ``out_dir`` is left as it was.
         """
         videos = list_videos(videos)  # before anything is written
         index = cls.create_or_resume(model, out_dir, tokenizer=tokenizer, device=device,
