@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from .searcher import SearchResult
 
 __all__ = ["BUILTIN_OPTIONS", "BUILTIN_PLUGINS", "PICTURES", "FileCheck", "IndexContext",
-           "IndexPlugin", "QueryOption", "RecordedFileMissing", "check_derived",
-           "chosen_plugins", "how_to_get", "plugin_class", "query_option", "recorded_file"]
+           "IndexPlugin", "QueryOption", "check_derived", "chosen_plugins", "how_to_get",
+           "plugin_class", "query_option", "recorded_file"]
 
 # manifest meta key -> "module:Class" of the plugin that restores it. The keys are what
 # indexes have recorded since they were first written ("fusion": title fusion).
@@ -266,16 +266,12 @@ def _named(where: str):
     return getattr(importlib.import_module(module), name)
 
 
-class RecordedFileMissing(FileNotFoundError):
-    """A head file an index recorded is no longer where it was."""
-
-
 def recorded_file(record: dict, key: str, option: str) -> str | None:
     """The head file a record names (None: it names none); a file no longer there is one
-    sentence naming the command-line option that replaces it."""
+    sentence (FileNotFoundError) naming the command-line option that replaces it."""
     path = record.get("head")
     if path and not Path(path).is_file():
-        raise RecordedFileMissing(
+        raise FileNotFoundError(
             f"the {key} head recorded in the index, {path}, is missing; pass {option} HEAD.pt "
             "with its new location")
     return os.fspath(path) if path else None

@@ -4,20 +4,7 @@
 process's own pieces (:class:`~dicosa.index.decode.VideoItems`,
 :class:`~dicosa.index.encode.Encoder`, the store's shard writer) called one batch at a time,
 so they hold no Ray code and run in any process. A batch is a dict of NumPy columns, one row
-per video; a column of Python objects carries what a stage hands on:
-
-- :func:`decode_videos` (a CPU task, one video per call): ``seq, path, title`` ->
-  ``seq, path, items, decode_s, node``; ``items`` the video's decoded items (one clip or
-  error, or a long video's frame batches at the segment rate and its end);
-- :class:`EncodeVideos` (an actor: the model loaded once): decoded videos -> ``seq, path,
-  encoded`` (a :class:`~dicosa.index.encode.Clip` or :class:`~dicosa.search.shards.VideoRun`:
-  features, no frames), ``skipped``/``text_only``/``partial`` (the reason or what the
-  decode lost, or ""), ``pad``, timings;
-- :func:`write_shards` (a CPU task, up to a shard of videos per call): encoded videos ->
-  one record per shard file written into the build's part folder (its name, rows,
-  checksums, the paths it holds) and the videos skipped. A file is named at random, so a
-  retried task never overwrites a file another try wrote; only the driver's link makes a
-  file part of the index.
+per video; a column of Python objects carries what a stage hands on.
 """
 
 from __future__ import annotations
@@ -64,7 +51,9 @@ def _column(values: list) -> np.ndarray:
 
 def decode_videos(batch: dict[str, np.ndarray], *, num_frames: int, image_size: int,
                   frames: FrameProtocol, segments: SegmentPolicy | None) -> dict:
-    """Decode each video of ``batch`` whole (see the module docstring)."""
+    """Decode each video of ``batch`` whole (a CPU task, one video per call): ``seq, path,
+    title`` -> ``seq, path, items, decode_s, node``; ``items`` the video's decoded items (one
+    clip or error, or a long video's frame batches at the segment rate and its end)."""
     items, seconds = [], []
     node = node_id()
     for path, title in zip(batch["path"], batch["title"], strict=True):
@@ -79,7 +68,10 @@ def decode_videos(batch: dict[str, np.ndarray], *, num_frames: int, image_size: 
 
 class EncodeVideos:
     """The model on this actor's device (its GPU where Ray gave it one), encoding decoded
-    videos a batch at a time with an :class:`~dicosa.index.encode.Encoder`.
+    videos a batch at a time with an :class:`~dicosa.index.encode.Encoder`: ``seq, path,
+    encoded`` (a :class:`~dicosa.index.encode.Clip` or :class:`~dicosa.search.shards.VideoRun`:
+    features, no frames), ``skipped``/``text_only``/``partial`` (the reason or what the
+    decode lost, or ""), ``pad``, timings.
 
     ``model``: the model, or a list holding a Ray object reference to it: the driver puts it
     in the object store once, and an actor (a restarted one too) fetches it from there; the
@@ -166,7 +158,9 @@ def _groups(encoded: list, shard_size: int) -> list[list]:
 
 def _write(group: list, folder: Path, frame_dtype: str, pad: np.ndarray | None,
            window: int | None) -> dict:
-    """One shard file of ``group``'s videos (checked as any append checks them)."""
+    """One shard file of ``group``'s videos (checked as any append checks them), named at
+    random: a retried task never overwrites another try's file, and only the driver's link
+    makes it part of the index."""
     store = FrameStore(frame_dtype=frame_dtype)
     if isinstance(group[0], VideoRun):
         store.append_runs(group, pad, window)
