@@ -48,9 +48,7 @@ class Writer:
     @contextmanager
     def writing(self, timeout: float | None = None) -> Iterator[None]:
         """Hold the folder's writer lock (re-entrant), first taking what another writer
-        committed since this object read the manifest (in place: not while searches run on
-        this object in other threads; a service opens a new index and swaps it in). In
-        memory: nothing to lock."""
+        committed since this object read the manifest. In memory: nothing to lock."""
         if self.directory is None:
             yield
             return
@@ -59,8 +57,8 @@ class Writer:
         self._lock.timeout = self.lock_timeout if timeout is None else timeout
         first = not self._lock.held
         with self._lock:
-            if first and self.changed():
-                self.take(Manifest.read(self.directory), False)
+            if first:
+                self.reload()
             yield
 
     @contextmanager
@@ -95,6 +93,15 @@ class Writer:
         if self.directory is None or not (self.directory / MANIFEST).is_file():
             return False
         return Manifest.read(self.directory).generation != self.generation
+
+    def reload(self) -> bool:
+        """Take what other writers committed, in place; returns whether anything changed.
+        Not while searches run in other threads on this object: a service opens a new index
+        and swaps it in (see ``dicosa serve``)."""
+        if not self.changed():
+            return False
+        self.take(Manifest.read(self.directory), False)
+        return True
 
     # -- rows ---------------------------------------------------------------------------
     def add_features(self, video: VideoFeatures, rows: list[dict]) -> np.ndarray:
