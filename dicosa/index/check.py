@@ -89,7 +89,8 @@ def check_index(directory: str | Path, repair: bool = False,
         report.add(plugin_class(key).check_files(directory, live, repair))
     _uncommitted(directory, manifest, repair, report)
     _partial(store, report)
-    report.checked.append(f"first stage synced: {_synced(manifest, store)}")
+    synced = manifest.first_stage.get("synced") == [store.next_id, len(store.removed)]
+    report.checked.append(f"first stage synced: {synced}")
     return report
 
 
@@ -167,7 +168,3 @@ def _partial(store: FrameStore, report: CheckReport) -> None:
     report.partial = list(zip(damaged["path"].tolist(), damaged["damage"].tolist(),
                               strict=True))
     report.checked.append(f"{len(report.partial)} partial video(s)")
-
-
-def _synced(manifest: Manifest, store: FrameStore) -> bool:
-    return manifest.first_stage.get("synced") == [store.next_id, len(store.removed)]
