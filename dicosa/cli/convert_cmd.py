@@ -19,17 +19,12 @@ def add_parser(commands) -> None:
     p.set_defaults(func=run)
 
 
-
 def run(args: argparse.Namespace) -> int:
-    from ..convert import convert_checkpoint
+    from ..convert import convert_checkpoint, summary_hint
 
     out = convert_checkpoint(args.source, args.out, args.config, args.set)
     print(f"converted {args.source} into {out}; evaluate it with: python evaluate.py "
           f"--config {args.config or 'configs/msrvtt-released.yaml'} --checkpoint {out} "
           "--postprocess qbnorm data.root=...")
-    from ..convert import summary_hint
-
     print(summary_hint(out))
     return 0
-
-

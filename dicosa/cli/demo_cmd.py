@@ -23,5 +23,3 @@ def run(args: argparse.Namespace) -> int:
 
     run_demo(args.out, quick=args.quick, config=args.config, overrides=args.set)
     return 0
-
-

@@ -28,7 +28,6 @@ def add_parser(commands) -> None:
     p.set_defaults(func=run_info)
 
 
-
 def run_train(args: argparse.Namespace) -> int:
     from ..heads.train import train_head
 
@@ -47,5 +46,3 @@ def run_info(args: argparse.Namespace) -> int:
              "trained": state.get("trained", {})}
     print(json.dumps(facts, indent=1, default=str))
     return 0
-
-

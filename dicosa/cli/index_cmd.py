@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 from .common import model_options, options, positive_int
 
@@ -200,8 +201,6 @@ def _model(args: argparse.Namespace):
     """``(model, source, frames)``: the ``--checkpoint``/``--config`` one, or, with neither,
     the model an index already in ``--out`` recorded (adding to it needs nothing else), or
     the zero-shot preset for a new index."""
-    from pathlib import Path
-
     from ..loading import load_model, model_from_source
 
     out = Path(args.out)
@@ -234,8 +233,6 @@ def _summary(args: argparse.Namespace, model) -> dict:
     """The dense stage's summary (``--summary``, else the one the checkpoint carries, else
     ``frames``), checked before any video is encoded; one line says which, and what recall
     to expect. An index that exists keeps its own unless ``--summary`` is given."""
-    from pathlib import Path
-
     from ..heads.summary import default_summary
 
     if args.summary is None and (Path(args.out) / "manifest.json").is_file():

@@ -1,11 +1,9 @@
 """``dicosa search INDEX "a man is skiing"``: rank an index's videos for a query.
 
 The index opens with everything it recorded (:func:`dicosa.index.open_index`: the model and
-every plugin); options only override: each plugin reads the ones it declares
-(:meth:`~dicosa.index.plugins.IndexPlugin.from_options`: ``--head``, ``--concepts``,
-``--exclusion-set``, ``--mul2vec``, ``--fusion`` and its weights put another plugin in place of
-the recorded one, and record it; ``--no-fusion`` searches without the recorded fusion and
-leaves its record). The index checks the request and says what its plugins add to each hit.
+every plugin); each plugin reads the options it declares
+(:meth:`~dicosa.index.plugins.IndexPlugin.from_options`), and the index checks the request
+and says what its plugins add to each hit.
 """
 
 from __future__ import annotations

@@ -1,11 +1,4 @@
-"""What an index's plugins add to answers, as the front ends ask for it.
-
-The command line and the service name no plugin: they ask an :class:`Annotations` (``index
-.annotations``) for a hit's explanations (each plugin's, under its API name), the keys the
-plugins add to a hit, a moment and a whole answer (the text plugin's matched lines and
-``ranked_by``), the time range a hit's best frame is taken from, and all that as lines for a
-person.
-"""
+"""What an index's plugins add to answers, as the front ends ask for it."""
 
 from __future__ import annotations
 
@@ -21,7 +14,10 @@ __all__ = ["Annotations"]
 
 
 class Annotations:
-    """The plugins of one index, asked together (see the module docstring)."""
+    """The plugins of one index, asked together (``index.annotations``): the command line
+    and the service name no plugin, they ask this for a hit's explanations, the keys the
+    plugins add to a hit, a moment and an answer, a best frame's time range, and lines for a
+    person."""
 
     def __init__(self, plugins: Mapping[str, IndexPlugin]):
         self.plugins = dict(plugins)

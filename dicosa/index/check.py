@@ -1,33 +1,12 @@
 """``check``: verify an index folder against its manifest, and repair what can be.
 
-What is checked, in order:
-
-1. the manifest reads (a damaged one is a sentence and the end of the check);
-2. every shard file against the sha256 the manifest recorded, and in a file that differs,
-   each video's CRC32 (:mod:`dicosa.search.row_checksums`): the rows of the videos that fail
-   theirs are damaged, or every row of the shard where it keeps none (written before them),
-   its csv differs or the damage lies outside every video (indexes written before checksums
-   were kept: only that the files map);
-3. every other live row's stored features are finite (a damaged row would score NaN);
-4. the dense first stage's files open and match the store (else it is rebuilt when opened);
-5. the derived files (the faiss stage's pending and removed lists, the per-frame stage's
-   under ``frames/``) load, and each plugin checks its own
-   (:meth:`~dicosa.index.plugins.IndexPlugin.check_files`): a lexical stage, concept codes
-   and title vectors load; the text index (``text.sqlite``) passes SQLite's and FTS5's
-   integrity checks, and holds lines of live rows only (lines of rows a write never
-   committed are never searched; reported);
-6. files in the folder that no commit names (left by a write that never committed).
-
-It also lists the partial videos (a decode that lost part of the file: cut short, damaged
-stretches; each row's ``damage``, :mod:`dicosa.data.damage`): not a problem of the index, which
-holds what decoded, but what a user should know of their files.
-
-``repair``, in one transaction, removes the damaged rows' videos (every row of each; ids
-are never reused) and encodes again those whose files are still there and unchanged
-(:mod:`dicosa.index.repair`), saying which it could not and why; then it deletes derived
-files that do not load (rebuilt from the shards the next time they are needed; the text
-index from the videos, by the next ``index`` run), the text lines of rows that are not live,
-and the uncommitted files.
+In order: the manifest reads; every shard matches its sha256 and, in one that does not, each
+video's CRC32 (:mod:`dicosa.search.row_checksums`) names the damaged rows; the other live
+rows' features are finite; the dense first stage matches the store; the derived files and
+each plugin's (:meth:`~dicosa.index.plugins.IndexPlugin.check_files`) load; no file is left
+that no commit names. The partial videos are listed. ``repair`` encodes the damaged rows'
+videos again (:mod:`dicosa.index.repair`) and deletes what does not load or was never
+committed; ``docs/data-safety.md`` says what each case gives.
 """
 
 from __future__ import annotations
@@ -48,16 +27,11 @@ __all__ = ["CheckReport", "check_index"]
 
 # The dense stages' derived files and how to see that one loads; each is rebuilt when
 # missing. The plugins check their own (IndexPlugin.check_files).
-_DERIVED = {
-    "dense.pending.npz": lambda p: np.load(p).files,
-    "dense.removed.npy": np.load,
-    "dense.exact.npz": lambda p: np.load(p).files,
-    # the per-frame stage's (summary "frames"), in its folder
-    "frames/frames.npz": lambda p: np.load(p).files,
-    "frames/dense.pending.npz": lambda p: np.load(p).files,
-    "frames/dense.removed.npy": np.load,
-    "frames/dense.exact.npz": lambda p: np.load(p).files,
-}
+_STAGE_FILES = {"dense.pending.npz": lambda p: np.load(p).files, "dense.removed.npy": np.load,
+                "dense.exact.npz": lambda p: np.load(p).files}
+# and the per-frame stage's (summary "frames"), in its folder
+_DERIVED = {**_STAGE_FILES, "frames/frames.npz": lambda p: np.load(p).files,
+            **{f"frames/{name}": read for name, read in _STAGE_FILES.items()}}
 _SHARD = re.compile(r"^shard-\d{5}\.(safetensors|csv)$")
 _REPAIR = "'dicosa check --repair' encodes them again from their videos"
 
@@ -115,7 +89,8 @@ def check_index(directory: str | Path, repair: bool = False,
         report.add(plugin_class(key).check_files(directory, live, repair))
     _uncommitted(directory, manifest, repair, report)
     _partial(store, report)
-    report.checked.append(f"first stage synced: {_synced(manifest, store)}")
+    synced = manifest.first_stage.get("synced") == [store.next_id, len(store.removed)]
+    report.checked.append(f"first stage synced: {synced}")
     return report
 
 
@@ -193,8 +168,3 @@ def _partial(store: FrameStore, report: CheckReport) -> None:
     report.partial = list(zip(damaged["path"].tolist(), damaged["damage"].tolist(),
                               strict=True))
     report.checked.append(f"{len(report.partial)} partial video(s)")
-
-
-def _synced(manifest: Manifest, store: FrameStore) -> bool:
-    return manifest.first_stage.get("synced") == [store.next_id, len(store.removed)]
-

@@ -4,7 +4,7 @@
 one encoded video per file, in the order of the file list:
 
 - a clip (N frames) is encoded whole, with up to ``batch_size`` other clips
-  (:meth:`DiCoSA.encode_video`): the features an index without segments has always stored;
+  (:meth:`DiCoSA.encode_video`);
 - a long video's frames are encoded by the image tower as their batches arrive
   (:meth:`DiCoSA.encode_frames`); when its last batch is in, its run is cut into shots and
   segments (:mod:`dicosa.data.segments`), the temporal transformer runs over each shot's
@@ -175,7 +175,8 @@ class Encoder:
         path = item["path"]
         features = torch.cat(state.features)  # [F, D]
         times = np.concatenate(state.times)  # [F]
-        self._log_decode(path, report)
+        if report.detector_error:
+            log.warning("%s: %s; cut into windows alone", path, report.detector_error)
         layout = layout_run(times, report.cuts, report.holes, policy, row["duration"],
                             report.cut_changes)
         frames = self._contextualise(features, layout.chunks)  # [F, D]
@@ -219,10 +220,6 @@ class Encoder:
             self._pad = (self.model.contextualise(frame, alone).frames[0, 0]
                          .to("cpu", torch.float16).numpy())
         return self._pad
-
-    def _log_decode(self, path: str, report) -> None:
-        if report.detector_error:
-            log.warning("%s: %s; cut into windows alone", path, report.detector_error)
 
     def _partial(self, item: dict) -> None:
         """Log and list a video whose decode lost part of it (its row's ``damage``)."""

@@ -2,14 +2,9 @@
 
 The lock is an advisory ``flock`` on ``INDEX/.writer.lock`` (through ``filelock``): the kernel
 releases it when the holding process exits for any reason, SIGKILL included, so a crash never
-leaves a stale lock. A second writer waits (saying once who holds it) or, with ``wait=False``,
+leaves a stale lock. A second writer waits (saying once who holds it) or, with ``timeout=0``,
 fails at once with :class:`IndexBusyError`. Readers take no lock: they read the committed
-manifest and the immutable files it names.
-
-On NFS, ``flock`` is emulated with POSIX byte-range locks by Linux clients (kernel 2.6.12 and
-later) and works across clients when the server supports locking (NFSv4, or v3 with lockd);
-other network filesystems (SMB mounts, FUSE object stores) may ignore it. There, keep one
-writing host per index.
+manifest and the immutable files it names. Network filesystems: ``docs/data-safety.md``.
 """
 
 from __future__ import annotations

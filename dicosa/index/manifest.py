@@ -1,22 +1,10 @@
 """The manifest: what an index folder holds, read, checked and committed as one file.
 
-``manifest.json`` is the commit point of every change to an index (see
-``docs/data-safety.md``): a change writes its new files first, then the manifest that names
-them, atomically and fsync'ed; a reader that opened the old manifest keeps reading the files it
-names, which no writer changes (shards are immutable once listed; every other file is
-replaced by rename, and is derivable from the shards).
-
-Its fields are listed in ``docs/index-format.md`` ("manifest.json"): the format and its
-``version`` (raised only where an older dicosa must refuse the index: frame protocol,
-``runs`` shards, int8 frames), ``generation``, the model's ``fingerprint``, the store's
-fields, ``first_stage``, ``skipped``, ``frames``, ``segments`` and the free-form ``meta``
-(dicosa keeps there ``model`` and one record per plugin).
-
-**Reserved ids.** Before a write hands row ids to new rows it records, in
-``reserved.json``, the id after the last one it will use. Files derived from rows (a first
-stage, a head's per-row cache) may hold those rows before the manifest commits them; if the
-commit never happens, the next write starts after the reservation and the skipped ids are
-tombstones, so a derived file never describes a row id that a later video receives.
+``manifest.json`` is the commit point of every change: a change writes its new files first,
+then the manifest that names them, atomically and fsync'ed. Its fields, and
+``reserved.json`` (the ids a write in progress may hand out: tombstones if it never
+commits), are described in ``docs/index-format.md``; what this guarantees, in
+``docs/data-safety.md``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """One index built by several processes: ``accelerate launch -m dicosa index`` or ``torchrun``.
 
-Each process of the launch encodes its own slice of the videos into its own *part* of the
-index folder, ``parts/rank-R/``: an index without a first stage, whose manifest (rewritten
-atomically after every shard, as any index's) is that process's progress record. Once every
-process is done, the main one *links* the parts' shards into the folder's ``manifest.json``
-(:meth:`VideoIndex.link_shards`: no copy) and builds the dense first stage over all rows, once.
-The result is an ordinary index folder; :meth:`VideoIndex.load` reads it as any other.
-
-- **Split.** The main process lists the videos still to encode (the given ones the index does
-  not hold or holds from a file changed since, less those in part shards not yet linked) and
-  hands the list to every process; process r of W takes the r-th of W contiguous blocks of it,
-  so a clean build's rows come in the order one process would give them.
-- **Shard names.** A process writes only under its own ``parts/rank-R``; the merged manifest
-  names those shards ``parts/rank-R/shard-NNNNN``. A later single-process :meth:`VideoIndex.add`
-  writes ``shard-NNNNN`` at the top, numbered by position in the store, so nothing collides.
-- **Resume.** Relaunching the same command (any number of processes) keeps the shards a part
-  manifest lists; an unlisted shard file (killed while writing) is overwritten. Part shards
-  are linked in rank order, then in the order each part wrote them; row ids continue after
-  the index's own (never reused).
-- **Frames.** Every process decodes with the frame protocol the main process settles on, and
-  a part recorded with another one is refused, so the merged index never mixes two ways of
-  picking frames.
-- **Undecodable files** are logged and skipped by the process that meets them, as in
-  :meth:`VideoIndex.add`; the main process gathers every process's list into the manifest.
+The main process lists the videos still to encode; process r of W encodes the r-th of W
+contiguous blocks of that list into its own *part*, ``parts/rank-R/`` (an index without a
+first stage, whose manifest is that process's progress record). The main process then links
+every part's shards into the folder's manifest (:meth:`VideoIndex.link_shards`: no copy) and
+builds the first stages once; the result is an ordinary index folder. ``docs/search.md``
+("Under a launcher") and ``docs/index-format.md`` describe resuming and the files.
 """
 
 from __future__ import annotations
@@ -135,33 +118,21 @@ def build_index(
     shard_size: int = 256,
     meta: dict | None = None,
     progress: bool = True,
-    backend: str | None = "default",
-    uri: str | None = None,
-    stage_options: dict | None = None,
-    summary: str | None = None,
-    summary_head=None,
     titles: dict[str, str] | str | os.PathLike | None = None,
-    frame_sampling: str | None = None,
-    frame_padding: str | None = None,
     launch: Launch | None = None,
-    lock_timeout: float | None = None,
-    segments=None,
-    frame_dtype: str | None = None,
+    **stage,
 ) -> BuildReport:
     """:meth:`VideoIndex.build` into ``out_dir``, split over the processes of the launch.
 
     One process, into a folder without ``parts/``: exactly :meth:`VideoIndex.build`. Several
     processes, or a folder a multi-process build left parts in: see the module docstring.
     Every process must call it with the same arguments; the options mean what they mean for
-    :meth:`VideoIndex.build` (``batch_size``, ``num_workers`` and ``shard_size`` per process).
+    :meth:`VideoIndex.build` (``batch_size``, ``num_workers`` and ``shard_size`` per process;
+    ``stage``: :meth:`VideoIndex.create_or_resume`'s options, ``lock_timeout`` included).
     """
     owned = launch is None  # a launch this call detected is closed by it
     launch = launch or Launch.detect()
     out = Path(out_dir)
-    stage = {"backend": backend, "uri": uri, "stage_options": stage_options, "summary": summary,
-             "summary_head": summary_head, "frame_sampling": frame_sampling,
-             "frame_padding": frame_padding, "lock_timeout": lock_timeout,
-             "segments": segments, "frame_dtype": frame_dtype}
     if launch.size == 1 and not (out / PARTS).is_dir():
         index = VideoIndex.build(model, videos, out, batch_size=batch_size,
                                  num_workers=num_workers, shard_size=shard_size, meta=meta,

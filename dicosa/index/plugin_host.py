@@ -84,9 +84,7 @@ class PluginHost(Mapping[str, IndexPlugin]):
             if plugin is not None:
                 use(plugin)
             elif record:
-                plugin = plugin_class(key).restore(record, self._context())
-                self._attach(key, plugin)
-                self._plugins[key] = plugin
+                self.attach(plugin_class(key).restore(record, self._context()))
 
     def reattach(self) -> None:
         """Every plugin attached again through a fresh context (the index took its last

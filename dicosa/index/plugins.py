@@ -1,29 +1,13 @@
 """The plugin contract: how a head or a text source joins an index.
 
-A plugin (the lexical head's words, the concepts head's exclusions, title fusion, the videos'
-text; one module each under ``dicosa/plugins/``) subclasses :class:`IndexPlugin`, whose
-methods have defaults, and
-
-- attaches itself through an :class:`IndexContext`, the narrow set of things an index lends
-  it: first stages, query encoders, rerank hooks, search modes (one of them may be the
-  index's default), query options it checks (:class:`QueryOption`); the model, the store and
-  the folder; its class says what a request may ask of it (its modes, leaving things out)
-  and how an index gets it, for the sentence that refuses a request an index without it;
-- says what the manifest keeps of it under its :attr:`~IndexPlugin.key` and comes back from
-  that record (:meth:`~IndexPlugin.restore`) or from a front end's options in its place
-  (:meth:`~IndexPlugin.from_options`); checks its head against the model before any work
-  (:meth:`~IndexPlugin.validate`) and its own files for ``dicosa check``
-  (:meth:`~IndexPlugin.check_files`);
-- explains a hit (:meth:`~IndexPlugin.explain`, under its :attr:`~IndexPlugin.api_name` in
-  answers), annotates hits, moments and answers, says all that as readable lines, and
-  describes itself for ``/api/info`` and ``dicosa index``.
-
-No plugin imports the index object's modules, and no front end imports a plugin: the
-command line and the service reach them through the index
-(:class:`~dicosa.index.plugin_host.PluginHost`, :mod:`~dicosa.index.annotations`).
-``VideoIndex.use(plugin)`` attaches and records; ``VideoIndex.load`` and ``open_index``
-restore every recorded plugin, found by its record's key in :data:`BUILTIN_PLUGINS` (names
-of classes, kept as data so that this module imports no plugin).
+A plugin (one module each under ``dicosa/plugins/``) subclasses :class:`IndexPlugin`, whose
+methods have defaults, and attaches itself through an :class:`IndexContext`, the narrow set
+of things an index lends it. No plugin imports the index object's modules, and no front end
+imports a plugin: the command line and the service reach them through the index
+(:class:`~dicosa.index.plugin_host.PluginHost`, :mod:`~dicosa.index.annotations`). A
+recorded plugin is restored by its record's key in :data:`BUILTIN_PLUGINS` (names of
+classes, kept as data so that this module imports no plugin). ``docs/architecture.md``
+("The plugin contract") walks through it.
 """
 
 from __future__ import annotations
@@ -48,8 +32,8 @@ if TYPE_CHECKING:
     from .searcher import SearchResult
 
 __all__ = ["BUILTIN_OPTIONS", "BUILTIN_PLUGINS", "PICTURES", "FileCheck", "IndexContext",
-           "IndexPlugin", "QueryOption", "RecordedFileMissing", "check_derived",
-           "chosen_plugins", "how_to_get", "plugin_class", "query_option", "recorded_file"]
+           "IndexPlugin", "QueryOption", "check_derived", "chosen_plugins", "how_to_get",
+           "plugin_class", "query_option", "recorded_file"]
 
 # manifest meta key -> "module:Class" of the plugin that restores it. The keys are what
 # indexes have recorded since they were first written ("fusion": title fusion).
@@ -282,16 +266,12 @@ def _named(where: str):
     return getattr(importlib.import_module(module), name)
 
 
-class RecordedFileMissing(FileNotFoundError):
-    """A head file an index recorded is no longer where it was."""
-
-
 def recorded_file(record: dict, key: str, option: str) -> str | None:
     """The head file a record names (None: it names none); a file no longer there is one
-    sentence naming the command-line option that replaces it."""
+    sentence (FileNotFoundError) naming the command-line option that replaces it."""
     path = record.get("head")
     if path and not Path(path).is_file():
-        raise RecordedFileMissing(
+        raise FileNotFoundError(
             f"the {key} head recorded in the index, {path}, is missing; pass {option} HEAD.pt "
             "with its new location")
     return os.fspath(path) if path else None

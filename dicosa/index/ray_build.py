@@ -1,24 +1,11 @@
 """One index built on a Ray cluster: ``dicosa index FOLDER --out INDEX --engine ray``.
 
-One Ray Data pipeline (:mod:`dicosa.index.ray_work` holds what its workers run): the driver
-lists the videos still to index (:func:`~dicosa.index.parallel.pending_videos`), one video per
-block so that a long video holds one worker, never a queue of others; CPU tasks **decode**
-them, a pool of actors (the model loaded once in each, one GPU each where the cluster has
-GPUs) **encodes** them through the single process's :class:`~dicosa.index.encode.Encoder`,
-and CPU tasks **write** the features as shard files into ``INDEX/parts/ray/`` (a folder every
-node reaches). The driver links each shard into that part's manifest as its record arrives
-and, at the end, links every part shard into the index in one transaction and builds the
-first stages once, as a multi-process build merges its parts
-(:func:`~dicosa.index.parallel.merge_parts`).
-
-**Faults.** A retried call's shard files get new names, so no file is overwritten and no
-video is linked twice; videos whose call failed on every try are run again one per call, and
-one that fails then too is listed with the unreadable files. A build killed whole resumes
-from the part manifest. docs/search.md ("On Ray") gives the cases and what was tested.
-
-**Cluster.** A process already connected to Ray builds on that cluster; else on the
-cluster at ``address`` (``ray start --head`` prints it), or at ``$RAY_ADDRESS``; else on a
-local cluster for this call (in a temporary folder of its own), stopped when it ends.
+One Ray Data pipeline (its workers: :mod:`dicosa.index.ray_work`), one video per block: CPU
+tasks decode, a pool of actors encodes (the model loaded once in each), CPU tasks write shard
+files into ``INDEX/parts/ray/`` (a folder every node reaches). The driver links each shard
+into that part as its record arrives, and at the end merges the part into the index as a
+multi-process build does (:func:`~dicosa.index.parallel.merge_parts`). ``docs/search.md``
+("On Ray") gives the faults it survives and how to run it on a cluster.
 """
 
 from __future__ import annotations
@@ -29,6 +16,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +45,7 @@ _FAILED = "failed on every try (its worker died or raised each time; the Ray log
 class RaySettings:
     """Where a Ray build runs and what each stage asks of the cluster."""
 
-    address: str | None = None  # an existing cluster; None: see the module docstring
+    address: str | None = None  # an existing cluster; None: see ray_cluster
     encoders: int | None = None  # encoder actors (default: one per GPU; without GPUs, 1)
     encoder_cpus: float = 1.0  # CPUs each encoder actor holds
     decode_cpus: float = 1.0  # CPUs each decode task holds
@@ -96,16 +84,13 @@ def build_index_on_ray(
     lock_timeout: float | None = None,
     **stage,
 ) -> RayBuildReport:
-    """:meth:`VideoIndex.build` into ``out_dir`` on a Ray cluster (module docstring).
+    """:meth:`VideoIndex.build` into ``out_dir`` on a Ray cluster (:func:`ray_cluster`).
 
     ``batch_size``: videos per encoder call at most (clips are encoded together; fewer
     where the job is small, see :meth:`_Plan.call_size`); ``shard_size``: rows per shard
     file at most (a file also ends at 65,536 frames, as a single process cuts them).
-    ``stage`` takes the options of
-    :meth:`VideoIndex.create_or_resume` (``backend``, ``uri``, ``stage_options``,
-    ``summary``, ``summary_head``, ``frame_sampling``, ``frame_padding``, ``segments``,
-    ``frame_dtype``), which mean what they mean there. The index's writer lock is held
-    from the listing to the merge.
+    ``stage``: :meth:`VideoIndex.create_or_resume`'s options. The index's writer lock is
+    held from the listing to the merge.
     """
     from ..search.title_fusion import normalise_titles
 
@@ -141,7 +126,9 @@ def build_index_on_ray(
 
 @contextlib.contextmanager
 def ray_cluster(settings: RaySettings) -> Iterator:
-    """``ray``, connected to the cluster the settings name (module docstring)."""
+    """``ray``, connected: to the cluster this process is already connected to, else to the
+    one at ``settings.address`` or ``$RAY_ADDRESS``, else to a local cluster for this call
+    (in a temporary folder of its own), stopped when it ends."""
     try:
         import ray
     except ImportError:
@@ -213,7 +200,11 @@ class _Plan:
         data.context.max_errored_blocks = -1  # a call that failed on every try is dropped
         data.context.enable_progress_bars = False
         policy = part.segments
-        with _retries_as_remote_args():
+        with warnings.catch_warnings():
+            # Ray 2.60 takes a task's retries and an actor's restarts only as free remote
+            # arguments, which it marks deprecated (for 2.64) without a named replacement;
+            # the extra pins ray below 2.64
+            warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
             data = data.map_batches(
                 decode_videos, batch_size=1, num_cpus=self.settings.decode_cpus,
                 fn_kwargs={"num_frames": self.model.config.num_frames,
@@ -236,18 +227,6 @@ class _Plan:
                            "window": policy.window if policy is not None else None,
                            "shard_size": self.shard_size},
                 max_retries=retries)
-
-
-@contextlib.contextmanager
-def _retries_as_remote_args() -> Iterator[None]:
-    """Ray 2.60 takes a task's retries and an actor's restarts only as free remote
-    arguments, which it marks deprecated (for 2.64) without a named replacement; the
-    warning is silenced here, and the extra pins ray below 2.64."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
-        yield
 
 
 class _Journal:

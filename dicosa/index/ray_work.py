@@ -4,20 +4,7 @@
 process's own pieces (:class:`~dicosa.index.decode.VideoItems`,
 :class:`~dicosa.index.encode.Encoder`, the store's shard writer) called one batch at a time,
 so they hold no Ray code and run in any process. A batch is a dict of NumPy columns, one row
-per video; a column of Python objects carries what a stage hands on:
-
-- :func:`decode_videos` (a CPU task, one video per call): ``seq, path, title`` ->
-  ``seq, path, items, decode_s, node``; ``items`` the video's decoded items (one clip or
-  error, or a long video's frame batches at the segment rate and its end);
-- :class:`EncodeVideos` (an actor: the model loaded once): decoded videos -> ``seq, path,
-  encoded`` (a :class:`~dicosa.index.encode.Clip` or :class:`~dicosa.search.shards.VideoRun`:
-  features, no frames), ``skipped``/``text_only``/``partial`` (the reason or what the
-  decode lost, or ""), ``pad``, timings;
-- :func:`write_shards` (a CPU task, up to a shard of videos per call): encoded videos ->
-  one record per shard file written into the build's part folder (its name, rows,
-  checksums, the paths it holds) and the videos skipped. A file is named at random, so a
-  retried task never overwrites a file another try wrote; only the driver's link makes a
-  file part of the index.
+per video; a column of Python objects carries what a stage hands on.
 """
 
 from __future__ import annotations
@@ -41,6 +28,9 @@ from .ingest import _SHARD_FRAMES, IngestReport, _count, _frames, _rows
 
 __all__ = ["EncodeVideos", "decode_videos", "node_id", "write_shards"]
 
+# what an encoder says of a video beside its features, one column each ("" where nothing)
+_SAID = ("skipped", "text_only", "partial")
+
 
 def node_id() -> str:
     """The Ray node this process runs on ("" outside Ray)."""
@@ -61,7 +51,9 @@ def _column(values: list) -> np.ndarray:
 
 def decode_videos(batch: dict[str, np.ndarray], *, num_frames: int, image_size: int,
                   frames: FrameProtocol, segments: SegmentPolicy | None) -> dict:
-    """Decode each video of ``batch`` whole (see the module docstring)."""
+    """Decode each video of ``batch`` whole (a CPU task, one video per call): ``seq, path,
+    title`` -> ``seq, path, items, decode_s, node``; ``items`` the video's decoded items (one
+    clip or error, or a long video's frame batches at the segment rate and its end)."""
     items, seconds = [], []
     node = node_id()
     for path, title in zip(batch["path"], batch["title"], strict=True):
@@ -76,7 +68,10 @@ def decode_videos(batch: dict[str, np.ndarray], *, num_frames: int, image_size: 
 
 class EncodeVideos:
     """The model on this actor's device (its GPU where Ray gave it one), encoding decoded
-    videos a batch at a time with an :class:`~dicosa.index.encode.Encoder`.
+    videos a batch at a time with an :class:`~dicosa.index.encode.Encoder`: ``seq, path,
+    encoded`` (a :class:`~dicosa.index.encode.Clip` or :class:`~dicosa.search.shards.VideoRun`:
+    features, no frames), ``skipped``/``text_only``/``partial`` (the reason or what the
+    decode lost, or ""), ``pad``, timings.
 
     ``model``: the model, or a list holding a Ray object reference to it: the driver puts it
     in the object store once, and an actor (a restarted one too) fetches it from there; the
@@ -94,8 +89,7 @@ class EncodeVideos:
         if self.device.type == "cpu":
             # Ray starts an actor of one CPU with OMP_NUM_THREADS=1; a CPU encoder shares its
             # node's cores with the decode tasks, as a single-process build's encoder shares
-            # them with its DataLoader workers (2 threads on 2 cores: 0.70 -> 0.80 of the
-            # single process's throughput, benchmarks/RESULTS.md)
+            # them with its DataLoader workers
             torch.set_num_threads(threads or os.cpu_count() or 1)
         self.model = model.to(self.device).eval()
         self.frames, self.segments, self.batch_size = frames, segments, batch_size
@@ -110,15 +104,13 @@ class EncodeVideos:
         encoder.flush()
         encoded = {e.row["path"]: e for e in encoder.ready()}
         pad = encoder.pad() if self.segments is not None else None
-        skipped, text_only = dict(encoder.skipped), dict(encoder.text_only)
-        partial = dict(encoder.partial)
         paths = list(batch["path"])
         seconds = (time.perf_counter() - started) / max(1, len(paths))
+        said = {key: dict(getattr(encoder, key)) for key in _SAID}  # path -> reason or loss
         return {"seq": batch["seq"], "path": batch["path"],
                 "encoded": _column([encoded.get(p) for p in paths]),
-                "skipped": np.array([skipped.get(p, "") for p in paths], dtype=object),
-                "text_only": np.array([text_only.get(p, "") for p in paths], dtype=object),
-                "partial": np.array([partial.get(p, "") for p in paths], dtype=object),
+                **{key: np.array([by_path.get(p, "") for p in paths], dtype=object)
+                   for key, by_path in said.items()},
                 "pad": _column([pad] * len(paths)), "decode_s": batch["decode_s"],
                 "encode_s": np.full(len(paths), seconds), "node": batch["node"],
                 "encoder_node": _column([node_id()] * len(paths))}
@@ -142,9 +134,7 @@ def write_shards(batch: dict[str, np.ndarray], *, folder: str, frame_dtype: str,
     record = {
         "shards": shards, "videos": report.added, "rows": report.rows,
         "frames": report.frames, "seconds": report.seconds, "paths": paths,
-        "skipped": [(p, r) for p, r in zip(paths, batch["skipped"], strict=True) if r],
-        "text_only": [(p, r) for p, r in zip(paths, batch["text_only"], strict=True) if r],
-        "partial": [(p, d) for p, d in zip(paths, batch["partial"], strict=True) if d],
+        **{key: [(p, r) for p, r in zip(paths, batch[key], strict=True) if r] for key in _SAID},
         "decode_s": float(np.sum(batch["decode_s"])),
         "encode_s": float(np.sum(batch["encode_s"])),
         "write_s": time.perf_counter() - started,
@@ -168,7 +158,9 @@ def _groups(encoded: list, shard_size: int) -> list[list]:
 
 def _write(group: list, folder: Path, frame_dtype: str, pad: np.ndarray | None,
            window: int | None) -> dict:
-    """One shard file of ``group``'s videos (checked as any append checks them)."""
+    """One shard file of ``group``'s videos (checked as any append checks them), named at
+    random: a retried task never overwrites another try's file, and only the driver's link
+    makes it part of the index."""
     store = FrameStore(frame_dtype=frame_dtype)
     if isinstance(group[0], VideoRun):
         store.append_runs(group, pad, window)

@@ -1,14 +1,5 @@
-"""Rows whose stored features cannot be trusted, encoded again from their videos.
-
-``dicosa check --repair`` hands here the rows a damaged shard or a non-finite value lost.
-In one transaction (one manifest commit; any failure leaves the index as it was), every row
-of their videos is removed (ids are never reused) and each video whose file is still where
-its row says, and is still the same file (the size and modification time the index
-recorded; an index that recorded none cannot tell, and takes it as the same), is encoded
-again with the index's own model, frame protocol and segments, its plugins adding their
-per-row data as for any new video. The videos it could not encode again are said, each with
-why: the file is gone, it changed since it was indexed, it no longer decodes, or the index's
-model cannot be loaded.
+"""Rows whose stored features cannot be trusted, encoded again from their videos
+(``dicosa check --repair``; ``docs/data-safety.md``).
 """
 
 from __future__ import annotations
@@ -40,9 +31,11 @@ class Repair:
 
 def repair_rows(directory: str | Path, ids: np.ndarray, model: DiCoSA | None = None
                 ) -> Repair:
-    """Remove every row of the videos of rows ``ids`` and encode those videos again from
-    their files where they can be (module docstring), in one transaction; with ``model``
-    (the index's own), instead of the one its manifest records."""
+    """Remove every row of the videos of rows ``ids`` and, in the same transaction, encode
+    again, with the index's model, frame protocol, segments and plugins, each video whose
+    file is still where its row says and unchanged (size and mtime; an index that recorded
+    none takes it as unchanged). ``model``: the index's own, in place of the one its
+    manifest records."""
     index, why_not = _open(Path(directory), model)
     done = Repair()
     with index.writing():

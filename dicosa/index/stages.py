@@ -81,9 +81,9 @@ class StageSet:
         self._summary_head = summary_head  # "distilled": the trained head, or its file
 
     # -- the stages -----------------------------------------------------------------------
-    def all(self) -> list[Registered]:
-        """Every stage, the dense one first (made now if it can be)."""
-        dense = self.dense_stage()
+    def all(self, make: bool = True) -> list[Registered]:
+        """Every stage, the dense one first (with ``make``, made now if it can be)."""
+        dense = self.dense_stage() if make else self.dense
         return ([Registered(dense, dense=True)] if dense is not None else []) + self.extra
 
     def dense_stage(self) -> FirstStage | None:
@@ -155,11 +155,9 @@ class StageSet:
     def follow(self, before: np.ndarray) -> None:
         """Give every stage made so far the rows the store gained since it held the live rows
         ``before``, and take from it those it lost (another writer's commits)."""
-        made = ([Registered(self.dense, dense=True)] if self.dense is not None
-                else []) + list(self.extra)
         after = self.store.live()
         gone, came = np.setdiff1d(before, after), np.setdiff1d(after, before)
-        for registered in made:
+        for registered in self.all(make=False):
             if len(gone):
                 registered.stage.remove(gone)
             if len(came):

@@ -1,17 +1,6 @@
-"""The writer of an index folder: its lock, transactions, commits, refresh and rollback, and
-the rows it writes in them.
-
-A :class:`Writer` keeps an index object and its folder in step: a write runs under the
-folder's writer lock (:mod:`dicosa.index.lock`), first taking what other writers committed
-since the object read the manifest, and ends in one manifest commit
-(:mod:`dicosa.index.manifest`); an exception takes the last commit back (rollback). What is
-committed, and how a manifest is taken back into the object, are the owner's: it hands the
-writer ``record`` and ``take`` (:class:`~dicosa.index.VideoIndex` does).
-
-Rows are stored, linked and removed in the frame store and every first stage at once, each
-change one transaction; the ids of new rows are reserved before any file holds them
-(manifest.py, "reserved ids"), and a video's live rows are replaced when it is stored again
-(a changed file encoded again).
+"""The writer of an index folder: its lock, its transactions (each ending in one manifest
+commit; an exception takes the last commit back) and the rows of the frame store and every
+first stage changed in them. ``docs/data-safety.md`` says what is guaranteed.
 """
 
 from __future__ import annotations
@@ -35,7 +24,7 @@ __all__ = ["Writer"]
 
 class Writer:
     """Transactions of one index object in its folder, and the rows of its ``store`` and
-    ``stages`` changed in them (module docstring).
+    ``stages`` changed in them.
 
     Args:
         record: the manifest of the object's state now, as generation ``generation``.

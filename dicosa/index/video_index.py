@@ -2,28 +2,13 @@
 
 :class:`VideoIndex` decodes and encodes a collection once and keeps each video's per-frame
 features in a memory-mapped :class:`~dicosa.search.store.FrameStore`. DiCoSA's score pools the
-frames under the query (Eq. 1), so no one vector per video ranks like it; search therefore runs
-in two stages:
-
-1. **first stage** — query-independent :class:`~dicosa.search.types.FirstStage` objects
-   (:mod:`dicosa.index.stages`) propose ``candidates`` rows: by default the dense proxy in an
-   exact, faiss or Milvus index; plugins may register more (a sparse lexical one), whose
-   candidate lists are united. A search ``mode`` picks which of them to unite;
-2. **rerank** — DiCoSA scores those candidates from their stored frames, then the rerank hooks
-   (exclusion, fusion, ...) adjust the scores in order, and the top ``k`` are returned
-   (:mod:`dicosa.index.searcher`).
-
-``search(..., candidates=None)`` skips the first stage and scores every row with
-:meth:`DiCoSA.score`: the exhaustive reference.
-
-Heads join through plugins (:mod:`dicosa.index.plugins`): :meth:`VideoIndex.use` attaches one
-and records it in the manifest; :meth:`VideoIndex.load` and :func:`open_index` restore every
-recorded plugin, so Python, the command line and the service search the same way.
-
-Every write (build, add, remove, recording a plugin or a setting) is a transaction under the
-folder's writer lock (:mod:`dicosa.index.lock`), made from the current manifest and ending in
-one atomic manifest commit (:mod:`dicosa.index.manifest`); a failed write leaves the last
-commit, and this object is reloaded from it. ``docs/data-safety.md`` says what is guaranteed.
+frames under the query (Eq. 1), so no one vector per video ranks like it: first stages
+(:mod:`dicosa.index.stages`, and those plugins register) propose ``candidates`` rows, DiCoSA
+scores them from their stored frames and the rerank hooks adjust the scores
+(:mod:`dicosa.index.searcher`); ``candidates=None`` scores every row, the exhaustive
+reference. Heads join through plugins (:mod:`dicosa.index.plugins`), recorded in the
+manifest and restored on load. Every write is one transaction under the folder's writer lock
+(:mod:`dicosa.index.transactions`; ``docs/data-safety.md``).
 """
 
 from __future__ import annotations
@@ -82,34 +67,23 @@ class VideoIndex:
     Build with :meth:`build`, reopen with :meth:`load` (or :func:`open_index`, which also
     rebuilds the recorded model); search with :meth:`query` (a :class:`SearchResult` per
     text) or :meth:`search` (its hits). ``index.skipped`` lists the files that could not be
-    decoded, as ``(path, reason)``.
-
-    A façade over its collaborators, each with one job: ``store`` (the frames, a
-    :class:`~dicosa.search.store.FrameStore`), ``stages`` (the first stages kept in step with
-    it, :class:`~dicosa.index.stages.StageSet`), ``plugins`` (the attached plugins and the
-    hooks, query encoders and modes they registered,
-    :class:`~dicosa.index.plugin_host.PluginHost`) and ``writer`` (lock, transactions and
-    the rows written in them, :class:`~dicosa.index.transactions.Writer`). A search borrows
-    a frozen :meth:`snapshot` of them.
+    decoded, as ``(path, reason)``. A façade over ``store`` (the frames), ``stages`` (the
+    first stages kept in step with it), ``plugins``
+    (:class:`~dicosa.index.plugin_host.PluginHost`) and ``writer`` (lock, transactions and
+    the rows written in them); a search borrows a frozen :meth:`snapshot` of them.
 
     ``summary`` is what the dense stage compares (:mod:`dicosa.search.proxy`): None gives a
     new index ``"frames"`` (every frame a row, a video scored by its best frame: no training
     needed; ``"confidence"`` on Milvus); ``"distilled"`` with ``summary_head`` ranks closest
-    to DiCoSA. ``backend=None`` keeps no dense first stage: the per-process parts of a multi-process
-    build (:mod:`dicosa.index.parallel`), whose merge builds the stage once over every row.
-    ``frame_sampling``/``frame_padding`` (default ``segments``/``black``) are how :meth:`add`
-    decodes videos: the model's ``data.frame_sampling``/``data.frame_padding``.
-    ``lock_timeout``: seconds a write waits for another writer (None: as long as it takes;
-    0: fail at once with :class:`~dicosa.index.lock.IndexBusyError`).
-
-    ``segments`` is how :meth:`add` treats long videos (:mod:`dicosa.data.segments`): None or
-    True gives a new index the default :class:`~dicosa.data.segments.SegmentPolicy` (frames at
-    1 frame/s, shots, windows of the model's N frames); a policy or a dict of its fields sets
-    another; False keeps one row of N frames per video, as an index before segments did.
-
-    ``frame_dtype`` is how a new index keeps frames: ``"float16"`` (the default) or ``"int8"``
-    with one scale per frame, half the bytes, the rerank's scores within a stated bound of
-    the float ones (:mod:`dicosa.search.frame_codec`). An existing index keeps its own.
+    to DiCoSA. ``backend=None`` keeps no dense first stage (the parts of a multi-process
+    build). ``frame_sampling``/``frame_padding`` (default ``segments``/``black``) are how
+    :meth:`add` decodes videos. ``lock_timeout``: seconds a write waits for another writer
+    (None: as long as it takes; 0: fail at once with :class:`IndexBusyError`).
+    ``segments``: how :meth:`add` treats long videos (:mod:`dicosa.data.segments`): None or
+    True gives a new index the default policy, a policy or a dict of its fields another,
+    False one row of N frames per video. ``frame_dtype``: how a new index keeps frames,
+    ``"float16"`` (default) or ``"int8"`` (half the bytes, scores within a stated bound:
+    :mod:`dicosa.search.frame_codec`); an existing index keeps its own.
     """
 
     def __init__(self, model: DiCoSA | None, *, tokenizer: Callable | None = None,
@@ -168,11 +142,9 @@ class VideoIndex:
         (None: in memory until :meth:`save`); an index already there (same model) is resumed
         and its videos are not encoded again.
 
-        ``options`` are :meth:`create_or_resume`'s (backend, uri, stage_options, summary,
-        summary_head, frame_sampling, frame_padding, lock_timeout, segments, frame_dtype);
-        the rest are :meth:`add`'s. ``meta``: free-form JSON-able facts stored in the
-        manifest. A folder of videos that does not exist is one sentence, and ``out_dir`` is
-        left as it was.
+        ``options`` are :meth:`create_or_resume`'s, the rest :meth:`add`'s. ``meta``:
+        free-form JSON-able facts stored in the manifest. A folder of videos that does not
+        exist is one sentence, and ``out_dir`` is left as it was.
         """
         videos = list_videos(videos)  # before anything is written
         index = cls.create_or_resume(model, out_dir, tokenizer=tokenizer, device=device,
@@ -463,9 +435,8 @@ class VideoIndex:
                 ``"hybrid"``). None: every registered stage.
             options: the search options the plugins register
                 (``index.plugins.query_options``), e.g. the text plugin's ``source``: what
-                the query is matched against, ``"visual"`` (DiCoSA alone), ``"subtitles"``,
-                ``"speech"``, ``"screen"``, ``"text"`` (the three), ``"all"``, or several (a
-                list, or comma-separated). None: what the option does by default.
+                the query is matched against (``"visual"``, ``"speech"``, ``"all"``, ...;
+                ``docs/text.md``). None: what the option does by default.
         """
         k, candidates = check_search(text, k, candidates)
         texts = [text] if isinstance(text, str) else list(text)
