@@ -1,21 +1,15 @@
-"""Videos a browser cannot play, converted on demand into a bounded cache.
+"""Videos a browser cannot play, converted on demand into a bounded cache (docs/serve.md,
+"Videos a browser cannot play").
 
-A browser's ``<video>`` plays MP4 (H.264, VP9 or AV1 video; AAC, MP3, Opus or FLAC audio) and
-WebM (VP8, VP9 or AV1; Opus or Vorbis); not AVI (XviD, DivX, Cinepak), MPEG-1/2, FLV, H.264 in
-Matroska, or HEVC without hardware. :func:`probe` reads a file's container and codecs (PyAV);
-:func:`plan` decides: send it as it is, *remux* it (its streams copied into an MP4: seconds,
-for H.264 in Matroska or AVI), or *transcode* it to H.264/AAC in MP4 (``libx264``; VP9/Opus in
-WebM where the FFmpeg binary lacks it). The FFmpeg binary is imageio-ffmpeg's (a dependency).
-Frames are turned upright and stretched to square pixels on the way (FFmpeg applies the display
-matrix by default; ``scale=...,setsar=1`` the SAR), so a player shows what the index saw.
+:func:`probe` reads a file's container and codecs (PyAV); :func:`plan` decides: send it as it
+is, *remux* it (its streams copied into an MP4), or *transcode* it to H.264/AAC in MP4
+(VP9/Opus in WebM where the FFmpeg binary, imageio-ffmpeg's, lacks ``libx264``), upright and
+with square pixels, so a player shows what the index saw.
 
-:class:`MediaCache` keeps the converted files in a folder, at most ``max_bytes`` of them, the
-least recently used leaving first (a file's modification time is its last use; in use files
-may be removed while a response still reads them: Linux keeps an open file's data). Each is
-written under a temporary name and renamed whole; requests for a file being converted wait for
-that one conversion (a future in this process, an ``flock`` between processes sharing the
-folder). A file's name is a hash of the source's path, size and modification time and the
-output's profile, so a changed source is converted again.
+:class:`MediaCache`'s files are used least recently first out (a file's modification time is
+its last use; Linux keeps a removed file's data for a response still reading it). A file's
+name hashes the source's path, size and modification time and the output's profile, so a
+changed source is converted again.
 """
 
 from __future__ import annotations
@@ -27,7 +21,6 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,12 +95,6 @@ def plan(found: Probe, target: str = "mp4") -> Plan:
     return Plan("transcode", f"video/{target}")
 
 
-def _encoders(ffmpeg: str) -> str:
-    done = subprocess.run([ffmpeg, "-hide_banner", "-encoders"], capture_output=True,
-                          text=True, timeout=60)
-    return done.stdout
-
-
 def _arguments(how: str, target: str, audio: tuple[str, ...]) -> list[str]:
     """FFmpeg's output options for a remux or a transcode to ``target``."""
     streams = ["-map", "0:v:0", "-map", "0:a:0?", "-sn", "-dn"]
@@ -160,7 +147,9 @@ class MediaCache:
     def target(self) -> str:
         """``"mp4"`` where FFmpeg has libx264, else ``"webm"`` (libvpx-vp9)."""
         if self._target is None:
-            self._target = "mp4" if "libx264" in _encoders(self.ffmpeg) else "webm"
+            encoders = subprocess.run([self.ffmpeg, "-hide_banner", "-encoders"],
+                                      capture_output=True, text=True, timeout=60).stdout
+            self._target = "mp4" if "libx264" in encoders else "webm"
         return self._target
 
     def plan(self, path: Path, size: int, mtime: float) -> tuple[Plan, Probe]:
@@ -201,23 +190,18 @@ class MediaCache:
             return out, how.media_type, True
         with self._lock:
             future = self._pending.get(out.name)
-            if future is None:
+            mine = future is None
+            if mine:
                 future = self._pending[out.name] = Future()
-                mine = True
-            else:
-                mine = False
         if mine:
-            self._run(future, lambda: self._convert(path, out, how.how, found))
+            try:
+                future.set_result(self._convert(path, out, how.how, found))
+            except BaseException as exc:
+                future.set_exception(exc)
+            finally:
+                with self._lock:
+                    del self._pending[out.name]
         return future.result(), how.media_type, True
-
-    def _run(self, future: Future, work: Callable[[], Path]) -> None:
-        try:
-            future.set_result(work())
-        except BaseException as exc:
-            future.set_exception(exc)
-        finally:
-            with self._lock:
-                self._pending = {k: f for k, f in self._pending.items() if f is not future}
 
     def _convert(self, source: Path, out: Path, how: str, found: Probe) -> Path:
         self.folder.mkdir(parents=True, exist_ok=True)
