@@ -15,12 +15,9 @@ conditional GET. So here: ``If-None-Match`` with the current ETag gets 304; one
 JSON error; anything else (several ranges, another unit, bad syntax, an ``If-Range`` that no
 longer matches) gets the whole file, which RFC 9110 allows a server to send instead.
 
-Thumbnails: the frame shown at a time ``t`` (the last frame that starts at or before it) as a
-JPEG, decoded with PyAV from the nearest earlier keyframe, upright and with square pixels as a
-player shows it (:mod:`dicosa.data.display`). Each is decoded once and kept in a
-bounded LRU cache keyed by the file's identity and ``t`` in milliseconds; :meth:`Thumbnails.
-prefetch` decodes a result page's best moments on a background thread while the page is sent,
-so the browser's requests usually find them made.
+Thumbnails (:class:`Thumbnails`) are decoded once and kept; :meth:`Thumbnails.prefetch`
+decodes a result page's best moments while the page is sent, so the browser's requests
+usually find them made.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """How the service spreads its searches over processes and torch threads, and why.
 
-Two topologies: this process ranks the searches (``rankers == 0``), or it keeps HTTP and the
-one batcher while ``rankers`` processes rank whole batches and cut their pages
-(:mod:`dicosa.serve.rankers`). Given no ``--rankers``, :func:`choose` picks from the machine:
-
-- searches on a GPU: one process (ranker processes would each hold the model on the device;
-  not measured);
-- one CPU core: one process (a ranker needs a core of its own);
-- 2 cores or more: :data:`RANKERS` rankers where the memory holds them (measured on 2 cores
-  only, docs/serve.md, "Load"; more cores keep two, each running half of them).
-
-Memory: a ranker holds about what the server holds once the index is open, and twice that
-for a moment while it reopens the index after a change. So rankers are chosen only where the
-memory available holds twice theirs, measured from the server's own once it has opened the
-index (``held``).
+This process ranks the searches (``rankers == 0``), or it keeps HTTP and the one batcher
+while ``rankers`` processes rank whole batches (:mod:`dicosa.serve.rankers`). Given no
+``--rankers``, :func:`choose` picks from the machine as docs/serve.md ("Where searches rank,
+picked from the machine") says: rankers only on a CPU of 2 cores or more whose available
+memory holds twice what they would (a ranker holds about what the server holds, and twice
+that while it reopens the index).
 
 Threads: one process runs ``--threads`` or torch's default (every core); a ranker runs
 ``--threads`` or ``cores // rankers`` while another ranker is busy and every core when it
-ranks alone (nothing else queued), and the server process then runs one.
+ranks alone, and the server process then runs one.
 """
 
 from __future__ import annotations
