@@ -428,8 +428,6 @@ def _install_pages(app: FastAPI, guard: Guard, settings: Settings) -> None:
 
 def _media_links(app: FastAPI, guard: Guard,
                  thumbnails: Thumbnails) -> Callable[[Answer], dict]:
-    """The function that gives an answer's body with the media links of each hit."""
-
     def links(answer: Answer) -> dict:
         """The answer's body with the media links of each hit (tokens in them when a key is
         set); the page's best moments start decoding."""

@@ -29,7 +29,6 @@ Done = Callable[["list[Outcome] | BaseException"], None]
 class Ranking(Protocol):
     """What ranks the batcher's batches (module docstring)."""
 
-    busy: int  # searches being ranked now
     threads: int  # torch threads of whoever ranks (a ranker's while another ranker is busy)
 
     def __len__(self) -> int:
@@ -82,8 +81,6 @@ class InProcess:
     """Batches ranked in this process one at a time, on ``compute`` (None: on the batching
     thread). A slot takes up to ``max_batch`` searches: the batch waits only for searches
     already on their way (:mod:`dicosa.serve.batching`)."""
-
-    busy = 0
 
     def __init__(self, compute: ComputeThread | None = None):
         self.compute = compute

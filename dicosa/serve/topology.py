@@ -52,27 +52,23 @@ def choose(*, rankers: int | None, threads: int | None, device: str, cores: int,
                "this process, as --rankers 0 says")
         return _ranked_by(rankers, threads, cores, "options", why)
     if not device.startswith("cpu"):
-        return _ranked_by(0, threads, cores, "machine", f"this process: searches run on "
-                          f"{device} (ranker processes each holding the model there are not "
-                          "measured)")
-    if cores < 2:
-        return _ranked_by(0, threads, cores, "machine", "this process: 1 CPU core, none for "
-                          "a second process")
-    need = 2 * RANKERS * held
-    if not (available and held):
-        return _ranked_by(0, threads, cores, "machine", "this process: the memory available "
-                          "could not be read")
-    if available < need:
-        return _ranked_by(0, threads, cores, "machine", f"this process: {RANKERS} ranker "
-                          f"processes would hold ~{RANKERS * held / _GIB:.1f} GiB (twice that "
-                          f"while they reopen the index), {available / _GIB:.1f} GiB is "
-                          "available")
-    return _ranked_by(RANKERS, threads, cores, "machine", f"{RANKERS} ranker processes: "
-                      f"{cores} CPU cores, {available / _GIB:.1f} GiB available, ~"
-                      f"{held / _GIB:.1f} GiB each; on 2 cores they served 8 clients at 54.1 "
-                      "searches/s, p99 213 ms, against 44.6/s, 238 ms in one process "
-                      "(100,000 videos, docs/serve.md)")
-
+        why = (f"this process: searches run on {device} (ranker processes each holding the "
+               "model there are not measured)")
+    elif cores < 2:
+        why = "this process: 1 CPU core, none for a second process"
+    elif not (available and held):
+        why = "this process: the memory available could not be read"
+    elif available < 2 * RANKERS * held:
+        why = (f"this process: {RANKERS} ranker processes would hold ~"
+               f"{RANKERS * held / _GIB:.1f} GiB (twice that while they reopen the index), "
+               f"{available / _GIB:.1f} GiB is available")
+    else:
+        return _ranked_by(RANKERS, threads, cores, "machine", f"{RANKERS} ranker processes: "
+                          f"{cores} CPU cores, {available / _GIB:.1f} GiB available, ~"
+                          f"{held / _GIB:.1f} GiB each; on 2 cores they served 8 clients at "
+                          "54.1 searches/s, p99 213 ms, against 44.6/s, 238 ms in one process "
+                          "(100,000 videos, docs/serve.md)")
+    return _ranked_by(0, threads, cores, "machine", why)
 
 def _ranked_by(rankers: int, threads: int | None, cores: int, chosen: str,
                why: str) -> Topology:

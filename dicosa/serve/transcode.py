@@ -51,7 +51,6 @@ class Probe:
     video: str  # codec name ("" without a video stream)
     pixels: str  # the video's pixel format
     audio: tuple[str, ...]  # every audio stream's codec
-    turned: bool = False  # a display matrix turns the picture (kept by a remux)
 
 
 @dataclass(frozen=True)
