@@ -179,12 +179,10 @@ class Rankers:
 
     def submit(self, ranker: _Ranker, engine: Engine, requests: list[SearchRequest],
                done: Done, quiet: bool = False) -> None:
-        """Rank ``requests`` on ``ranker`` (from :meth:`acquire`; it ranks on its own
-        snapshot, not ``engine``) in a thread of this process that waits for the answers;
-        ``done`` gets the outcomes, or the error that ended the batch; the ranker is free
-        again after. ``quiet``: no other search is queued or on its way; then, when every
-        other ranker is idle too, the batch ranks on ``alone_threads`` (a lone search gets
-        the cores), else on ``threads``."""
+        """:meth:`~.ranking.Ranking.submit`, waited for on a thread of this process (``ranker``
+        ranks on its own snapshot, not ``engine``). A ``quiet`` batch ranks on ``alone_threads``
+        when every other ranker is idle too (a lone search gets the cores), else on
+        ``threads``."""
         alone = quiet and self._free.qsize() == len(self._all) - 1
         threads = self.alone_threads if alone else self.threads
         with self._lock:
