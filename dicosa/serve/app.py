@@ -212,10 +212,10 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
     _install_errors(app)
     _install_pages(app, guard, settings)
     # Registration order is the order of /openapi.json's paths and of the docs page.
-    links = _media_links(app, guard, thumbnails)
+    respond = _responder(app, guard, thumbnails)
     _install_status(app, service, settings, guard, batcher)
-    _install_api(app, service, settings, batcher, links)
-    _install_videos(app, service, settings, thumbnails, links)
+    _install_api(app, service, settings, batcher, respond)
+    _install_videos(app, service, settings, thumbnails, respond)
     _install_stream(app, service, media)
     install_docs(app)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -426,11 +426,12 @@ def _install_pages(app: FastAPI, guard: Guard, settings: Settings) -> None:
         return response
 
 
-def _media_links(app: FastAPI, guard: Guard,
-                 thumbnails: Thumbnails) -> Callable[[Answer], dict]:
-    def links(answer: Answer) -> dict:
-        """The answer's body with the media links of each hit (tokens in them when a key is
-        set); the page's best moments start decoding."""
+def _responder(app: FastAPI, guard: Guard,
+               thumbnails: Thumbnails) -> Callable[[Answer, float], Response]:
+    def respond(answer: Answer, started: float) -> Response:
+        """The answer's body as it is (FastAPI's encoder pass over it costs milliseconds),
+        with the media links of each hit (tokens in them when a key is set) and the time since
+        ``started``; the page's best moments start decoding."""
         wanted = []
         for hit, file in zip(answer.body["hits"], answer.files, strict=True):
             if file is None:  # its file is gone or may not be served
@@ -447,23 +448,23 @@ def _media_links(app: FastAPI, guard: Guard,
             hit["media_type"] = served_type(file, app.state.media)
             hit["media_token"] = token or None  # for links to its other moments
         thumbnails.prefetch(wanted)
-        return answer.body
+        answer.body["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
+        return _JSON(answer.body)
 
-    return links
+    return respond
 
 
 def _install_api(app: FastAPI, service: Service, settings: Settings, batcher: Batcher,
-                 links: Callable[[Answer], dict]) -> None:
-    """Search (GET and POST), answers with each hit's media links (``links``)."""
+                 respond: Callable[[Answer, float], Response]) -> None:
+    """Search (GET and POST), answers sent by ``respond``."""
     limits = settings.limits
 
     def run_search(request: SearchRequest, http: Request) -> Response:
         started = time.perf_counter()
         engine = service.engine
         engine.check(request)
-        answer = links(batcher.answer(engine, request, getattr(http.state, "ticket", None)))
-        answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
-        return _JSON(answer)  # as it is: FastAPI's encoder pass over it costs milliseconds
+        return respond(batcher.answer(engine, request, getattr(http.state, "ticket", None)),
+                       started)
 
     searched = {200: {"model": SearchAnswer}, **errors(400, 500, 503)}
 
@@ -516,7 +517,8 @@ def _install_status(app: FastAPI, service: Service, settings: Settings, guard: G
 
 
 def _install_videos(app: FastAPI, service: Service, settings: Settings,
-                    thumbnails: Thumbnails, links: Callable[[Answer], dict]) -> None:
+                    thumbnails: Thumbnails,
+                    respond: Callable[[Answer, float], Response]) -> None:
     """A video's facts, "more like this" and its thumbnails (its stream:
     :func:`_install_stream`)."""
     limits, compute = settings.limits, service.compute  # compute: create_app's
@@ -535,10 +537,9 @@ def _install_videos(app: FastAPI, service: Service, settings: Settings,
         ``row``, like one of its moments: a row its hit's ``moments`` name), with moments."""
         request = _checked(limits, "similar", [], k, offset, candidates, None, False)
         started = time.perf_counter()
-        answer = links(compute.run(service.engine.similar, video_id, row=row, k=request.k,
-                                   offset=request.offset, candidates=request.candidates))
-        answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
-        return _JSON(answer)
+        return respond(compute.run(service.engine.similar, video_id, row=row, k=request.k,
+                                   offset=request.offset, candidates=request.candidates),
+                       started)
 
     @app.get("/api/videos/{video_id}/thumb", tags=["videos"], response_class=Response,
              responses={200: _MEDIA["image"], **errors(400, 404, 500, 503)})

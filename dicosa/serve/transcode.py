@@ -113,24 +113,17 @@ def _arguments(how: str, target: str, audio: tuple[str, ...]) -> list[str]:
 
 
 class MediaCache:
-    """Converted videos in ``folder``, at most ``max_bytes`` (module docstring).
+    """Converted videos in ``folder`` (made when first needed), at most ``max_bytes``: the
+    least recently used files leave first (the one just made stays, even alone above the
+    budget). One conversion runs at a time: each FFmpeg uses every core."""
 
-    Args:
-        folder: where converted files live (made when first needed).
-        max_bytes: the cache's budget; the least recently used files leave first (the one
-            just made stays, even alone above the budget).
-        ffmpeg: the FFmpeg binary (None: imageio-ffmpeg's).
-        workers: conversions that run at once (each FFmpeg uses every core).
-    """
-
-    def __init__(self, folder: str | os.PathLike, max_bytes: int = 4 << 30,
-                 ffmpeg: str | None = None, workers: int = 1):
+    def __init__(self, folder: str | os.PathLike, max_bytes: int = 4 << 30):
         self.folder, self.max_bytes = Path(folder), max_bytes
-        self._ffmpeg = ffmpeg
+        self._ffmpeg: str | None = None  # imageio-ffmpeg's binary, found when first needed
         self._target: str | None = None
         self._lock = threading.Lock()
         self._pending: dict[str, Future] = {}
-        self._slots = threading.Semaphore(max(1, workers))
+        self._converting = threading.Lock()
         self._plans: dict[tuple, tuple[Plan, Probe]] = {}  # by the file's version
         self.converted = 0  # conversions this process ran
 
@@ -204,7 +197,7 @@ class MediaCache:
 
     def _convert(self, source: Path, out: Path, how: str, found: Probe) -> Path:
         self.folder.mkdir(parents=True, exist_ok=True)
-        with self._slots, open(out.with_suffix(".lock"), "a") as lock:
+        with self._converting, open(out.with_suffix(".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be making it
             if _touch(out):
                 return out
