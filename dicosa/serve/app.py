@@ -1,23 +1,8 @@
 """The HTTP service: FastAPI routes over one :class:`~dicosa.serve.engine.Engine` at a time.
 
-Routes (OpenAPI at ``/openapi.json``, Swagger UI at ``/docs`` served offline, :mod:`.openapi`;
-every answer but media is JSON, described by :mod:`.schemas`; every error
-``{"error": "one sentence"}``):
-
-    GET  /                          the search page (static/: HTML, plain JavaScript, CSS)
-    GET  /login, POST /login        the API key typed in once: sets the session cookie
-    GET  /api/health                the process answers
-    GET  /api/ready                 the index is open (and when it was last reopened)
-    GET  /api/info                  videos, model, plugins, search modes, backend, limits
-    GET  /api/search?q=...          a search (q, exclude (repeatable), k, offset, candidates,
-    POST /api/search                mode, explain); the same as a JSON body
-    GET  /api/videos/{id}           a video's metadata (never its path)
-    GET  /api/videos/{id}/similar   "more like this" (k, offset, candidates)
-    GET  /api/videos/{id}/stream    the file (converted where a browser cannot play it), with
-    HEAD                            HTTP Range; HEAD: its headers
-    GET  /api/videos/{id}/thumb?t=  a JPEG of the frame shown at t seconds (cached)
-
-Routes that run torch or decode are plain ``def``: FastAPI runs them on its thread pool.
+The routes are listed in docs/serve.md ("API") and ``/openapi.json`` (:mod:`.openapi`; the
+answers' models: :mod:`.schemas`); every error is ``{"error": "one sentence"}``. Routes
+that run torch or decode are plain ``def``: FastAPI runs them on its thread pool.
 Videos are named by their row id only; a file is served only when the engine finds it where
 its row says (:meth:`Engine.video`). Nothing on the server fetches a URL.
 
@@ -117,7 +102,7 @@ class Settings:
 class _JSON(JSONResponse):
     """JSON where a non-finite number (which JSON cannot hold) is null. Starlette's render
     refuses one (ValueError); only then is the content walked to replace them, since the walk
-    costs as much as the encoding (1.6 ms for a page of 10 hour-long hits' timelines)."""
+    costs as much as the encoding."""
 
     def render(self, content: Any) -> bytes:
         try:
@@ -223,14 +208,14 @@ def create_app(service: Service | Engine, settings: Settings | None = None,
     app.state.service, app.state.guard, app.state.thumbnails = service, guard, thumbnails
     app.state.batcher, app.state.settings, app.state.media = batcher, settings, media
     _install_guards(app, settings, guard)
-    _install_arrivals(app, batcher)
+    app.add_middleware(_Arrivals, batcher=batcher)
     _install_errors(app)
     _install_pages(app, guard, settings)
     # Registration order is the order of /openapi.json's paths and of the docs page.
-    links = _media_links(app, guard, thumbnails)
+    respond = _responder(app, guard, thumbnails)
     _install_status(app, service, settings, guard, batcher)
-    _install_api(app, service, settings, batcher, links)
-    _install_videos(app, service, settings, thumbnails, links)
+    _install_api(app, service, settings, batcher, respond)
+    _install_videos(app, service, settings, thumbnails, respond)
     _install_stream(app, service, media)
     install_docs(app)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -289,15 +274,10 @@ def _install_guards(app: FastAPI, settings: Settings, guard: Guard) -> None:
         return response
 
 
-def _install_arrivals(app: FastAPI, batcher: Batcher) -> None:
-    """Tell the batcher of each search from the moment its request arrives, so that a batch
-    waits only for searches on their way (dicosa/serve/batching.py)."""
-    app.add_middleware(_Arrivals, batcher=batcher)
-
-
 class _Arrivals:
     """ASGI middleware: a :class:`~dicosa.serve.batching.Ticket` per search request, in the
-    request's state from its arrival, settled when it is answered at the latest."""
+    request's state from its arrival, settled when it is answered at the latest, so that a
+    batch waits only for searches on their way."""
 
     def __init__(self, app, batcher: Batcher):
         self.app, self.batcher = app, batcher
@@ -329,11 +309,8 @@ def _install_errors(app: FastAPI) -> None:
         return _error(400, _validation_sentence(exc))
 
     @app.exception_handler(UnknownVideo)
-    async def unknown_video(request: Request, exc: UnknownVideo):
-        return _error(404, str(exc))
-
     @app.exception_handler(UnknownMoment)
-    async def unknown_moment(request: Request, exc: UnknownMoment):
+    async def unknown(request: Request, exc: LookupError):
         return _error(404, str(exc))
 
     @app.exception_handler(NotReady)
@@ -404,26 +381,23 @@ def _install_stream(app: FastAPI, service: Service, media: MediaCache | None) ->
                304: {"description": "If-None-Match named the current ETag"},
                **errors(404, 416, 500, 503)}
 
-    def send(video_id: str, request: Request) -> Response:
-        try:
-            return stream_response(service.engine.video(video_id), request.headers, media)
-        except TranscodeError as exc:
-            log.warning("video %s cannot be sent: %s", video_id, exc)
-            return _error(500, f"this video cannot be played in a browser: {exc}")
-
     @app.get("/api/videos/{video_id}/stream", tags=["videos"], response_class=Response,
              responses=answers)
     def stream(video_id: str, request: Request) -> Response:
         """The video, as the browser can play it: the file, or (AVI, MPEG-2, HEVC, ...)
         converted to MP4 once and kept (the first request waits for it); ``Range: bytes=...``
         gets 206 and ``Content-Range``."""
-        return send(video_id, request)
+        try:
+            return stream_response(service.engine.video(video_id), request.headers, media)
+        except TranscodeError as exc:
+            log.warning("video %s cannot be sent: %s", video_id, exc)
+            return _error(500, f"this video cannot be played in a browser: {exc}")
 
     @app.head("/api/videos/{video_id}/stream", tags=["videos"], response_class=Response,
               responses=answers)
     def stream_head(video_id: str, request: Request) -> Response:
         """The stream's headers, as GET answers them, without the body."""
-        return send(video_id, request)
+        return stream(video_id, request)
 
 
 def _install_pages(app: FastAPI, guard: Guard, settings: Settings) -> None:
@@ -452,13 +426,12 @@ def _install_pages(app: FastAPI, guard: Guard, settings: Settings) -> None:
         return response
 
 
-def _media_links(app: FastAPI, guard: Guard,
-                 thumbnails: Thumbnails) -> Callable[[Answer], dict]:
-    """The function that gives an answer's body with the media links of each hit."""
-
-    def links(answer: Answer) -> dict:
-        """The answer's body with the media links of each hit (tokens in them when a key is
-        set); the page's best moments start decoding."""
+def _responder(app: FastAPI, guard: Guard,
+               thumbnails: Thumbnails) -> Callable[[Answer, float], Response]:
+    def respond(answer: Answer, started: float) -> Response:
+        """The answer's body as it is (FastAPI's encoder pass over it costs milliseconds),
+        with the media links of each hit (tokens in them when a key is set) and the time since
+        ``started``; the page's best moments start decoding."""
         wanted = []
         for hit, file in zip(answer.body["hits"], answer.files, strict=True):
             if file is None:  # its file is gone or may not be served
@@ -475,23 +448,23 @@ def _media_links(app: FastAPI, guard: Guard,
             hit["media_type"] = served_type(file, app.state.media)
             hit["media_token"] = token or None  # for links to its other moments
         thumbnails.prefetch(wanted)
-        return answer.body
+        answer.body["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
+        return _JSON(answer.body)
 
-    return links
+    return respond
 
 
 def _install_api(app: FastAPI, service: Service, settings: Settings, batcher: Batcher,
-                 links: Callable[[Answer], dict]) -> None:
-    """Search (GET and POST), answers with each hit's media links (``links``)."""
+                 respond: Callable[[Answer, float], Response]) -> None:
+    """Search (GET and POST), answers sent by ``respond``."""
     limits = settings.limits
 
     def run_search(request: SearchRequest, http: Request) -> Response:
         started = time.perf_counter()
         engine = service.engine
         engine.check(request)
-        answer = links(batcher.answer(engine, request, getattr(http.state, "ticket", None)))
-        answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
-        return _JSON(answer)  # as it is: FastAPI's encoder pass over it costs milliseconds
+        return respond(batcher.answer(engine, request, getattr(http.state, "ticket", None)),
+                       started)
 
     searched = {200: {"model": SearchAnswer}, **errors(400, 500, 503)}
 
@@ -510,9 +483,7 @@ def _install_api(app: FastAPI, service: Service, settings: Settings, batcher: Ba
     @app.post("/api/search", tags=["search"], response_model=None, responses=searched)
     def search_body(body: SearchBody, http: Request) -> Response:
         """:func:`search` with the parameters in a JSON body."""
-        return run_search(_checked(limits, body.q, body.exclude, body.k, body.offset,
-                                   body.candidates, body.mode, body.explain, body.source),
-                          http)
+        return run_search(_checked(limits, **body.model_dump()), http)
 
 
 def _install_status(app: FastAPI, service: Service, settings: Settings, guard: Guard,
@@ -546,7 +517,8 @@ def _install_status(app: FastAPI, service: Service, settings: Settings, guard: G
 
 
 def _install_videos(app: FastAPI, service: Service, settings: Settings,
-                    thumbnails: Thumbnails, links: Callable[[Answer], dict]) -> None:
+                    thumbnails: Thumbnails,
+                    respond: Callable[[Answer, float], Response]) -> None:
     """A video's facts, "more like this" and its thumbnails (its stream:
     :func:`_install_stream`)."""
     limits, compute = settings.limits, service.compute  # compute: create_app's
@@ -565,11 +537,9 @@ def _install_videos(app: FastAPI, service: Service, settings: Settings,
         ``row``, like one of its moments: a row its hit's ``moments`` name), with moments."""
         request = _checked(limits, "similar", [], k, offset, candidates, None, False)
         started = time.perf_counter()
-        engine = service.engine
-        answer = links(compute.run(engine.similar, video_id, row=row, k=request.k,
-                                   offset=request.offset, candidates=request.candidates))
-        answer["times_ms"]["total"] = round(1000 * (time.perf_counter() - started), 3)
-        return _JSON(answer)
+        return respond(compute.run(service.engine.similar, video_id, row=row, k=request.k,
+                                   offset=request.offset, candidates=request.candidates),
+                       started)
 
     @app.get("/api/videos/{video_id}/thumb", tags=["videos"], response_class=Response,
              responses={200: _MEDIA["image"], **errors(400, 404, 500, 503)})

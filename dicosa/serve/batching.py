@@ -1,14 +1,11 @@
 """Concurrent searches run together: one text-encoder pass and one rerank for a batch.
 
 Requests arrive on the server's worker threads. Each hands its search to one batching thread
-and waits (:meth:`Batcher.answer`, the one way out): that thread takes the first waiting
-search, waits for a free slot of the service's :class:`~dicosa.serve.ranking.Ranking` (this
-process, or one of its ranker processes), then takes every waiting search that can share the
-batch (same index snapshot, search mode, exclusions, options and candidate count; up to the
-slot's share), and submits them together: they are ranked with one :meth:`Engine.rank` call,
-deep enough for the deepest page, and each search's page is cut there
-(:func:`~dicosa.serve.ranking.answers`). Searches that cannot share wait for the next round.
-``max_batch=1`` ranks every search on its own.
+and waits (:meth:`Batcher.answer`): that thread takes the first waiting search, waits for a
+free slot of the service's :class:`~dicosa.serve.ranking.Ranking`, then takes every waiting
+search that can share the batch (:meth:`_Waiting.key`: same index snapshot, search mode,
+exclusions, options and candidate count), up to the slot's share, and submits them together.
+Searches that cannot share wait for the next round.
 
 Waiting for company is bounded and only for company that is coming: the service counts the
 searches it has received that have not reached the queue yet (:meth:`Batcher.expect`, from

@@ -1,11 +1,5 @@
 """``dicosa serve INDEX``: the search service and its page on one index.
 
-    dicosa serve INDEX [--host 127.0.0.1] [--port 8000] [--api-key [KEY]]
-                                 [--media-root DIR ...] [--device cpu|cuda]
-                                 [--max-batch 8] [--batch-wait-ms 2] [--reload-interval 2]
-                                 [--text-tower auto|float|packed|int8] [--query-cache 1024]
-                                 [--timeline-rows 16] [--rankers N] [--threads N]
-
 The index, its model and its heads are opened before the server listens: a problem with them
 is one sentence and exit status 2, never a server that answers errors. Without ``--host`` the
 server listens on 127.0.0.1 only and answers only requests addressed to the loopback names.
@@ -118,7 +112,6 @@ def run_serve(args: argparse.Namespace) -> int:
     for warning in binding_warnings(args.host, key):
         log.warning(warning)
     _check_counts(args)
-    media_cache_bytes = _gigabytes(args.media_cache_size)
     spec = _spec(args)
     # this process's torch work (compute.py); one thread where rankers are asked for
     compute = ComputeThread.for_process(1 if args.rankers else args.threads)
@@ -139,7 +132,8 @@ def run_serve(args: argparse.Namespace) -> int:
     settings = Settings(api_key=key, allowed_hosts=hosts, max_batch=args.max_batch,
                         batch_wait_s=args.batch_wait_ms / 1000,
                         reload_interval_s=args.reload_interval, topology=topology,
-                        media_cache=args.media_cache, media_cache_bytes=media_cache_bytes)
+                        media_cache=args.media_cache,
+                        media_cache_bytes=int(args.media_cache_size * (1 << 30)))
     freeze_heap()  # the open index out of the collector's walks (compute.py)
     uvicorn.run(create_app(service, settings, compute, rankers), host=args.host,
                 port=args.port, log_level="warning", timeout_graceful_shutdown=5)
@@ -173,12 +167,6 @@ def _topology(args: argparse.Namespace, device: str, compute: ComputeThread) -> 
     return topology
 
 
-def _gigabytes(value: float) -> int:
-    if not value >= 0:
-        raise ValueError(f"--media-cache-size must be 0 or more gigabytes, got {value}")
-    return int(value * (1 << 30))
-
-
 def _start_rankers(spec: EngineSpec, topology: Topology,
                    reload_interval_s: float) -> Rankers | None:
     """The topology's ranker processes, started and ready (:mod:`dicosa.serve.rankers`), or
@@ -207,6 +195,9 @@ def _check_counts(args: argparse.Namespace) -> None:
         raise ValueError(f"--rankers must be 0 or more, got {args.rankers}")
     if args.query_cache < 0:
         raise ValueError(f"--query-cache must be 0 or more, got {args.query_cache}")
+    if not args.media_cache_size >= 0:  # NaN too
+        raise ValueError(f"--media-cache-size must be 0 or more gigabytes, got "
+                         f"{args.media_cache_size}")
 
 
 def _api_key(option: str | None) -> str | None:

@@ -1,25 +1,18 @@
 """The one thread that runs a service process's torch work.
 
-PyTorch's CPU kernels run their parallel parts on OpenMP (libgomp here). Every OS thread
-that starts a parallel region gets its own team of worker threads, kept for the thread's life,
-and while more threads are under libgomp's management than there are cores, every team's
-workers stop spinning between regions and sleep at once (libgomp's throttled spin): each
-region then pays for waking them. A service whose model was loaded on the main thread, whose
-batches run on a batching thread and whose pages are cut on the HTTP worker threads has
-several teams, so all of them run that way (benchmarks/RESULTS.md, "one compute thread").
-
-So a service process whose torch runs several threads opens its index, ranks, builds pages
-and reopens the index on one :class:`ComputeThread`, and no other thread of it runs torch:
-one team, whose workers spin between the many small regions of a search as they would in a
-script. With one torch thread (``dicosa serve --threads 1``, or a server given ``--rankers
-N``) there are no teams to keep apart, and the calls run where they are made.
+PyTorch's CPU kernels run their parallel parts on OpenMP (libgomp). Every OS thread that
+starts a parallel region gets its own team of worker threads, and while more threads are under
+libgomp's management than there are cores, every team's workers sleep between regions (its
+throttled spin), so each region pays for waking them. So a service process whose torch runs
+several threads opens its index, ranks, builds pages and reopens the index on one
+:class:`ComputeThread`, and no other thread of it runs torch: one team, spinning as it would
+in a script. With one torch thread there are no teams to keep apart, and calls run where they
+are made.
 
 The compute thread releases the GIL in each of the hundreds of torch calls of a batch and
-must take it back from whichever request thread holds it then (parsing a request, building
-an answer's JSON); CPython makes a thread that asks wait up to its switch interval, 5 ms by
-default, so a batch's rerank beside a thread looping in Python takes seconds, not tens of
-milliseconds. A service process sets 1 ms (:data:`SWITCH_INTERVAL_S`; benchmarks/RESULTS.md,
-"a short GIL switch interval").
+must take it back from whichever request thread holds it then; CPython makes it wait up to
+its switch interval (5 ms by default), which turns a batch's rerank beside a busy request
+thread into seconds: a service process sets :data:`SWITCH_INTERVAL_S`.
 """
 
 from __future__ import annotations
@@ -35,9 +28,7 @@ __all__ = ["SWITCH_INTERVAL_S", "ComputeThread", "freeze_heap"]
 
 T = TypeVar("T")
 
-# How long a thread holding the GIL may keep it from one that asks (CPython's default 5 ms).
-# The compute thread lets go of the GIL in every torch call and must win it back from the
-# request threads each time (module docstring).
+# How long a thread holding the GIL may keep it from one that asks (module docstring).
 SWITCH_INTERVAL_S = 0.001
 
 
@@ -98,14 +89,11 @@ def freeze_heap(again: bool = False) -> None:
     (a reopened index replaces the old one: its cycles are collected now, once).
 
     A service process holds the opened index's Python objects (millions at 1M videos), and
-    CPython's full collection, set off now and then by the answers' short-lived objects,
-    walks all of them: a pause of every search in flight (docs/serve.md gives its length).
-    Frozen, they are never walked, and a full collection walks only what came after;
-    reference counting still frees them. Only service processes do this (``dicosa serve``
-    and each ranker), once the index is open and after each reopening, never a library call:
-    it is the whole process's setting. Giving them back costs one full collection per
-    reopening (a pause as above, once); a snapshot still in a search's hands at that moment
-    is frozen again, and reference cycles in it, if any, then stay until the process ends."""
+    CPython's full collection walks all of them: a pause of every search in flight. Frozen,
+    they are never walked; reference counting still frees them. Only service processes do
+    this, never a library call: it is the whole process's setting. A snapshot still in a
+    search's hands at a reopening is frozen again, and reference cycles in it, if any, then
+    stay until the process ends."""
     if again:
         gc.unfreeze()
     gc.collect()

@@ -15,12 +15,9 @@ conditional GET. So here: ``If-None-Match`` with the current ETag gets 304; one
 JSON error; anything else (several ranges, another unit, bad syntax, an ``If-Range`` that no
 longer matches) gets the whole file, which RFC 9110 allows a server to send instead.
 
-Thumbnails: the frame shown at a time ``t`` (the last frame that starts at or before it) as a
-JPEG, decoded with PyAV from the nearest earlier keyframe, upright and with square pixels as a
-player shows it (:mod:`dicosa.data.display`). Each is decoded once and kept in a
-bounded LRU cache keyed by the file's identity and ``t`` in milliseconds; :meth:`Thumbnails.
-prefetch` decodes a result page's best moments on a background thread while the page is sent,
-so the browser's requests usually find them made.
+Thumbnails (:class:`Thumbnails`) are decoded once and kept; :meth:`Thumbnails.prefetch`
+decodes a result page's best moments while the page is sent, so the browser's requests
+usually find them made.
 """
 
 from __future__ import annotations
@@ -191,21 +188,16 @@ def _upright_image(stream: av.VideoStream, frame: av.VideoFrame, width: int) -> 
 
 
 class Thumbnails:
-    """Moment thumbnails, decoded once on a small thread pool and kept (LRU, bounded bytes).
+    """Moment thumbnails (:func:`decode_thumbnail`), decoded once on two threads and kept, at
+    most ``max_bytes`` of them: the least recently used leave first."""
 
-    Args:
-        max_bytes: the cache's budget; the least recently used thumbnails leave first.
-        width: thumbnails' longer side in pixels, at most.
-        workers: decoding threads (decodes run there, never more at once).
-    """
-
-    def __init__(self, max_bytes: int = 64 << 20, width: int = 320, workers: int = 2):
-        self.max_bytes, self.width = max_bytes, width
+    def __init__(self, max_bytes: int = 64 << 20):
+        self.max_bytes = max_bytes
         self._cache: OrderedDict[tuple, bytes] = OrderedDict()
         self._pending: dict[tuple, Future] = {}
         self._size = 0
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dicosa-thumbnails")
+        self._pool = ThreadPoolExecutor(2, thread_name_prefix="dicosa-thumbnails")
         self.decoded = 0  # how many were decoded (not served from the cache)
 
     @staticmethod
@@ -240,7 +232,7 @@ class Thumbnails:
 
     def _decode(self, key: tuple, path: Path, t: float) -> bytes:
         try:
-            image = decode_thumbnail(path, t, self.width)
+            image = decode_thumbnail(path, t)
         except ThumbnailError as exc:
             log.warning("no thumbnail: %s", exc)
             with self._lock:

@@ -1,30 +1,17 @@
-"""``dicosa serve --rankers N``: searches ranked by N processes that one batcher feeds.
+"""``dicosa serve --rankers N``: searches ranked by N processes that one batcher feeds
+(docs/serve.md, "One multi-process topology: rankers").
 
-A search's CPU time is torch's (the text tower, the first stage, the rerank, the moments) and
-Python's (parsing the request, cutting the page, writing its JSON). In one process those
-share one GIL: with two torch threads, one search at a time keeps part of the second core
-spinning between torch's many small parallel regions; with two batching threads of one torch
-thread each, the request threads and both batches wait for the GIL in turn
-(benchmarks/RESULTS.md, "Lanes", measures what that costs).
+In one process the request threads and the batches share one GIL. Here the server process
+keeps the HTTP side and the one :class:`~dicosa.serve.batching.Batcher`, and N ranker
+processes (started with ``spawn``: none inherits the server's torch threads) each open the
+index from the service's :class:`~dicosa.serve.spec.EngineSpec` and take whole batches: rank
+them and cut each search's page (:func:`~dicosa.serve.ranking.answers`), and send back the
+answers, which carry no tensors. A batch goes to whichever ranker is free, so every search
+waits in one queue. :class:`Rankers` is a :class:`~dicosa.serve.ranking.Ranking`.
 
-Here the server process keeps the HTTP side and the one :class:`~dicosa.serve.batching.
-Batcher`, and N ranker processes (started with ``spawn``: none inherits the server's torch
-threads) each open the index themselves from the service's
-:class:`~dicosa.serve.spec.EngineSpec` (the store mapped in) and take whole batches: rank them
-together and cut each search's page (:func:`~dicosa.serve.ranking.answers`, as the server
-does in one process), and send back the answers, which carry no tensors (a few kilobytes
-each). A batch goes to whichever ranker is free, so every search waits in one queue. The
-frame store's pages are in the page cache once for all processes; each process holds its own
-model and first stage. :class:`Rankers` is a :class:`~dicosa.serve.ranking.Ranking`.
-
-Each ranker looks for a finished change to the index between batches, at most every
-``reload_interval_s``, and reopens it (:meth:`Service.reload_if_due
-<dicosa.serve.service.Service.reload_if_due>`; the server's own snapshot, which answers the
-media routes and "more like this", reopens on its own watcher): for about that long a search
-may be ranked on the new collection and its links served from the old.
-
-A ranker that dies (killed, out of memory) fails the searches of the batch it held with one
-sentence, and a new one is started in its place before that slot takes another batch.
+Each ranker reopens a changed index between batches (:meth:`Service.reload_if_due
+<dicosa.serve.service.Service.reload_if_due>`). A ranker that dies fails the searches of the
+batch it held with one sentence, and a new one is started in its place.
 """
 
 from __future__ import annotations
@@ -149,7 +136,7 @@ class Rankers:
         job = _Job(spec, reload_interval_s, threads)
         self._all = [_Ranker(context, job, n) for n in range(count)]
         self._free: queue.Queue[_Ranker] = queue.Queue()
-        self._busy, self._lock = 0, threading.Lock()  # searches the rankers hold now
+        self.busy, self._lock = 0, threading.Lock()  # searches the rankers hold now
         for ranker in self._all:
             ranker.start()
         self._ready, self._failed = False, None
@@ -165,12 +152,10 @@ class Rankers:
         try:
             for ranker in self._all:
                 ranker.wait_ready()
-        except RankerError as exc:
+        except BaseException as exc:
             self.close()
-            self._failed = exc  # every later search is told the same
-            raise
-        except BaseException:
-            self.close()
+            if isinstance(exc, RankerError):
+                self._failed = exc  # every later search is told the same
             raise
         for ranker in self._all:
             self._free.put(ranker)
@@ -178,11 +163,6 @@ class Rankers:
 
     def __len__(self) -> int:
         return len(self._all)
-
-    @property
-    def busy(self) -> int:
-        """The searches being ranked now, in all rankers."""
-        return self._busy
 
     @property
     def pids(self) -> list[int]:
@@ -195,20 +175,18 @@ class Rankers:
 
     def share(self, waiting: int, max_batch: int) -> int:
         """A free ranker's share of the searches in the server (:func:`fair_share`)."""
-        return fair_share(waiting, self._busy, len(self._all), max_batch)
+        return fair_share(waiting, self.busy, len(self._all), max_batch)
 
     def submit(self, ranker: _Ranker, engine: Engine, requests: list[SearchRequest],
                done: Done, quiet: bool = False) -> None:
-        """Rank ``requests`` on ``ranker`` (from :meth:`acquire`; it ranks on its own
-        snapshot, not ``engine``) in a thread of this process that waits for the answers;
-        ``done`` gets the outcomes, or the error that ended the batch; the ranker is free
-        again after. ``quiet``: no other search is queued or on its way; then, when every
-        other ranker is idle too, the batch ranks on ``alone_threads`` (a lone search gets
-        the cores), else on ``threads``."""
+        """:meth:`~.ranking.Ranking.submit`, waited for on a thread of this process (``ranker``
+        ranks on its own snapshot, not ``engine``). A ``quiet`` batch ranks on ``alone_threads``
+        when every other ranker is idle too (a lone search gets the cores), else on
+        ``threads``."""
         alone = quiet and self._free.qsize() == len(self._all) - 1
         threads = self.alone_threads if alone else self.threads
         with self._lock:
-            self._busy += len(requests)
+            self.busy += len(requests)
 
         def run() -> None:
             try:
@@ -217,7 +195,7 @@ class Rankers:
                 outcome = exc
             finally:
                 with self._lock:
-                    self._busy -= len(requests)
+                    self.busy -= len(requests)
                 self._free.put(ranker)
             done(outcome)
 

@@ -1,11 +1,7 @@
-"""Where a batch of searches is ranked and its pages cut: the one route out of the batcher.
-
-The batcher (:mod:`dicosa.serve.batching`) hands each batch to a :class:`Ranking`: it waits
-for a free slot (:meth:`~Ranking.acquire`), asks how many searches that slot takes
-(:meth:`~Ranking.share`), and submits the batch with a callback that receives each search's
-:data:`Outcome`. Two rankings fit: :class:`InProcess` (this process, on its compute thread)
-and :class:`~dicosa.serve.rankers.Rankers` (ranker processes). Both run :func:`answers`:
-the batch ranked together, each search's page cut where it was ranked.
+"""Where the batcher's batches of searches are ranked and their pages cut: a :class:`Ranking`,
+:class:`InProcess` (this process, on its compute thread) or
+:class:`~dicosa.serve.rankers.Rankers` (ranker processes). Both run :func:`answers`: the batch
+ranked together, each search's page cut where it was ranked.
 """
 
 from __future__ import annotations
@@ -29,7 +25,6 @@ Done = Callable[["list[Outcome] | BaseException"], None]
 class Ranking(Protocol):
     """What ranks the batcher's batches (module docstring)."""
 
-    busy: int  # searches being ranked now
     threads: int  # torch threads of whoever ranks (a ranker's while another ranker is busy)
 
     def __len__(self) -> int:
@@ -82,8 +77,6 @@ class InProcess:
     """Batches ranked in this process one at a time, on ``compute`` (None: on the batching
     thread). A slot takes up to ``max_batch`` searches: the batch waits only for searches
     already on their way (:mod:`dicosa.serve.batching`)."""
-
-    busy = 0
 
     def __init__(self, compute: ComputeThread | None = None):
         self.compute = compute

@@ -2,16 +2,9 @@
 
 The routes check their parameters themselves and answer 400 with one sentence
 (``app._checked``, ``Engine.check``); this module states the same limits in the schema, so
-that a request the schema allows is never refused as invalid: lengths and the grammar of
-``q`` (:data:`dicosa.search.query.QUERY_PATTERN`), the ranges of ``k``, ``offset``,
-``candidates`` and ``t``, the search modes of the index being served and the search options
-its plugins take (each option's schema is its plugin's: the text plugin's ``source``), and
-``exclude`` only where the index has a concepts head. An empty ``mode`` or option is taken
-as not given, and the schema says so. FastAPI's generated parameter schemas
-(bare types) are replaced by these; their defaults are kept.
-
-Ids (``video_id``, ``row``) are digits: an id of a video or moment that does not exist is
-404, not 400.
+that a request the schema allows is never refused as invalid. FastAPI's generated parameter
+schemas (bare types) are replaced by these; their defaults are kept. Ids (``video_id``,
+``row``) are digits: an id of a video or moment that does not exist is 404, not 400.
 """
 
 from __future__ import annotations

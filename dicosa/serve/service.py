@@ -1,12 +1,7 @@
 """The engine the service's requests use now, and its reopening after another process
-changed the index.
-
-:class:`Service` holds the current :class:`~dicosa.serve.engine.Engine` and, every
-``reload_interval_s`` (a watching thread, :meth:`Service.start`) or whenever asked
-(:meth:`Service.check_reload`: a ranker process asks between its batches), looks whether
-another process changed the index (``dicosa index`` into the same folder); once the change
-is complete (:meth:`Engine.outdated`) it opens the index again beside the old one
-(:meth:`Engine.reopen`) and swaps the whole engine in, so each search sees the old
+changed the index (``dicosa index`` into the same folder): once the change is complete
+(:meth:`Engine.outdated`) the index is opened again beside the old one
+(:meth:`Engine.reopen`) and the whole engine swapped in, so each search sees the old
 collection or the new one.
 """
 
@@ -27,7 +22,8 @@ log = logging.getLogger("dicosa.serve")
 
 
 class Service:
-    """The engine requests use now, and the reopening of the index after a change."""
+    """The engine requests use now; it looks for a change every ``reload_interval_s`` on a
+    watching thread (:meth:`start`), or between a ranker's batches (:meth:`reload_if_due`)."""
 
     def __init__(self, engine: Engine, reload_interval_s: float = 2.0,
                  compute: ComputeThread | None = None, freeze_heap: bool = False):

@@ -13,35 +13,26 @@ from dataclasses import dataclass
 
 __all__ = ["TIMELINE_ROWS", "EngineSpec"]
 
-# Rows (segments) a hit's timeline scores at most by default (``dicosa serve --timeline-rows``):
-# its moments' rows and others spread evenly over the video (dicosa.search.moment.
-# timeline_rows). Scoring every row of long videos' timelines costs more than the rerank;
-# 16 is a row every ~4 min of an hour (benchmarks/RESULTS.md, "1,000 hours of video served").
+# Rows (segments) a hit's timeline scores at most by default (``dicosa serve --timeline-rows``;
+# dicosa.search.moment.timeline_rows): scoring every row of long videos costs more than the
+# rerank; 16 is a row every ~4 min of an hour.
 TIMELINE_ROWS = 16
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """One index as the service opens it.
+    """One index as the service opens it. ``text_tower``: how queries are encoded
+    (:mod:`dicosa.search.query_text`; ``auto``: ``packed`` on a CPU, ``float`` on a GPU);
+    ``populate``: map the frame store in when opening, where what the page cache lacks of it
+    fits in half the memory available (:func:`~dicosa.search.shards.populate_shards`)."""
 
-    Args:
-        index: the index folder.
-        device: where to search (None: CUDA if present).
-        media_roots: folders whose videos may be streamed (empty: each video's own folder).
-        text_tower: how queries are encoded (:mod:`dicosa.search.query_text`; ``auto``:
-            ``packed`` on a CPU, ``float`` on a GPU).
-        query_cache: query texts whose encodings are kept (0: none).
-        timeline_rows: the most rows of a hit's video its timeline scores.
-        populate: map the frame store in when opening, where what the page cache lacks of it
-            fits in half the memory available (:func:`~dicosa.search.shards.populate_shards`).
-    """
-
-    index: str
-    device: str | None = None
-    media_roots: tuple[str, ...] = ()
+    index: str  # the index folder
+    device: str | None = None  # where to search (None: CUDA if present)
+    media_roots: tuple[str, ...] = ()  # folders whose videos may be streamed (empty: each
+    # video's own folder)
     text_tower: str = "auto"
-    query_cache: int = 1024
-    timeline_rows: int = TIMELINE_ROWS
+    query_cache: int = 1024  # query texts whose encodings are kept (0: none)
+    timeline_rows: int = TIMELINE_ROWS  # the most rows of a hit's video its timeline scores
     populate: bool = False
 
     def __post_init__(self) -> None:

@@ -1,23 +1,15 @@
 """How the service spreads its searches over processes and torch threads, and why.
 
-Two topologies: this process ranks the searches (``rankers == 0``), or it keeps HTTP and the
-one batcher while ``rankers`` processes rank whole batches and cut their pages
-(:mod:`dicosa.serve.rankers`). Given no ``--rankers``, :func:`choose` picks from the machine:
-
-- searches on a GPU: one process (ranker processes would each hold the model on the device;
-  not measured);
-- one CPU core: one process (a ranker needs a core of its own);
-- 2 cores or more: :data:`RANKERS` rankers where the memory holds them (measured on 2 cores
-  only, docs/serve.md, "Load"; more cores keep two, each running half of them).
-
-Memory: a ranker holds about what the server holds once the index is open, and twice that
-for a moment while it reopens the index after a change. So rankers are chosen only where the
-memory available holds twice theirs, measured from the server's own once it has opened the
-index (``held``).
+This process ranks the searches (``rankers == 0``), or it keeps HTTP and the one batcher
+while ``rankers`` processes rank whole batches (:mod:`dicosa.serve.rankers`). Given no
+``--rankers``, :func:`choose` picks from the machine as docs/serve.md ("Where searches rank,
+picked from the machine") says: rankers only on a CPU of 2 cores or more whose available
+memory holds twice what they would (a ranker holds about what the server holds, and twice
+that while it reopens the index).
 
 Threads: one process runs ``--threads`` or torch's default (every core); a ranker runs
 ``--threads`` or ``cores // rankers`` while another ranker is busy and every core when it
-ranks alone (nothing else queued), and the server process then runs one.
+ranks alone, and the server process then runs one.
 """
 
 from __future__ import annotations
@@ -60,27 +52,23 @@ def choose(*, rankers: int | None, threads: int | None, device: str, cores: int,
                "this process, as --rankers 0 says")
         return _ranked_by(rankers, threads, cores, "options", why)
     if not device.startswith("cpu"):
-        return _ranked_by(0, threads, cores, "machine", f"this process: searches run on "
-                          f"{device} (ranker processes each holding the model there are not "
-                          "measured)")
-    if cores < 2:
-        return _ranked_by(0, threads, cores, "machine", "this process: 1 CPU core, none for "
-                          "a second process")
-    need = 2 * RANKERS * held
-    if not (available and held):
-        return _ranked_by(0, threads, cores, "machine", "this process: the memory available "
-                          "could not be read")
-    if available < need:
-        return _ranked_by(0, threads, cores, "machine", f"this process: {RANKERS} ranker "
-                          f"processes would hold ~{RANKERS * held / _GIB:.1f} GiB (twice that "
-                          f"while they reopen the index), {available / _GIB:.1f} GiB is "
-                          "available")
-    return _ranked_by(RANKERS, threads, cores, "machine", f"{RANKERS} ranker processes: "
-                      f"{cores} CPU cores, {available / _GIB:.1f} GiB available, ~"
-                      f"{held / _GIB:.1f} GiB each; on 2 cores they served 8 clients at 54.1 "
-                      "searches/s, p99 213 ms, against 44.6/s, 238 ms in one process "
-                      "(100,000 videos, docs/serve.md)")
-
+        why = (f"this process: searches run on {device} (ranker processes each holding the "
+               "model there are not measured)")
+    elif cores < 2:
+        why = "this process: 1 CPU core, none for a second process"
+    elif not (available and held):
+        why = "this process: the memory available could not be read"
+    elif available < 2 * RANKERS * held:
+        why = (f"this process: {RANKERS} ranker processes would hold ~"
+               f"{RANKERS * held / _GIB:.1f} GiB (twice that while they reopen the index), "
+               f"{available / _GIB:.1f} GiB is available")
+    else:
+        return _ranked_by(RANKERS, threads, cores, "machine", f"{RANKERS} ranker processes: "
+                          f"{cores} CPU cores, {available / _GIB:.1f} GiB available, ~"
+                          f"{held / _GIB:.1f} GiB each; on 2 cores they served 8 clients at "
+                          "54.1 searches/s, p99 213 ms, against 44.6/s, 238 ms in one process "
+                          "(100,000 videos, docs/serve.md)")
+    return _ranked_by(0, threads, cores, "machine", why)
 
 def _ranked_by(rankers: int, threads: int | None, cores: int, chosen: str,
                why: str) -> Topology:

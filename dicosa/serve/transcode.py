@@ -1,21 +1,15 @@
-"""Videos a browser cannot play, converted on demand into a bounded cache.
+"""Videos a browser cannot play, converted on demand into a bounded cache (docs/serve.md,
+"Videos a browser cannot play").
 
-A browser's ``<video>`` plays MP4 (H.264, VP9 or AV1 video; AAC, MP3, Opus or FLAC audio) and
-WebM (VP8, VP9 or AV1; Opus or Vorbis); not AVI (XviD, DivX, Cinepak), MPEG-1/2, FLV, H.264 in
-Matroska, or HEVC without hardware. :func:`probe` reads a file's container and codecs (PyAV);
-:func:`plan` decides: send it as it is, *remux* it (its streams copied into an MP4: seconds,
-for H.264 in Matroska or AVI), or *transcode* it to H.264/AAC in MP4 (``libx264``; VP9/Opus in
-WebM where the FFmpeg binary lacks it). The FFmpeg binary is imageio-ffmpeg's (a dependency).
-Frames are turned upright and stretched to square pixels on the way (FFmpeg applies the display
-matrix by default; ``scale=...,setsar=1`` the SAR), so a player shows what the index saw.
+:func:`probe` reads a file's container and codecs (PyAV); :func:`plan` decides: send it as it
+is, *remux* it (its streams copied into an MP4), or *transcode* it to H.264/AAC in MP4
+(VP9/Opus in WebM where the FFmpeg binary, imageio-ffmpeg's, lacks ``libx264``), upright and
+with square pixels, so a player shows what the index saw.
 
-:class:`MediaCache` keeps the converted files in a folder, at most ``max_bytes`` of them, the
-least recently used leaving first (a file's modification time is its last use; in use files
-may be removed while a response still reads them: Linux keeps an open file's data). Each is
-written under a temporary name and renamed whole; requests for a file being converted wait for
-that one conversion (a future in this process, an ``flock`` between processes sharing the
-folder). A file's name is a hash of the source's path, size and modification time and the
-output's profile, so a changed source is converted again.
+:class:`MediaCache`'s files are used least recently first out (a file's modification time is
+its last use; Linux keeps a removed file's data for a response still reading it). A file's
+name hashes the source's path, size and modification time and the output's profile, so a
+changed source is converted again.
 """
 
 from __future__ import annotations
@@ -27,7 +21,6 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +51,6 @@ class Probe:
     video: str  # codec name ("" without a video stream)
     pixels: str  # the video's pixel format
     audio: tuple[str, ...]  # every audio stream's codec
-    turned: bool = False  # a display matrix turns the picture (kept by a remux)
 
 
 @dataclass(frozen=True)
@@ -102,12 +94,6 @@ def plan(found: Probe, target: str = "mp4") -> Plan:
     return Plan("transcode", f"video/{target}")
 
 
-def _encoders(ffmpeg: str) -> str:
-    done = subprocess.run([ffmpeg, "-hide_banner", "-encoders"], capture_output=True,
-                          text=True, timeout=60)
-    return done.stdout
-
-
 def _arguments(how: str, target: str, audio: tuple[str, ...]) -> list[str]:
     """FFmpeg's output options for a remux or a transcode to ``target``."""
     streams = ["-map", "0:v:0", "-map", "0:a:0?", "-sn", "-dn"]
@@ -127,24 +113,17 @@ def _arguments(how: str, target: str, audio: tuple[str, ...]) -> list[str]:
 
 
 class MediaCache:
-    """Converted videos in ``folder``, at most ``max_bytes`` (module docstring).
+    """Converted videos in ``folder`` (made when first needed), at most ``max_bytes``: the
+    least recently used files leave first (the one just made stays, even alone above the
+    budget). One conversion runs at a time: each FFmpeg uses every core."""
 
-    Args:
-        folder: where converted files live (made when first needed).
-        max_bytes: the cache's budget; the least recently used files leave first (the one
-            just made stays, even alone above the budget).
-        ffmpeg: the FFmpeg binary (None: imageio-ffmpeg's).
-        workers: conversions that run at once (each FFmpeg uses every core).
-    """
-
-    def __init__(self, folder: str | os.PathLike, max_bytes: int = 4 << 30,
-                 ffmpeg: str | None = None, workers: int = 1):
+    def __init__(self, folder: str | os.PathLike, max_bytes: int = 4 << 30):
         self.folder, self.max_bytes = Path(folder), max_bytes
-        self._ffmpeg = ffmpeg
+        self._ffmpeg: str | None = None  # imageio-ffmpeg's binary, found when first needed
         self._target: str | None = None
         self._lock = threading.Lock()
         self._pending: dict[str, Future] = {}
-        self._slots = threading.Semaphore(max(1, workers))
+        self._converting = threading.Lock()
         self._plans: dict[tuple, tuple[Plan, Probe]] = {}  # by the file's version
         self.converted = 0  # conversions this process ran
 
@@ -160,7 +139,9 @@ class MediaCache:
     def target(self) -> str:
         """``"mp4"`` where FFmpeg has libx264, else ``"webm"`` (libvpx-vp9)."""
         if self._target is None:
-            self._target = "mp4" if "libx264" in _encoders(self.ffmpeg) else "webm"
+            encoders = subprocess.run([self.ffmpeg, "-hide_banner", "-encoders"],
+                                      capture_output=True, text=True, timeout=60).stdout
+            self._target = "mp4" if "libx264" in encoders else "webm"
         return self._target
 
     def plan(self, path: Path, size: int, mtime: float) -> tuple[Plan, Probe]:
@@ -201,27 +182,22 @@ class MediaCache:
             return out, how.media_type, True
         with self._lock:
             future = self._pending.get(out.name)
-            if future is None:
+            mine = future is None
+            if mine:
                 future = self._pending[out.name] = Future()
-                mine = True
-            else:
-                mine = False
         if mine:
-            self._run(future, lambda: self._convert(path, out, how.how, found))
+            try:
+                future.set_result(self._convert(path, out, how.how, found))
+            except BaseException as exc:
+                future.set_exception(exc)
+            finally:
+                with self._lock:
+                    del self._pending[out.name]
         return future.result(), how.media_type, True
-
-    def _run(self, future: Future, work: Callable[[], Path]) -> None:
-        try:
-            future.set_result(work())
-        except BaseException as exc:
-            future.set_exception(exc)
-        finally:
-            with self._lock:
-                self._pending = {k: f for k, f in self._pending.items() if f is not future}
 
     def _convert(self, source: Path, out: Path, how: str, found: Probe) -> Path:
         self.folder.mkdir(parents=True, exist_ok=True)
-        with self._slots, open(out.with_suffix(".lock"), "a") as lock:
+        with self._converting, open(out.with_suffix(".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be making it
             if _touch(out):
                 return out
