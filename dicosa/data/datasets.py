@@ -86,7 +86,6 @@ class _Parsed:
     video_ids: list[str]
     captions: list[str]
     caption_video: list[int]
-    segments: list[tuple[float, float] | None] | None = None
     multi_caption: bool = False
 
 
@@ -389,12 +388,11 @@ def load_split(
     if missing:
         log.warning("%s/%s: %d of %d video files not found under %s",
                     dataset, split, missing, len(paths), video_dir)
-    segments = parsed.segments or [None] * len(parsed.video_ids)
     return RetrievalSplit(
         name=f"{dataset}/{split}",
         video_ids=list(parsed.video_ids),
         video_paths=paths,
-        segments=list(segments),
+        segments=[None] * len(parsed.video_ids),
         captions=captions,
         caption_video=caption_video,
         multi_caption=parsed.multi_caption,
