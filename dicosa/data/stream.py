@@ -74,7 +74,6 @@ class FrameStream:
     """Iterate to get :class:`FrameBatch` es; :attr:`report` is complete afterwards.
 
     Args:
-        path: the video file.
         rate: frames a second taken into the run.
         image_size: S, the side of the square frames (short side resized, centre crop, as
             :func:`dicosa.data.video.load_video` does).

@@ -513,13 +513,12 @@ def load_video(
     """Decode ``num_frames`` frames of ``path`` as model input.
 
     Args:
-        path: video file.
         num_frames: N.
         image_size: S, side of the square output frames.
         train: random offset inside each segment (True) or segment centres (False); the
             released sampling ignores it.
         segment: ``(start, end)`` in seconds to sample from; the whole video when None.
-        rng: generator for training offsets.
+        rng: generator of the training offsets.
         decoder: ``"auto"`` decodes MJPEG files (what ``compress_videos`` writes by default)
             with libjpeg-turbo and everything else with decord (PyAV where decord is not
             installed); ``"decord"`` or ``"pyav"`` uses that one for every file.
@@ -670,7 +669,6 @@ def check_videos(
     """Every unusable file among ``paths``, checked in parallel with :func:`check_video`.
 
     Args:
-        paths: video files.
         num_workers: worker processes; 0 or 1 checks in this process (use that inside
             DataLoader workers, which cannot start processes of their own).
         progress: show progress (:func:`dicosa.progress.progress`).
