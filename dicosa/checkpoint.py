@@ -230,17 +230,15 @@ def _check_weights(expected: Mapping[str, torch.Tensor], weights: Mapping[str, t
         f"{k}: checkpoint {tuple(weights[k].shape)} vs model {tuple(expected[k].shape)}"
         for k in set(expected) & set(weights) if weights[k].shape != expected[k].shape
     )
-    if missing or unexpected or shapes:
-        parts = []
-        for label, items in (("missing keys", missing), ("unexpected keys", unexpected),
-                             ("shape mismatches", shapes)):
-            if items:
-                more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
-                parts.append(f"{len(items)} {label}: {', '.join(items[:5])}{more}")
-        raise ValueError(
-            f"{source} was written for another model configuration/architecture; "
-            + "; ".join(parts)
-        )
+    parts = []
+    for label, items in (("missing keys", missing), ("unexpected keys", unexpected),
+                         ("shape mismatches", shapes)):
+        if items:
+            more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
+            parts.append(f"{len(items)} {label}: {', '.join(items[:5])}{more}")
+    if parts:
+        raise ValueError(f"{source} was written for another model configuration/architecture; "
+                         + "; ".join(parts))
 
 
 def offline_model(model_cfg: ModelConfig, device: str | None = None) -> DiCoSA:
