@@ -659,10 +659,6 @@ def check_video(path: str | os.PathLike, num_probe: int = 4) -> str | None:
     return None
 
 
-def _check_one(path: str) -> tuple[str, str | None]:
-    return path, check_video(path)
-
-
 def check_videos(
     paths: Sequence[str | os.PathLike], num_workers: int = 0, progress: bool = True
 ) -> list[tuple[str, str]]:
@@ -678,10 +674,11 @@ def check_videos(
     """
     names = [str(p) for p in paths]
     pool = ProcessPoolExecutor(max_workers=num_workers) if num_workers > 1 else None
-    checked = (pool.map(_check_one, names, chunksize=max(1, len(names) // (num_workers * 8)))
-               if pool else map(_check_one, names))
-    results = dict(show_progress(checked, total=len(names), desc="checking videos",
+    checked = (pool.map(check_video, names, chunksize=max(1, len(names) // (num_workers * 8)))
+               if pool else map(check_video, names))
+    reasons = list(show_progress(checked, total=len(names), desc="checking videos",
                                  unit="video", enabled=progress))
     if pool:
         pool.shutdown()
-    return [(name, results[name]) for name in names if results[name] is not None]
+    return [(name, reason) for name, reason in zip(names, reasons, strict=True)
+            if reason is not None]
