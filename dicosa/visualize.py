@@ -299,11 +299,8 @@ def _token_strings(tokenizer, ids: list[int]) -> list[str]:
     inner = getattr(tokenizer, "func", tokenizer)  # get_tokenizer returns a functools.partial
     if not hasattr(inner, "decode"):
         return [str(i) for i in ids]
-    out = []
-    for i in ids:
-        piece = inner.decode([i]).strip()
-        out.append(_SPECIAL_TOKENS.get(piece, piece))
-    return out
+    pieces = (inner.decode([i]).strip() for i in ids)
+    return [_SPECIAL_TOKENS.get(piece, piece) for piece in pieces]
 
 
 # -- numbers ---------------------------------------------------------------------------------
