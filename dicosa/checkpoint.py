@@ -230,28 +230,27 @@ def _check_weights(expected: Mapping[str, torch.Tensor], weights: Mapping[str, t
         f"{k}: checkpoint {tuple(weights[k].shape)} vs model {tuple(expected[k].shape)}"
         for k in set(expected) & set(weights) if weights[k].shape != expected[k].shape
     )
-    if missing or unexpected or shapes:
-        parts = []
-        for label, items in (("missing keys", missing), ("unexpected keys", unexpected),
-                             ("shape mismatches", shapes)):
-            if items:
-                more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
-                parts.append(f"{len(items)} {label}: {', '.join(items[:5])}{more}")
-        raise ValueError(
-            f"{source} was written for another model configuration/architecture; "
-            + "; ".join(parts)
-        )
+    parts = []
+    for label, items in (("missing keys", missing), ("unexpected keys", unexpected),
+                         ("shape mismatches", shapes)):
+        if items:
+            more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
+            parts.append(f"{len(items)} {label}: {', '.join(items[:5])}{more}")
+    if parts:
+        raise ValueError(f"{source} was written for another model configuration/architecture; "
+                         + "; ".join(parts))
 
 
-def offline_model(model_cfg: ModelConfig) -> DiCoSA:
-    """The architecture of ``model_cfg`` with random weights, for a checkpoint's weights.
+def offline_model(model_cfg: ModelConfig, device: str | None = None) -> DiCoSA:
+    """The architecture of ``model_cfg`` with random weights (on ``device``: ``"meta"``
+    allocates none), for a checkpoint's weights.
 
     The checkpoint holds every weight, so CLIP's pretrained ones are never downloaded; a
     model fine-tuned from OpenAI's weights keeps their QuickGELU activation (open_clip's
     plain ``ViT-B-32`` config would otherwise build nn.GELU and change every feature).
     """
     quick_gelu = True if model_cfg.pretrained == "openai" else None
-    clip = load_clip(model_cfg.arch, None, quick_gelu=quick_gelu)
+    clip = load_clip(model_cfg.arch, None, quick_gelu=quick_gelu, device=device)
     return DiCoSA(clip, dataclasses.replace(model_cfg, pretrained=None))
 
 
@@ -288,13 +287,11 @@ def text_model(model_cfg: ModelConfig, weights: Mapping[str, torch.Tensor],
     ``weights`` (:func:`dicosa.fingerprint.model_fingerprint` returns it), so an index built
     with the whole model accepts it.
     """
-    quick_gelu = True if model_cfg.pretrained == "openai" else None
-    clip = load_clip(model_cfg.arch, None, quick_gelu=quick_gelu, device="meta")
+    model = offline_model(model_cfg, device="meta")
     # CLIP's causal mask (additive, -inf above the diagonal) is a buffer left out of state
     # dicts: built again, on the CPU.
-    context = clip.positional_embedding.shape[0]
-    clip.attn_mask = torch.full((context, context), float("-inf")).triu_(1)
-    model = DiCoSA(clip, dataclasses.replace(model_cfg, pretrained=None))
+    context = model.clip.positional_embedding.shape[0]
+    model.clip.attn_mask = torch.full((context, context), float("-inf")).triu_(1)
     expected = model.state_dict()  # meta tensors: names, shapes, dtypes
     _check_weights(expected, weights, source)
     weights = {k: v.to(expected[k].dtype) for k, v in weights.items()}
@@ -319,7 +316,6 @@ def load(path: str | Path, device: str | torch.device = "cpu",
 
     Args:
         path: a ``best.pt``/``last.pt`` written by training.
-        device: where to put the model.
         model_config: build this architecture instead of the checkpoint's own (e.g. to check
             a checkpoint against a config); a mismatch raises ValueError.
         towers: ``"all"``, or ``"text"`` for a search process: no CLIP image tower (about

@@ -4,10 +4,9 @@ A run's configuration is one :class:`Config` with four sections (``model``, ``da
 ``train``, ``eval``) and a ``protocol``. YAML files under ``configs/`` hold the paper's settings
 per dataset and ship with the package (:func:`find_config` finds them by name, in a source
 checkout and in an installed copy alike); command-line overrides use dotted keys
-(``train.lr=3e-5``). ``protocol: released``
-turns on every switch that reproduces the authors' released training and evaluation
-(:data:`PROTOCOLS`); keys set explicitly win over the protocol's. Nothing in here imports the
-rest of the package.
+(``train.lr=3e-5``). ``protocol: released`` turns on every switch that reproduces the authors'
+released training and evaluation (:data:`PROTOCOLS`); keys set explicitly win over the
+protocol's. Nothing in here imports the rest of the package.
 """
 
 from __future__ import annotations
@@ -249,23 +248,15 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
         raise ConfigError(f"'{name}' must be true or false, got {value!r}")
-    if annotation is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"'{name}' must be an integer, got {value!r}")
+    if annotation in (int, float):
         try:
-            as_float = float(value)
+            number = None if isinstance(value, bool) else float(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"'{name}' must be an integer, got {value!r}") from None
-        if not as_float.is_integer():
-            raise ConfigError(f"'{name}' must be an integer, got {value!r}")
-        return int(as_float)
-    if annotation is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"'{name}' must be a number, got {value!r}")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"'{name}' must be a number, got {value!r}") from None
+            number = None
+        if number is None or (annotation is int and not number.is_integer()):
+            what = "an integer" if annotation is int else "a number"
+            raise ConfigError(f"'{name}' must be {what}, got {value!r}")
+        return annotation(number)
     if annotation is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"'{name}' must be a string, got {value!r}")
@@ -397,9 +388,7 @@ def _shipped_name(config: str | Path) -> str | None:
     ``NAME``; None for any other path."""
     path = PurePath(config)
     parts = path.parts
-    if path.is_absolute() or not parts or (len(parts) == 2 and parts[0] != "configs"):
-        return None
-    if len(parts) > 2:
+    if path.is_absolute() or not parts or parts[:-1] not in ((), ("configs",)):
         return None
     return path.stem if path.suffix in (".yaml", ".yml") else path.name
 

@@ -197,16 +197,13 @@ def _index_and_search(model, cfg, checkpoint: Path, data: Path, pair: _Pair, res
     search_path.write_text(json.dumps({
         "query": pair.caption, "rule": PAIR_RULE, "expected": str(Path(pair.video).resolve()),
         "expected_rank": ranks, "model_test_t2v": recall, "candidates": candidates,
-        "stats": _stats(result), "results": [h.as_dict() for h in result.hits]}, indent=1))
+        "stats": {**result.times, "stage": result.stage, "mode": result.mode,
+                  "candidates": [result.candidates], "truncated": [result.truncated]},
+        "results": [h.as_dict() for h in result.hits]}, indent=1))
     _print_search(result, pair, len(index))
     print(_rank_sentence(Path(pair.video).name, ranks, len(index), result.candidates, recall))
     _moment(index, long)
     return index, search_path
-
-
-def _stats(result) -> dict:
-    return {**result.times, "stage": result.stage, "mode": result.mode,
-            "candidates": [result.candidates], "truncated": [result.truncated]}
 
 
 def _print_search(result, pair: _Pair, videos: int) -> None:

@@ -221,15 +221,9 @@ def evaluate_model(model: DiCoSA, split: RetrievalSplit, cfg: Config, device: to
     ``eval.precision``, frames as ``cfg.data`` says: the validation pass run during training."""
     was_training = model.training
     model.eval()
-    precision = eval_mixed_precision(cfg.eval.precision)
     try:
-        tokenize = get_tokenizer(model.config.arch, model.config.max_words)
-        text = encode_texts(model, split.captions, tokenize, cfg.eval.batch_size, device,
-                            precision, progress)
-        video = encode_videos(model, split, cfg.eval.batch_size, cfg.data.num_workers, device,
-                              precision, progress=progress, sampling=cfg.data.frame_sampling,
-                              padding=cfg.data.frame_padding)
-        sim = similarity(model, text, video, cfg.eval.score_chunk, device, precision)
+        features = _Features(model, cfg, "", device, FeatureCache(None), progress)
+        sim = features.score(features.texts(split.captions, ""), features.videos(split, ""))
     finally:
         model.train(was_training)
     return evaluate_similarity(sim, torch.tensor(split.caption_video))
@@ -345,7 +339,7 @@ class _Features:
         self.model, self.cfg, self.device, self.cache = model, cfg, device, cache
         self.progress = progress
         self.precision = eval_mixed_precision(cfg.eval.precision)
-        self.tokenize = get_tokenizer(cfg.model.arch, cfg.model.max_words)
+        self.tokenize = get_tokenizer(model.config.arch, model.config.max_words)
         # Everything that changes a feature vector; the model config covers frames and words.
         self.key = {"version": CACHE_VERSION, "weights": weights_key,
                     "model": dataclasses.asdict(cfg.model), "precision": self.precision,

@@ -82,18 +82,14 @@ def _as_ranges(ranges: np.ndarray | Sequence, what: str) -> np.ndarray:
         out = out.reshape(0, 2)
     elif out.shape == (2,):
         out = out[None]
-    _check_ranges(out, what)
-    return out
-
-
-def _check_ranges(ranges: np.ndarray, what: str) -> None:
-    if ranges.ndim != 2 or ranges.shape[1] != 2:
-        raise ValueError(f"{what} must have shape [n, 2], got {ranges.shape}")
-    if not np.isfinite(ranges).all():
+    if out.ndim != 2 or out.shape[1] != 2:
+        raise ValueError(f"{what} must have shape [n, 2], got {out.shape}")
+    if not np.isfinite(out).all():
         raise ValueError(f"{what} holds a NaN or infinite time")
-    if (ranges[:, 1] < ranges[:, 0]).any():
-        i = int(np.argmax(ranges[:, 1] < ranges[:, 0]))
-        raise ValueError(f"{what}[{i}] ends before it starts: {ranges[i].tolist()}")
+    if (out[:, 1] < out[:, 0]).any():
+        i = int(np.argmax(out[:, 1] < out[:, 0]))
+        raise ValueError(f"{what}[{i}] ends before it starts: {out[i].tolist()}")
+    return out
 
 
 def temporal_iou(a: np.ndarray | Sequence, b: np.ndarray | Sequence) -> np.ndarray:

@@ -20,14 +20,12 @@ computes exactly what the EOT states read, and nothing else:
 The same products in the same float32, so the vectors equal the model's up to float rounding
 (tests/test_query_text.py), as a batch of another size does.
 
-The blocks' float linear layers run on oneDNN, PyTorch's CPU deep-learning kernels, with each
-weight reordered once into oneDNN's own blocked layout (the ops ``_reorder_linear_weight`` and
-``_linear_pointwise`` of ``torch.ops.mkldnn``, which PyTorch's compiler uses for frozen CPU
-linears): float32 products with float32 sums, measured faster for a few rows than
-``nn.Linear``'s MKL kernels (benchmarks/RESULTS.md, "The text tower on oneDNN"). The ops are
-underscored, so the tower checks them on a probe when it is built; where they are missing,
-differ, or oneDNN is off (``torch.backends.mkldnn.enabled``) the layers stay ``nn.Linear``,
-computed as below.
+The blocks' float linear layers run on oneDNN, each weight reordered once into its blocked
+layout (``torch.ops.mkldnn._reorder_linear_weight`` and ``_linear_pointwise``, which PyTorch's
+compiler uses for frozen CPU linears): float32 products, faster for a few rows than
+``nn.Linear``'s MKL kernels. The ops are underscored, so the tower checks them on a probe when
+it is built; where they are missing, differ, or oneDNN is off
+(``torch.backends.mkldnn.enabled``) the layers stay ``nn.Linear``.
 
 ``int8=True`` applies ``torch.ao.quantization.quantize_dynamic`` (int8 weights with one scale
 per output channel, activations quantised per call) to the blocks' four linear layers; the
@@ -55,9 +53,8 @@ class TextTowerError(ValueError):
     """The text tower cannot be built this way here (one sentence)."""
 
 
-# Without oneDNN: rows up to which a float Linear is computed as W xᵀ rather than x Wᵀ: at
-# a few rows MKL is faster this way (ViT-B/32: at 6 rows, at 37 no longer; benchmarks/
-# RESULTS.md, "The text tower on oneDNN").
+# Without oneDNN: rows up to which a float Linear is computed as W xᵀ rather than x Wᵀ, which
+# MKL runs faster at a few rows (benchmarks/RESULTS.md, "The text tower on oneDNN").
 _FEW_ROWS = 16
 
 

@@ -141,18 +141,22 @@ class Figured(NamedTuple):
     figure: Figure
     report: Any  # FactorReport or WordsReport
 
+    @classmethod
+    def saved(cls, figure: Figure, report: Any, save_path: str | os.PathLike | None
+              ) -> Figured:
+        """The pair, the figure written to ``save_path`` as PNG first when one is given."""
+        if save_path is not None:
+            Path(save_path).parent.mkdir(parents=True, exist_ok=True)
+            figure.savefig(save_path, format="png", dpi=100)
+        return cls(figure, report)
+
     def _repr_png_(self) -> bytes:
-        return figure_png(self.figure)
+        out = io.BytesIO()
+        self.figure.savefig(out, format="png", dpi=100)
+        return out.getvalue()
 
     def __repr__(self) -> str:  # the report's arrays are too long to print
         return f"Figured({self.figure!r}, {type(self.report).__name__})"
-
-
-def figure_png(figure: Figure, dpi: int = 100) -> bytes:
-    """``figure`` as PNG bytes."""
-    out = io.BytesIO()
-    figure.savefig(out, format="png", dpi=dpi)
-    return out.getvalue()
 
 
 def visualize_factors(
@@ -225,11 +229,7 @@ def visualize_factors(
     finally:
         model.train(was_training)
 
-    figure = plot_factor_report(report)
-    if save_path is not None:
-        Path(save_path).parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(save_path, format="png", dpi=100)
-    return Figured(figure, report)
+    return Figured.saved(plot_factor_report(report), report, save_path)
 
 
 def _pair_report(text: str, t: int, tokens: Tensor, tokenizer, clean: dict, relevance: dict,
@@ -299,11 +299,8 @@ def _token_strings(tokenizer, ids: list[int]) -> list[str]:
     inner = getattr(tokenizer, "func", tokenizer)  # get_tokenizer returns a functools.partial
     if not hasattr(inner, "decode"):
         return [str(i) for i in ids]
-    out = []
-    for i in ids:
-        piece = inner.decode([i]).strip()
-        out.append(_SPECIAL_TOKENS.get(piece, piece))
-    return out
+    pieces = (inner.decode([i]).strip() for i in ids)
+    return [_SPECIAL_TOKENS.get(piece, piece) for piece in pieces]
 
 
 # -- numbers ---------------------------------------------------------------------------------
@@ -571,11 +568,7 @@ def visualize_words(head, video: VideoFeatures, *, num_words: int = 10,
     report = WordsReport(words=[head.words[i] for i in top.tolist()],
                          frames=np.flatnonzero(video.frame_mask[0].cpu().numpy()),
                          weights=weights[:, top].T.numpy())
-    figure = plot_words_report(report, title)
-    if save_path is not None:
-        Path(save_path).parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(save_path, format="png", dpi=100)
-    return Figured(figure, report)
+    return Figured.saved(plot_words_report(report, title), report, save_path)
 
 
 def plot_words_report(report: WordsReport, title: str | None = None) -> Figure:

@@ -86,7 +86,6 @@ class _Parsed:
     video_ids: list[str]
     captions: list[str]
     caption_video: list[int]
-    segments: list[tuple[float, float] | None] | None = None
     multi_caption: bool = False
 
 
@@ -159,7 +158,7 @@ def _strip_video_ext(name: str) -> str:
     return stem if ext.lower() in VIDEO_EXTENSIONS else name
 
 
-# ---------------------------------------------------------------- MSR-VTT
+# ---------------------------------------------------------------- split parsers (DATASETS)
 
 
 def _msrvtt_train(list_name: str) -> Callable[[Path], _Parsed]:
@@ -180,9 +179,6 @@ def _msrvtt_test(root: Path) -> _Parsed:
     return _group((r["video_id"], r["sentence"]) for r in rows)
 
 
-# ---------------------------------------------------------------- MSVD
-
-
 def _msvd(list_name: str, train: bool) -> Callable[[Path], _Parsed]:
     def parse(root: Path) -> _Parsed:
         ids = _read_list(_need(root, list_name))
@@ -198,9 +194,6 @@ def _msvd(list_name: str, train: bool) -> Callable[[Path], _Parsed]:
         return parsed
 
     return parse
-
-
-# ---------------------------------------------------------------- LSMDC
 
 
 def _lsmdc(file_name: str) -> Callable[[Path], _Parsed]:
@@ -220,9 +213,6 @@ def _lsmdc(file_name: str) -> Callable[[Path], _Parsed]:
     return parse
 
 
-# ---------------------------------------------------------------- ActivityNet Captions
-
-
 def _activitynet(data_name: str, ids_name: str) -> Callable[[Path], _Parsed]:
     def parse(root: Path) -> _Parsed:
         data = _read_json(_need(root, data_name))
@@ -233,9 +223,6 @@ def _activitynet(data_name: str, ids_name: str) -> Callable[[Path], _Parsed]:
         return _group(pairs, order=ids)
 
     return parse
-
-
-# ---------------------------------------------------------------- DiDeMo
 
 
 def _didemo(data_name: str, list_name: str) -> Callable[[Path], _Parsed]:
@@ -389,12 +376,11 @@ def load_split(
     if missing:
         log.warning("%s/%s: %d of %d video files not found under %s",
                     dataset, split, missing, len(paths), video_dir)
-    segments = parsed.segments or [None] * len(parsed.video_ids)
     return RetrievalSplit(
         name=f"{dataset}/{split}",
         video_ids=list(parsed.video_ids),
         video_paths=paths,
-        segments=list(segments),
+        segments=[None] * len(parsed.video_ids),
         captions=captions,
         caption_video=caption_video,
         multi_caption=parsed.multi_caption,

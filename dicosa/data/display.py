@@ -6,11 +6,9 @@ and a *sample aspect ratio* (SAR) that stretches them back. A player applies bot
 that enters the model, a thumbnail or the page must too, or it is sideways or squeezed.
 
 PyAV reports each decoded frame's rotation (``VideoFrame.rotation``: degrees counter-clockwise,
-in [-180, 180], from the display matrix; flips in the matrix are not reported and not applied)
-and the stream's SAR (``VideoStream.sample_aspect_ratio``). Measured on PyAV 18 and decord
-0.6: PyAV gives the stored pixels and leaves the turn to the caller; decord turns the frames
-itself, and a size asked of it (``width``, ``height``) is the size of the turned frame; neither
-applies the SAR. :class:`Display` holds both facts; :func:`upright` turns an array.
+from the display matrix; its flips are not applied) and the stream's SAR; it leaves the turn
+to the caller, decord turns frames itself, neither applies the SAR (``docs/DATA.md``, "Notes
+on decoding"). :class:`Display` holds both facts; :func:`upright` turns an array.
 """
 
 from __future__ import annotations

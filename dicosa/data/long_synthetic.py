@@ -11,30 +11,20 @@ Layout written by :func:`make_long_synthetic` under ``root``::
     long_meta.json            settings, the exclusion's source and counts, every scene's
                               objects, background, noise seed and frame range
 
-Scenes the model never trained on
----------------------------------
-Scenes are drawn from their own generator stream (``[seed, LONG_STREAM]``, never the
-``[seed, n]`` streams of :func:`~dicosa.data.synthetic.make_synthetic`), but the scene space is
-small (8 colours x 5 shapes x 7 motions per object), so a stream alone does not keep a scene
-out of the training clips. Each drawn scene is therefore checked: its set of
-(colour, shape, motion) objects must differ from the set of every clip of the training data
-(read from its ``synthetic_meta.json``, or replayed from ``make_synthetic``'s seed and clip
-count, which draws each clip's objects first from ``default_rng([seed, n])``), and must be
-neither a subset nor a superset of another scene's set in the benchmark, so that a caption
-naming every object of its scene is true of no other scene. Rejected draws are counted in
-``long_meta.json``.
-
-Times follow from frame counts: scene j of a video starts at (frames before it) / fps, so the
-decoder's frame times land exactly on the annotation.
+Scenes come from their own generator stream (``[seed, LONG_STREAM]``), but the scene space
+is small (8 colours x 5 shapes x 7 motions per object), so :func:`draw_scene` checks each: its
+set of (colour, shape, motion) objects must differ from every training clip's (read from
+``synthetic_meta.json``, or replayed from ``make_synthetic``'s seed) and be neither a subset
+nor a superset of another scene's, so that a caption naming every object of its scene is true
+of no other scene. Rejected draws are counted in ``long_meta.json``. Times follow from frame
+counts: scene j of a video starts at (frames before it) / fps, on the decoder's frame times.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import os
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -45,6 +35,7 @@ from .moments import MomentSplit
 from .synthetic import (
     _BACKGROUNDS,
     SceneObject,
+    _in_processes,
     _pick_codec,
     _write_mp4,
     caption_scene,
@@ -246,7 +237,7 @@ def make_long_synthetic(
         videos[video] = {"duration": records[-1]["end"], "scenes": records}
         jobs.append({"root": str(root), "video": video, "clips": clips, "scenes": scenes,
                      "size": size, "fps": fps, "codec": codec})
-    _run(jobs, num_workers)
+    _in_processes(_write_video_job, jobs, num_workers)
     meta = {"settings": {"num_videos": num_videos, "scenes_per_video": scenes_per_video,
                          "scene_seconds": scene_seconds, "size": size, "fps": fps, "seed": seed,
                          "codec": codec},
@@ -255,16 +246,6 @@ def make_long_synthetic(
     write_text_atomic(root / "long_meta.json", json.dumps(meta, indent=1))
     write_text_atomic(root / "moments.json", json.dumps(moments, indent=1))
     return root
-
-
-def _run(jobs: list[dict], num_workers: int | None) -> None:
-    workers = (os.cpu_count() or 1) if num_workers is None else num_workers
-    if workers <= 1 or len(jobs) == 1:
-        for job in jobs:
-            _write_video_job(job)
-        return
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-        list(pool.map(_write_video_job, jobs))
 
 
 def load_long_synthetic(root: str | Path, as_clips: bool = False) -> MomentSplit:

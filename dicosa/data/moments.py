@@ -2,17 +2,10 @@
 
 :class:`MomentSplit` is what the moment benchmarks load (DiDeMo here, the long-video synthetic
 benchmark in :mod:`dicosa.data.long_synthetic`); its :meth:`MomentSplit.truths` are the ground
-truths :func:`dicosa.moment_metrics.evaluate_moments` takes.
-
-DiDeMo's ``times``
-------------------
-DiDeMo (Hendricks et al., ICCV 2017) cut every video into 5-s segments, six of them (the
-videos are 25-30 s; a video under 25 s has five, its ``num_segments``); the last segment ends
-at the video's end, so it may be shorter than 5 s. Each annotator marked the segment holding
-the moment's start and the one holding its end, both inclusive: ``[first, last]`` is the
-range ``[5 * first, 5 * (last + 1)]`` seconds, clipped at the video's duration when the file
-tells it. A caption has one such pair per annotator (usually four); all are kept, and the
-metrics count a hit when it agrees with two of them (:mod:`dicosa.moment_metrics`).
+truths :func:`dicosa.moment_metrics.evaluate_moments` takes. DiDeMo (Hendricks et al., ICCV
+2017) marks a moment by the inclusive pair of 5-s segments holding its start and its end, one
+pair per annotator (:func:`didemo_range`; ``docs/DATA.md`` gives the files); all are kept, and
+the metrics count a hit when it agrees with two of them.
 """
 
 from __future__ import annotations

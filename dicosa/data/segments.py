@@ -1,22 +1,14 @@
 """Segments: how a long video's frame run is cut into the clips DiCoSA scores.
 
-A model is trained on clips of N frames. An index decodes a long video at a fixed rate
-(:attr:`SegmentPolicy.rate`, 1 frame/s by default, the released protocol's rate) into one run
-of frames, and cuts the run into *segments* the model can score like clips:
-
-1. **shots**: the run is cut where a shot detector saw a cut (:mod:`dicosa.data.shots`) and
-   where the decode lost a stretch of the file (a hole in the run is always a boundary);
-2. **short shots joined**: a shot under :attr:`SegmentPolicy.min_shot` seconds is joined to
-   its shorter neighbour (never across a hole), so a flash or a detector's false cut does not
-   become a segment of one frame;
-3. **windows**: a shot longer than N frames is covered by windows of N frames every
-   :attr:`SegmentPolicy.stride` frames, the last one ending at the shot's end; a shot of at
-   most N frames is one segment.
-
-A segment is a view of the run ``(first frame, frame count)``: no frame is stored twice. The
-temporal transformer, which sees at most N frames at once, runs over *chunks*: each shot cut
-into near-equal consecutive pieces of at most N frames (:func:`chunk_shots`), so a frame is
-contextualised once, by the frames of its own shot.
+An index decodes a long video at :attr:`SegmentPolicy.rate` into one run of frames and cuts
+the run into *shots*: at the detector's cuts (:mod:`dicosa.data.shots`) and after every
+stretch the decode lost, a shot under :attr:`SegmentPolicy.min_shot` seconds joined to its
+shorter neighbour (never across a hole). A shot of at most N frames is one *segment*; a
+longer one is covered by windows of N frames every :attr:`SegmentPolicy.stride` frames, the
+last one ending at the shot's end (``docs/search.md``, "Long videos: segments and
+moments"). A segment is a view of the run ``(first frame, frame count)``: no frame is stored
+twice. The temporal transformer runs over *chunks*, each shot cut into near-equal pieces of
+at most N frames (:func:`chunk_shots`), so a frame is contextualised once, by its own shot.
 
 Everything here is a pure function of frame times and cut positions.
 """
@@ -53,10 +45,7 @@ class SegmentPolicy:
     rate: float = 1.0  # frames per second decoded from a long video
     stride: int | None = None  # frames between two windows of one long shot (None: ceil(N/2))
     # Seconds: a shorter shot is joined to a neighbour, so that a detector's false cut does
-    # not leave a one-frame segment. 1 s, chosen with the detector on the validation sets of
-    # benchmarks/cuts.py (benchmarks/RESULTS.md, "Shot cuts"): the adaptive detector, seeing
-    # every frame, made no false boundary there, and at 2 s real shots of 1-2 s lost a
-    # boundary.
+    # not leave a one-frame segment (1 s: chosen on the validation sets of benchmarks/cuts.py).
     min_shot: float = 1.0
     detector: str = "adaptive"  # "adaptive" / "content" (PySceneDetect) or "none" (windows)
     threshold: float | None = None  # the detector's threshold (None: its default)

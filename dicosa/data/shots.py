@@ -1,22 +1,15 @@
 """Shot boundaries, from PySceneDetect's detectors fed the frames a decode already produces.
 
-PySceneDetect (``scenedetect``) is the well-kept open detector of hard cuts: ``content``
-(:class:`scenedetect.ContentDetector`: a jump in the HSV content between consecutive frames)
-and ``adaptive`` (:class:`scenedetect.AdaptiveDetector`: the same score against a rolling
-average of the frames around it, steadier under camera motion). ``adaptive`` is the default,
-with a floor of :data:`ADAPTIVE_FLOOR` on the content change (PySceneDetect's is 15), which
-catches jump cuts (one shot joined to a later moment of itself), whose colours barely change:
-chosen on the validation films and long videos of ``benchmarks/cuts.py``
-(``benchmarks/RESULTS.md``, "Shot cuts"). Opening the file again through PySceneDetect's own
-backends would decode it twice; instead :class:`ShotDetector` takes small BGR frames from the
-one streaming decode (:mod:`dicosa.data.stream`), every decoded frame, through the detectors'
-documented ``process_frame`` / ``post_process`` interface.
-
-Every frame, because a cut's time is the time of the first frame of the new shot: a detector
-shown every k-th frame places a cut up to k - 1 frames late, and a run frame taken at the cut
-then stays in the old shot (at 1 frame/s, a row that begins a second late). The frames are
-:data:`DETECT_WIDTH` pixels wide, so the detector costs little beside the decode itself
-(``benchmarks/cuts.py`` measures both).
+PySceneDetect (``scenedetect``) offers ``content`` (:class:`scenedetect.ContentDetector`: a
+jump in the HSV content between consecutive frames) and ``adaptive``
+(:class:`scenedetect.AdaptiveDetector`: the same score against a rolling average of the frames
+around it, steadier under camera motion). ``adaptive`` is the default, with a floor of
+:data:`ADAPTIVE_FLOOR` on the content change (PySceneDetect's is 15) that catches jump cuts,
+whose colours barely change (chosen with ``benchmarks/cuts.py``). :class:`ShotDetector` takes
+small BGR frames from the one streaming decode (:mod:`dicosa.data.stream`) through the
+detectors' ``process_frame`` / ``post_process`` interface, so the file is not decoded twice.
+It takes every decoded frame: a cut's time is the first frame of the new shot, which a
+detector shown every k-th frame places up to k - 1 frames late.
 
 A detector that cannot be imported or fails on a file is not fatal: :attr:`ShotDetector.error`
 says why and the caller cuts the video into windows alone (and logs it).

@@ -35,7 +35,7 @@ from ..errors import VideoDecodeError
 from .display import display_of, shown_pixels
 from .shots import DETECT_WIDTH, ShotDetector
 from .unreadable import plain_reason
-from .video import _check_file, _decode_size, _open_container, _resize_crop
+from .video import _decode_size, _fps, _open_container, _resize_crop, _timed_by_count
 
 __all__ = ["FrameBatch", "FrameStream", "StreamReport"]
 
@@ -74,7 +74,6 @@ class FrameStream:
     """Iterate to get :class:`FrameBatch` es; :attr:`report` is complete afterwards.
 
     Args:
-        path: the video file.
         rate: frames a second taken into the run.
         image_size: S, the side of the square frames (short side resized, centre crop, as
             :func:`dicosa.data.video.load_video` does).
@@ -99,13 +98,10 @@ class FrameStream:
         self.report = StreamReport()
 
     def __iter__(self) -> Iterator[FrameBatch]:
-        _check_file(self.path)
         container, stream = _open_container(self.path)
         with container:
             stream.thread_type = "AUTO"
-            rate = stream.average_rate or stream.guessed_rate
-            fps = float(rate) if rate else 0.0
-            self.report.fps = fps
+            fps = self.report.fps = _fps(stream)
             detector = (ShotDetector(self.detector_kind, fps, self.threshold)
                         if self.detector_kind not in (None, "none") else None)
             yield from self._run(container, stream, fps, detector)
@@ -126,7 +122,7 @@ class FrameStream:
         detect_size = (DETECT_WIDTH, max(2, round(DETECT_WIDTH * stream.codec_context.height
                                                   / max(1, stream.codec_context.width))))
         origin = _origin(stream)
-        counted = _counted(container)
+        counted = _timed_by_count(container)
         sampler = _Ticks(self.rate)
         pending: list[np.ndarray] = []
         times: list[float] = []
@@ -153,7 +149,8 @@ class FrameStream:
                 detector.push(time, frame.to_ndarray(format="bgr24", width=detect_size[0],
                                                      height=detect_size[1]))
             for chosen, chosen_time in sampler.push(frame, time):
-                pending.append(_rgb(chosen, width, height))
+                pending.append(shown_pixels(chosen, width=width, height=height,
+                                            interpolation="BICUBIC"))
                 times.append(chosen_time)
                 report.taken += 1
                 if len(pending) == self.batch:
@@ -186,12 +183,6 @@ class FrameStream:
     def _batch(self, frames: list[np.ndarray], times: list[float]) -> FrameBatch:
         pixels = _resize_crop(np.stack(frames), self.image_size)
         return FrameBatch(pixels, np.asarray(times, dtype=np.float64))
-
-
-def _rgb(frame, width: int, height: int) -> np.ndarray:
-    """uint8 RGB of a decoded frame, scaled by the decoder (bicubic) to ``width`` x
-    ``height`` and turned upright (``[width, height, 3]`` when turned a quarter)."""
-    return shown_pixels(frame, width=width, height=height, interpolation="BICUBIC")
 
 
 class _Ticks:
@@ -232,14 +223,6 @@ def _origin(stream) -> float | None:
     if stream.start_time is None or stream.time_base is None:
         return None
     return float(stream.start_time * stream.time_base)
-
-
-def _counted(container) -> bool:
-    """Whether the stream's frames are timed by counting them: an AVI has no presentation
-    timestamps (its packets carry decode-order counters, so with packed B-frames the times
-    PyAV gives go back and forth: an XviD file lost a third of its frames to the backwards
-    rule), and holds one frame per 1 / fps in the decoder's output order."""
-    return container.format.name == "avi"
 
 
 def _frame_time(frame, origin: float | None, last: float | None, interval: float,

@@ -288,21 +288,22 @@ def make_synthetic(
                      "background": background, "noise": noise, "seed": int(rng.integers(2**31)),
                      "fps": fps, "codec": codec})
 
-    _render(jobs, num_workers)
+    _in_processes(_render_job, jobs, num_workers)
     _write_annotations(root, videos, sentences, meta, num_train, test_captions, seed)
     return root
 
 
-def _render(jobs: list[dict], num_workers: int | None) -> None:
-    """Encode the clips ``jobs`` describe, in ``num_workers`` processes (None: one per
-    core)."""
-    workers = (os.cpu_count() or 1) if num_workers is None else num_workers
+def _in_processes(work: Callable[[dict], None], jobs: list[dict],
+                  num_workers: int | None) -> None:
+    """``work(job)`` for every job, in ``num_workers`` processes (None: one per core; one
+    worker, or one job, in this process)."""
+    workers = min((os.cpu_count() or 1) if num_workers is None else num_workers, len(jobs))
     if workers <= 1:
         for job in jobs:
-            _render_job(job)
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            list(pool.map(_render_job, jobs, chunksize=max(1, len(jobs) // (workers * 4))))
+            work(job)
+        return
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(work, jobs, chunksize=max(1, len(jobs) // (workers * 4))))
 
 
 def _write_annotations(root: Path, videos: list[dict], sentences: list[dict], meta: dict,

@@ -13,9 +13,7 @@ Three decoders sit behind one interface: MJPEG files (the default output of
 ``data_prep/compress_videos.py``) are demuxed with PyAV and only the sampled JPEGs decoded,
 by libjpeg-turbo; everything else goes through decord, or, where decord is not installed
 (it has wheels for x86-64 only), through PyAV, which decodes the file from its start up to
-the last sampled frame (slower on long videos, which decord seeks in). Both give the same
-frames at the same size; their scalers differ, by at most a few grey levels
-(``tests/test_video.py`` states the tolerance).
+the last sampled frame. ``docs/DATA.md`` ("Notes on decoding") says how their frames differ.
 """
 
 from __future__ import annotations
@@ -57,8 +55,7 @@ __all__ = [
 ]
 
 # Output widths at which decord 0.6 fails to copy frames out ("The size must exactly match"):
-# its frame buffer is padded for these row sizes. Found by scanning widths 9..1000; we step
-# past them, and retry once more on that error in case other builds have other bad widths.
+# we step past them, and retry on that error in case other builds have other bad widths.
 _DECORD_BAD_WIDTHS = frozenset({12, 16, 24, 48, 72})
 _SIZE_MISMATCH = "The size must exactly match"
 
@@ -132,15 +129,12 @@ def sample_indices_released(num_total: int, num_frames: int, fps: float, start: 
     return grid[np.linspace(0, len(grid) - 1, num_frames).astype(np.int64)]
 
 
-def _check_file(path: Path) -> None:
+def _open_container(path: Path) -> tuple[av.container.InputContainer, av.VideoStream]:
+    """The file's container and its first video stream, from the header only."""
     if not path.is_file():
         raise VideoDecodeError(path, "file not found")
     if path.stat().st_size == 0:
         raise VideoDecodeError(path, "empty file (0 bytes)")
-
-
-def _open_container(path: Path) -> tuple[av.container.InputContainer, av.VideoStream]:
-    """The file's container and its first video stream, from the header only."""
     try:
         container = av.open(str(path))
     except Exception as exc:
@@ -155,6 +149,12 @@ def _open_container(path: Path) -> tuple[av.container.InputContainer, av.VideoSt
             path, f"bad frame size {stream.codec_context.width}x{stream.codec_context.height}"
         )
     return container, stream
+
+
+def _fps(stream: av.VideoStream) -> float:
+    """The stream's average frame rate (0.0: unknown)."""
+    rate = stream.average_rate or stream.guessed_rate
+    return float(rate) if rate else 0.0
 
 
 def _decode_size(width: int, height: int, image_size: int) -> tuple[int, int]:
@@ -222,8 +222,7 @@ def _decord_each(
     """The frames at ``indices`` that decode on their own, and how many did not.
 
     After a failed frame the reader is reopened: a decoder that choked on a damaged packet
-    can stay wedged (measured: a batch over an MPEG-4 clip with five zeroed packets fails
-    whole, while frame by frame all but the damaged stretch and one neighbour decode).
+    can stay wedged (a batch over a clip with a few damaged packets fails whole).
     """
     reader, kept = _open_reader(path, *size), []
     for i in indices.tolist():
@@ -247,10 +246,8 @@ def _jpeg_frames(
     """Frames of an MJPEG stream, decoded by libjpeg-turbo straight from the packets.
 
     Every MJPEG packet is one self-contained JPEG image, so sampling needs no seeking and no
-    decoder state: demuxing the whole clip and decoding only the picked packets took 5.9 ms
-    per 12-frame 224 px clip against 17 ms for decord on the same files (2-core machine).
-    Downscaling in the DCT domain (libjpeg's k/8 scaling) was measured no faster on such
-    frames, so larger MJPEG frames are decoded whole and resized.
+    decoder state: the whole clip is demuxed and only the picked packets decoded. Larger
+    frames are decoded whole and resized (libjpeg's k/8 scaling was no faster).
 
     With ``partial``, a file holding fewer packets than its header promises (an interrupted
     write) is sampled over the packets it holds, as the other decoders sample what a file
@@ -271,8 +268,7 @@ def _jpeg_frames(
     if stream.frames and len(packets) < stream.frames and not partial:
         # decord would fail on the missing tail too; check_video reports it
         raise VideoDecodeError(path, f"truncated: {len(packets)} of {stream.frames} frames")
-    rate = stream.average_rate or stream.guessed_rate
-    indices = pick(len(packets), float(rate) if rate else 0.0)
+    indices = pick(len(packets), _fps(stream))
     height, width = stream.codec_context.height, stream.codec_context.width
     frames = np.empty((len(indices), height, width, 3), dtype=np.uint8)
     ok = np.zeros(len(indices), dtype=bool)
@@ -360,8 +356,7 @@ def _pyav_frames(path: Path, container: av.container.InputContainer, stream: av.
     its last frames, a cut download whose last packet is whole) is sampled again over the
     frames it holds, which is what decord counts.
     """
-    rate = stream.average_rate or stream.guessed_rate
-    fps = float(rate) if rate else 0.0
+    fps = _fps(stream)
     total = _frame_count(path, stream)
     indices = pick(total, fps)
     if len(indices) == 0:
@@ -409,23 +404,17 @@ def _pyav_scan(path: Path, container: av.container.InputContainer, stream: av.Vi
     return found, seen
 
 
-def _decode(path: Path, pick: _Picker, short_side: int, decoder: str) -> np.ndarray:
-    """uint8 ``[n, h, w, 3]`` frames of ``path`` at the indices ``pick`` chooses.
+def _decode(path: Path, pick: _Picker, short_side: int, decoder: str,
+            partial: bool = False) -> tuple[np.ndarray, int]:
+    """uint8 ``[n, h, w, 3]`` frames of ``path`` at the indices ``pick`` chooses, as a player
+    shows them (:mod:`dicosa.data.display`), and how many picked frames were lost (with
+    ``partial``, the frames of a damaged file that decode are kept, in order).
 
-    ``short_side`` lets decord decode at reduced size (never below it); the JPEG path always
-    decodes the stored size, which ``compress_videos`` already made small.
+    ``short_side`` lets decord and PyAV decode at reduced size (never below it); the JPEG
+    path always decodes the stored size, which ``compress_videos`` already made small.
     """
-    return _decode_frames(path, pick, short_side, decoder, partial=False)[0]
-
-
-def _decode_frames(path: Path, pick: _Picker, short_side: int, decoder: str,
-                   partial: bool) -> tuple[np.ndarray, int]:
-    """:func:`_decode`, and with ``partial`` the frames that decode of a damaged file: the
-    picked frames kept in order, and how many picked frames were lost. Every decoder gives
-    the frames as a player shows them (:mod:`dicosa.data.display`)."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
-    _check_file(path)
     container, stream = _open_container(path)
     with container:
         if decoder == "auto" and stream.codec_context.name == "mjpeg":
@@ -433,29 +422,29 @@ def _decode_frames(path: Path, pick: _Picker, short_side: int, decoder: str,
             if decoded is not None:
                 return decoded
         if decoder == "pyav" or (decoder == "auto" and (_decord_module() is None
-                                                        or _timestamps_unusable(container))):
+                                                        or _timed_by_count(container))):
             size = _decode_size(*display_of(stream).unturned_size(), short_side)
             return _pyav_frames(path, container, stream, pick, size, partial)
         display = display_of(stream, first_rotation(container, stream))
     return _decord_frames(path, display, pick, short_side, partial)
 
 
-def _timestamps_unusable(container: av.container.InputContainer) -> bool:
-    """Whether decord would return other frames than the ones asked: it seeks by presentation
-    timestamps, and an AVI has none (its packets carry decode-order counters). With XviD's
-    packed B-frames, decord 0.6 returned frame 0 for frame 12 and frame 1 for frame 55
-    (tests/test_real_media.py); PyAV, counting frames as they come out, gets every one."""
+def _timed_by_count(container: av.container.InputContainer) -> bool:
+    """Whether the stream's frames are placed by counting them as the decoder outputs them:
+    an AVI has no presentation timestamps (its packets carry decode-order counters), so
+    decord, seeking by them, returns other frames than the ones asked for, and PyAV's times
+    go back and forth under packed B-frames (``docs/DATA.md``, "Notes on decoding")."""
     return container.format.name == "avi"
 
 
 def _decord_frames(path: Path, display: Display, pick: _Picker, short_side: int,
                    partial: bool) -> tuple[np.ndarray, int]:
-    """:func:`_decode_frames` by decord, which turns frames itself: the size asked of it is
+    """:func:`_decode` by decord, which turns frames itself: the size asked of it is
     the shown one (square pixels, turned)."""
     shown = display.shown_size()
     size = _decode_size(*shown, short_side)
-    # Asking decord for the native size still runs its scaler (measured 36 vs 24 ms for 12
-    # frames at 398x224), so a size is passed only when it differs.
+    # Asking decord for the native size still runs its scaler, so a size is passed only when
+    # it differs.
     native = size == shown and display.sar == 1.0
     reader = _open_reader(path, -1, -1) if native else _open_reader(path, *size)
     indices = pick(len(reader), float(reader.get_avg_fps()))
@@ -524,13 +513,12 @@ def load_video(
     """Decode ``num_frames`` frames of ``path`` as model input.
 
     Args:
-        path: video file.
         num_frames: N.
         image_size: S, side of the square output frames.
         train: random offset inside each segment (True) or segment centres (False); the
             released sampling ignores it.
         segment: ``(start, end)`` in seconds to sample from; the whole video when None.
-        rng: generator for training offsets.
+        rng: generator of the training offsets.
         decoder: ``"auto"`` decodes MJPEG files (what ``compress_videos`` writes by default)
             with libjpeg-turbo and everything else with decord (PyAV where decord is not
             installed); ``"decord"`` or ``"pyav"`` uses that one for every file.
@@ -547,8 +535,8 @@ def load_video(
     """
     path = Path(path)
     pick = _picker(path, num_frames, sampling, train, segment, rng)
-    decoded = _resize_crop(_decode(path, pick, image_size, decoder), image_size)
-    return _pad(decoded, num_frames, image_size, pad_colour)
+    decoded, _ = _decode(path, pick, image_size, decoder)
+    return _pad(_resize_crop(decoded, image_size), num_frames, image_size, pad_colour)
 
 
 def load_video_partial(
@@ -603,7 +591,7 @@ def load_clip(path: str | os.PathLike, num_frames: int, image_size: int,
         seen.update(total=total, fps=fps)  # the last call is the one sampled over
         return pick(total, fps)
 
-    decoded, lost = _decode_frames(path, recorded, image_size, decoder, partial=True)
+    decoded, lost = _decode(path, recorded, image_size, decoder, partial=True)
     picked = len(decoded) + lost
     frames, mask = _pad(_resize_crop(decoded, image_size), num_frames, image_size, pad_colour)
     return DecodedClip(frames, mask, lost / picked if picked else 0.0, picked,
@@ -641,7 +629,7 @@ def video_info(path: str | os.PathLike) -> dict:
         seen.update(num_frames=total, fps=fps)
         return np.zeros(0, dtype=np.int64)
 
-    frames = _decode(path, pick, 1 << 30, "auto")
+    frames, _ = _decode(path, pick, 1 << 30, "auto")
     fps = seen["fps"]
     return {
         "fps": fps,
@@ -671,17 +659,12 @@ def check_video(path: str | os.PathLike, num_probe: int = 4) -> str | None:
     return None
 
 
-def _check_one(path: str) -> tuple[str, str | None]:
-    return path, check_video(path)
-
-
 def check_videos(
     paths: Sequence[str | os.PathLike], num_workers: int = 0, progress: bool = True
 ) -> list[tuple[str, str]]:
     """Every unusable file among ``paths``, checked in parallel with :func:`check_video`.
 
     Args:
-        paths: video files.
         num_workers: worker processes; 0 or 1 checks in this process (use that inside
             DataLoader workers, which cannot start processes of their own).
         progress: show progress (:func:`dicosa.progress.progress`).
@@ -690,16 +673,12 @@ def check_videos(
         ``[(path, reason), ...]`` for the bad files, in the order of ``paths``.
     """
     names = [str(p) for p in paths]
-    results: dict[str, str | None] = {}
-    if num_workers <= 1:
-        checked = map(_check_one, names)
-    else:
-        pool = ProcessPoolExecutor(max_workers=num_workers)
-        checked = pool.map(_check_one, names, chunksize=max(1, len(names) // (num_workers * 8)))
-    checked = show_progress(checked, total=len(names), desc="checking videos", unit="video",
-                            enabled=progress)
-    for name, reason in checked:
-        results[name] = reason
-    if num_workers > 1:
+    pool = ProcessPoolExecutor(max_workers=num_workers) if num_workers > 1 else None
+    checked = (pool.map(check_video, names, chunksize=max(1, len(names) // (num_workers * 8)))
+               if pool else map(check_video, names))
+    reasons = list(show_progress(checked, total=len(names), desc="checking videos",
+                                 unit="video", enabled=progress))
+    if pool:
         pool.shutdown()
-    return [(name, results[name]) for name in names if results[name] is not None]
+    return [(name, reason) for name, reason in zip(names, reasons, strict=True)
+            if reason is not None]
