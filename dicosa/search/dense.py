@@ -14,6 +14,7 @@ side's length never changes a ranking; normalising it only makes scores comparab
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import shutil
@@ -118,6 +119,23 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
+def top_candidates(ids: np.ndarray, scores: np.ndarray, k: int, stage: str) -> Candidates:
+    """The ``k`` best of ``scores [Q, n]`` over rows ``ids [n]`` (:func:`top_k`), padded to
+    width ``k``."""
+    best = top_k(scores, min(k, len(ids)))  # [Q, min(k, n)]
+    return pad_candidates(ids[best], np.take_along_axis(scores, best, axis=1), k, stage)
+
+
+def array_bytes(*array: np.ndarray, **arrays: np.ndarray) -> bytes:
+    """The file ``np.save`` writes of one ``array``, or ``np.savez`` of named ``arrays``."""
+    buffer = io.BytesIO()
+    if array:
+        np.save(buffer, *array)
+    else:
+        np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
 def check_k(k: int) -> int:
     if int(k) < 1:
         raise StageError(f"k must be at least 1, got {k}")
@@ -160,13 +178,7 @@ class ExactStage:
     def search(self, queries: EncodedQueries, k: int) -> Candidates:
         k = check_k(k)
         scores = query_vectors(queries, self.dim, self.normalize) @ self.vectors.T  # [Q, n]
-        top = min(k, len(self.ids))
-        if top == 0:
-            return pad_candidates(np.zeros((len(scores), 0)), np.zeros((len(scores), 0)), k,
-                                  self.name)
-        best = top_k(scores, top)  # [Q, top]
-        return pad_candidates(self.ids[best], np.take_along_axis(scores, best, axis=1), k,
-                              self.name)
+        return top_candidates(self.ids, scores, k, self.name)
 
     def describe(self) -> dict:
         return {"backend": self.backend, "name": self.name, "dim": self.dim,
@@ -176,7 +188,7 @@ class ExactStage:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(directory / "dense.exact.npz",
-                           _npz_bytes(ids=self.ids, vectors=self.vectors, removed=self.removed))
+                           array_bytes(ids=self.ids, vectors=self.vectors, removed=self.removed))
         write_text_atomic(directory / STAGE_FILE, json.dumps(self.describe(), indent=2))
 
     @classmethod
@@ -188,14 +200,6 @@ class ExactStage:
 
 
 STAGE_FILE = "first_stage.json"  # what make/open_first_stage read: backend, config, dim
-
-
-def _npz_bytes(**arrays: np.ndarray) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
 
 
 # -- faiss ----------------------------------------------------------------------------------
@@ -398,9 +402,9 @@ class FaissStage:
         row that comes back."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(directory / "dense.removed.npy", _npy_bytes(self.removed))
+        write_bytes_atomic(directory / "dense.removed.npy", array_bytes(self.removed))
         write_bytes_atomic(directory / "dense.pending.npz",
-                           _npz_bytes(ids=self.pending.ids, vectors=self.pending.vectors))
+                           array_bytes(ids=self.pending.ids, vectors=self.pending.vectors))
         _write_index_atomic(self.index, directory / "dense.faiss")
         write_text_atomic(directory / STAGE_FILE, json.dumps(self.describe(), indent=2))
 
@@ -446,14 +450,6 @@ def _read_arrays(path: Path, names: tuple[str, ...]) -> tuple[np.ndarray, ...]:
             return tuple(data[name] for name in names)
 
     return _read(path, read)
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
 
 
 def _write_index_atomic(index: faiss.Index, path: Path) -> None:

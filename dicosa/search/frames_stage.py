@@ -31,7 +31,7 @@ import numpy as np
 
 from ..files import write_bytes_atomic
 from .backends import make_first_stage, open_first_stage
-from .dense import StageError, _npz_bytes, check_k, pad_candidates
+from .dense import StageError, array_bytes, check_k, pad_candidates
 from .types import Candidates, EncodedQueries, FirstStage
 
 __all__ = ["FRAMES_DIR", "FRAMES_FILE", "FramesStage", "check_backend", "frame_rows"]
@@ -136,7 +136,7 @@ class FramesStage:
         inner.mkdir(parents=True, exist_ok=True)
         self.inner.save(inner)
         write_bytes_atomic(inner / FRAMES_FILE,
-                           _npz_bytes(ids=self.ids, max_frames=np.array(self.max_frames)))
+                           array_bytes(ids=self.ids, max_frames=np.array(self.max_frames)))
 
     @classmethod
     def open(cls, directory: str | os.PathLike) -> FramesStage:

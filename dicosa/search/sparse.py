@@ -14,7 +14,6 @@ query) or ``"bow"`` (the query's own words, no network) mode.
 
 from __future__ import annotations
 
-import io
 import os
 import zipfile
 from pathlib import Path
@@ -24,6 +23,7 @@ import scipy.sparse as sp
 import torch
 
 from ..files import write_bytes_atomic
+from .dense import array_bytes
 from .types import Candidates, EncodedQueries
 
 __all__ = ["SparseIndexError", "SparseStage", "lexical_vectors"]
@@ -181,11 +181,10 @@ class SparseStage:
         """The rows file, plus ``extra`` arrays a subclass keeps beside them (the stage of
         another backend reads the same file and ignores them)."""
         rows = self._rows
-        buffer = io.BytesIO()
-        np.savez(buffer, version=np.int64(_FORMAT_VERSION), ids=self._ids,
-                 words=np.array(self.words, dtype=str), data=rows.data, indices=rows.indices,
-                 indptr=rows.indptr, **extra)
-        write_bytes_atomic(self._path(directory), buffer.getvalue())
+        write_bytes_atomic(self._path(directory), array_bytes(
+            version=np.int64(_FORMAT_VERSION), ids=self._ids,
+            words=np.array(self.words, dtype=str), data=rows.data, indices=rows.indices,
+            indptr=rows.indptr, **extra))
 
     @classmethod
     def load(cls, directory: str | os.PathLike, name: str = "lexical") -> SparseStage:

@@ -36,7 +36,6 @@ The index side (the arrays built from an index's rows, the plugin that attaches 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .dense import top_k
+from .dense import array_bytes, top_candidates
 from .types import Candidates, EncodedQueries
 
 __all__ = ["DEFAULT_BETA_SEMANTIC", "DEFAULT_BETA_TITLE", "DEFAULT_TRUST", "FusionRerank",
@@ -262,14 +261,13 @@ class SemanticStage:
     def search(self, queries: EncodedQueries, k: int) -> Candidates:
         theta = query_topics(queries, self.head).numpy()  # [Q, K]
         scores = theta @ self.vectors.T  # [Q, n]
-        return _top_candidates(self.ids, scores, len(queries), k, self.name)
+        return top_candidates(self.ids, scores, k, self.name)
 
     def save(self, directory: str | os.PathLike) -> None:
         from ..files import write_bytes_atomic
 
-        buffer = io.BytesIO()
-        np.savez(buffer, ids=self.ids, vectors=self.vectors)
-        write_bytes_atomic(Path(directory) / self.FILE, buffer.getvalue())
+        write_bytes_atomic(Path(directory) / self.FILE,
+                           array_bytes(ids=self.ids, vectors=self.vectors))
 
     @classmethod
     def load(cls, directory: str | os.PathLike, head) -> SemanticStage:
@@ -302,19 +300,7 @@ class TitleStage(SemanticStage):
         if "title" not in queries.extra:
             queries.extra["title"] = F.normalize(queries.text.text.float().cpu(), dim=-1)
         scores = queries.extra["title"].numpy() @ self.vectors.T  # [Q, n]
-        return _top_candidates(self.ids, scores, len(queries), k, self.name)
-
-
-def _top_candidates(ids: np.ndarray, scores: np.ndarray, num_queries: int, k: int,
-                    name: str) -> Candidates:
-    count = min(k, len(ids))
-    out = np.full((num_queries, k), -1, dtype=np.int64)
-    best = np.full((num_queries, k), -np.inf, dtype=np.float32)
-    if count:
-        top = top_k(scores, count)  # [Q, count]
-        out[:, :count] = ids[top]
-        best[:, :count] = np.take_along_axis(scores, top, axis=1)
-    return Candidates(out, best, name)
+        return top_candidates(self.ids, scores, k, self.name)
 
 
 def read_titles(path: str | os.PathLike) -> dict[str, str]:
