@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -139,11 +140,8 @@ class TextPlugin(IndexPlugin):
         a repair deletes lines under the index's writer lock, as every write."""
         from ..index.lock import WriterLock
 
-        if repair:
-            with WriterLock(directory):
-                problems, repaired, checked = check_text_file(directory, live, True)
-        else:
-            problems, repaired, checked = check_text_file(directory, live, False)
+        with WriterLock(directory) if repair else nullcontext():
+            problems, repaired, checked = check_text_file(directory, live, repair)
         return FileCheck(problems, repaired, [checked] if checked else [])
 
     def _resolve(self, recorded: dict) -> None:
@@ -213,27 +211,30 @@ class TextPlugin(IndexPlugin):
         """Bring the text index in step with the store: forget rows it no longer holds, read
         the live rows a wanted source has not read (``_READ_CHUNK`` rows per commit, so an
         interrupted fill keeps what it read). Returns the rows read."""
-        store = self._ctx.store
-        live = store.live()
-        stray = np.setdiff1d(self.index.rows(), live)
+        stray = np.setdiff1d(self.index.rows(), self._ctx.store.live())
         if len(stray):
             self.index.remove(stray)
-        missing = np.setdiff1d(live, self.index.held(self.settings.engines()))
+        missing = self._unread()
         if self.reads is not None and (self.settings.speech or self.settings.ocr_frames):
             self._read_elsewhere(missing)
-            return len(missing)
-        for start in range(0, len(missing), _READ_CHUNK):
-            self.read(missing[start:start + _READ_CHUNK])
+        else:
+            self.read(missing)
         return len(missing)
+
+    def _unread(self) -> np.ndarray:
+        """The live rows a wanted source has not read with its engine."""
+        return np.setdiff1d(self._ctx.store.live(), self.index.held(self.settings.engines()))
 
     def read(self, ids: np.ndarray) -> None:
         """Read rows ``ids`` for every wanted source that has not read them with its engine,
-        and commit their lines (one transaction)."""
-        job = self._job(ids)
-        if job is not None:
-            lines, done = self.reader.read(*job)
-            if done:
-                self.index.write(lines, done)
+        committing their lines ``_READ_CHUNK`` rows per transaction."""
+        ids = np.asarray(ids, dtype=np.int64)
+        for start in range(0, len(ids), _READ_CHUNK):
+            job = self._job(ids[start:start + _READ_CHUNK])
+            if job is not None:
+                lines, done = self.reader.read(*job)
+                if done:
+                    self.index.write(lines, done)
 
     def _job(self, ids: np.ndarray) -> ReadJob | None:
         """What reading rows ``ids`` takes (:meth:`TextReader.read`'s arguments), or None
@@ -273,10 +274,7 @@ class TextPlugin(IndexPlugin):
             self.reader.unavailable.update(unavailable)
 
     def _say_missing(self) -> None:
-        if self.index is None:
-            return
-        missing = len(np.setdiff1d(self._ctx.store.live(),
-                                   self.index.held(self.settings.engines())))
+        missing = 0 if self.index is None else len(self._unread())
         if missing:
             log.info("%d indexed video(s) have not had their text read (%s); the next "
                      "'dicosa index' run reads it", missing,
@@ -451,9 +449,7 @@ class _TextStage:
         """New rows: read now by the writer (before their manifest commit), committed
         ``_READ_CHUNK`` rows at a time."""
         if self.plugin.for_writing() is not None:
-            ids = np.asarray(ids, dtype=np.int64)
-            for start in range(0, len(ids), _READ_CHUNK):
-                self.plugin.read(ids[start:start + _READ_CHUNK])
+            self.plugin.read(ids)
 
     def remove(self, ids: np.ndarray) -> None:
         index = self.plugin.for_writing()
