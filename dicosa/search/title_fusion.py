@@ -1,23 +1,8 @@
 """Fused scoring for incomplete entries: DiCoSA + β·(Mul2vec topic or title similarity).
 
 Every indexed row may have a video (decodable frames, possibly with a fraction lost) and a
-title. What the index stores per row for fusion (:class:`FusionRows`, built by
-:func:`fusion_rows` when the row is added):
-
-==============  ==============  =========================================================
-array           shape / dtype   how it is computed
-==============  ==============  =========================================================
-``semantic``    [n, K] float32  Mul2vec's g (unit norm): the mean of the title view
-                                f(title) and the video view f_v(proxy) weighted by
-                                ``has_title`` and ``(1 - frames_lost)``
-                                (:meth:`Mul2vecHead.entity_vectors`); absent without a head
-``title_text``  [n, D] float32  DiCoSA's text vector of the title (unit norm), zeros where
-                                there is none (late fusion; also what a text-only row
-                                offers a dense first stage)
-``title``       [n] str         the title as given ("" = none); metadata column
-``text_only``   [n] bool        no decodable frame: DiCoSA cannot score the row
-``frames_lost`` [n] float32     fraction of the frames that did not decode
-==============  ==============  =========================================================
+title. What the index stores per row for fusion is :class:`FusionRows` (built by
+:func:`fusion_rows` when the row is added; docs/heads.md lists its arrays).
 
 Fused score of query q and row v (:func:`fused_scores`)::
 
@@ -27,8 +12,7 @@ A part a row lacks (DiCoSA for a text-only row, the title term for an untitled o
 imputed from the part it has (:func:`fill_missing`): the query's mean of the missing part
 plus ``trust`` x its spread x the row's z-score in the other part, so a text-only row whose
 title matches the query as well as the best videos do ranks among them (docs/heads.md says
-why the plain mean is not enough). Mul2vec fusion is β_title = 0; late fusion is β_sem = 0;
-each β is chosen on the validation split (``benchmarks/mul2vec.py``).
+why the plain mean is not enough). Mul2vec fusion is β_title = 0; late fusion is β_sem = 0.
 
 The index side (the arrays built from an index's rows, the plugin that attaches them) is
 :mod:`dicosa.plugins.titles`.
@@ -56,13 +40,13 @@ __all__ = ["DEFAULT_BETA_SEMANTIC", "DEFAULT_BETA_TITLE", "DEFAULT_TRUST", "Fusi
 
 @dataclass(frozen=True)
 class FusionRows:
-    """The per-row fusion arrays of an index, indexed by row id (see the module table)."""
+    """The per-row fusion arrays of an index, indexed by row id."""
 
-    title_text: np.ndarray  # float32 [n, D]
-    title: list[str]  # [n]
-    text_only: np.ndarray  # bool [n]
-    frames_lost: np.ndarray  # float32 [n]
-    semantic: np.ndarray | None = None  # float32 [n, K]
+    title_text: np.ndarray  # float32 [n, D] DiCoSA's unit vector of the title, zeros: none
+    title: list[str]  # [n] "" = none
+    text_only: np.ndarray  # bool [n] no decodable frame: DiCoSA cannot score the row
+    frames_lost: np.ndarray  # float32 [n] fraction of the frames that did not decode
+    semantic: np.ndarray | None = None  # float32 [n, K] Mul2vec's g (None without a head)
 
     @property
     def has_title(self) -> np.ndarray:
