@@ -43,6 +43,7 @@ import torch
 
 from ..index.plugins import FileCheck, IndexPlugin
 from ..index.searcher import MOMENTS_PER_HIT
+from ..search.dense import candidates_of
 from ..search.types import Candidates, EncodedQueries
 from ..text.extract import DEFAULT_OCR_FRAMES, ReadElsewhere, ReadJob, TextReader, TextSettings
 from ..text.fts import TEXT_FILE, TextIndex, TextIndexError, check_text_file
@@ -458,13 +459,9 @@ class _TextStage:
 
     def search(self, queries: EncodedQueries, k: int) -> Candidates:
         rankings = queries.extra.get("text") or [None] * len(queries)
-        ids = np.full((len(queries), k), -1, dtype=np.int64)
-        scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
-        for q, ranking in enumerate(rankings):
-            found = ranking.matches[:k] if ranking is not None else []
-            ids[q, :len(found)] = [m.row for m in found]
-            scores[q, :len(found)] = [m.score for m in found]
-        return Candidates(ids, scores, STAGE)
+        found = [ranking.matches[:k] if ranking is not None else [] for ranking in rankings]
+        return candidates_of([([m.row for m in f], [m.score for m in f]) for f in found], k,
+                             STAGE)
 
     def save(self, directory) -> None:
         """An in-memory text index goes into the folder the index is saved to."""

@@ -103,6 +103,17 @@ def pad_candidates(ids: np.ndarray, scores: np.ndarray, k: int, stage: str) -> C
     return Candidates(ids=ids, scores=scores, stage=stage)
 
 
+def candidates_of(found: list[tuple], k: int, stage: str) -> Candidates:
+    """``Candidates`` of width ``k`` from each query's ``(ids, scores)``, best first (the first
+    ``k`` of each kept; ``-1`` ids and ``-inf`` scores pad what is missing)."""
+    ids = np.full((len(found), k), -1, dtype=np.int64)
+    scores = np.full((len(found), k), -np.inf, dtype=np.float32)
+    for q, (row_ids, row_scores) in enumerate(found):
+        n = min(k, len(row_ids))
+        ids[q, :n], scores[q, :n] = row_ids[:n], row_scores[:n]
+    return Candidates(ids, scores, stage)
+
+
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     """Positions ``[Q, min(k, n)]`` of the ``k`` best of each row of ``scores [Q, n]``, best
     first, ties to the smaller position (a stable descending argsort's first ``k``; NaN

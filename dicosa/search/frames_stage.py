@@ -31,7 +31,7 @@ import numpy as np
 
 from ..files import write_bytes_atomic
 from .backends import make_first_stage, open_first_stage
-from .dense import StageError, array_bytes, check_k, pad_candidates
+from .dense import StageError, array_bytes, candidates_of, check_k
 from .types import Candidates, EncodedQueries, FirstStage
 
 __all__ = ["FRAMES_DIR", "FRAMES_FILE", "FramesStage", "check_backend", "frame_rows"]
@@ -119,15 +119,13 @@ class FramesStage:
             queries = dataclasses.replace(queries, extra=extra)
         found = self.inner.search(queries, k * self.max_frames)  # frames, best first
         videos = np.where(found.ids >= 0, found.ids // self.max_frames, -1)
-        ids = np.full((len(videos), k), -1, dtype=np.int64)
-        scores = np.full((len(videos), k), -np.inf, dtype=np.float32)
-        for q, (row, row_scores) in enumerate(zip(videos, found.scores, strict=True)):
+        best = []
+        for row, row_scores in zip(videos, found.scores, strict=True):
             valid = row >= 0
             _, first = np.unique(row[valid], return_index=True)
             order = np.sort(first)[:k]  # each video at its best (first) frame
-            ids[q, :len(order)] = row[valid][order]
-            scores[q, :len(order)] = row_scores[valid][order]
-        return pad_candidates(ids, scores, k, self.name)
+            best.append((row[valid][order], row_scores[valid][order]))
+        return candidates_of(best, k, self.name)
 
     def save(self, directory: str | os.PathLike) -> None:
         """The inner stage's files, then the video ids: a crash between them leaves ids that

@@ -35,7 +35,7 @@ import torch
 from ..checkpoint import write_text_atomic
 from ..config import dataclass_from_dict
 from ..model import VideoFeatures
-from .dense import STAGE_FILE, StageError, check_k, pad_candidates, proxy_vectors, query_vectors
+from .dense import STAGE_FILE, StageError, candidates_of, check_k, proxy_vectors, query_vectors
 from .dense import row_ids as as_row_ids
 from .types import Candidates, EncodedQueries
 
@@ -373,12 +373,8 @@ class MilvusStage:
         hits = self._call("search", self.collection, data=list(texts), limit=k,
                           anns_field=VECTOR_FIELD, output_fields=[],
                           search_params={"metric_type": "IP", "params": params}, **consistency)
-        ids = np.full((len(texts), k), -1, dtype=np.int64)
-        scores = np.full((len(texts), k), -np.inf, dtype=np.float32)
-        for row, found in enumerate(hits):
-            ids[row, :len(found)] = [hit["id"] for hit in found]
-            scores[row, :len(found)] = [hit["distance"] for hit in found]
-        return pad_candidates(ids, scores, k, self.name)
+        return candidates_of([([hit["id"] for hit in found], [hit["distance"] for hit in found])
+                              for found in hits], k, self.name)
 
     # -- persistence --------------------------------------------------------------------
     def describe(self, directory: str | os.PathLike | None = None) -> dict:

@@ -42,8 +42,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..config import ConfigError, dataclass_from_dict
-from .dense import top_k
-from .sparse import SparseIndexError, SparseStage, lexical_vectors
+from .dense import candidates_of, top_k
+from .sparse import SparseIndexError, SparseStage, by_score, lexical_vectors
 from .types import Candidates, EncodedQueries
 
 __all__ = ["SeismicConfig", "SeismicStage", "SeismicUnavailableError", "import_seismic",
@@ -280,21 +280,14 @@ class SeismicStage(SparseStage):
     def search(self, queries: EncodedQueries, k: int) -> Candidates:
         """The ``k`` best rows per query that seismic finds, scored exactly (ties go to the
         smaller id); rows sharing no word with the query are not returned (``-1`` pads)."""
-        vectors = lexical_vectors(queries, k)
-        vectors = sp.csr_matrix(vectors, dtype=np.float32)
+        vectors = sp.csr_matrix(lexical_vectors(queries, k), dtype=np.float32)
         if vectors.shape[1] != len(self.words):
             raise SparseIndexError(f"query vectors have {vectors.shape[1]} dimensions but this "
                                    f"index's vocabulary has {len(self.words)} words")
         self.build()
-        out_ids = np.full((vectors.shape[0], k), -1, dtype=np.int64)
-        out_scores = np.full((vectors.shape[0], k), -np.inf, dtype=np.float32)
-        for q in range(vectors.shape[0]):
-            found = self._candidates(vectors[q], k)
-            ids, scores = self._rescore(vectors[q], found)
-            order = np.lexsort((ids, -scores))[:k]  # by score, then by id
-            out_ids[q, :len(order)] = ids[order]
-            out_scores[q, :len(order)] = scores[order]
-        return Candidates(out_ids, out_scores, str(queries.extra.get("lexical_mode", self.name)))
+        found = [by_score(*self._rescore(vectors[q], self._candidates(vectors[q], k)))
+                 for q in range(vectors.shape[0])]
+        return candidates_of(found, k, str(queries.extra.get("lexical_mode", self.name)))
 
     def _candidates(self, query: sp.csr_matrix, k: int) -> np.ndarray:
         """Live row ids for one query ``[1, |V|]``: seismic's (at least ``k + slack`` where it
