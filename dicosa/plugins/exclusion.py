@@ -150,9 +150,10 @@ class ExclusionPlugin(IndexPlugin):
         self.config = self.config or settings_config(ctx.meta.get("concepts") or {})
         self.rerank = ExclusionRerank(self.config, head=head, video_codes=codes,
                                       model=ctx.model, video_frames=ctx.frames)
-        rerank, tokenize = self.rerank, _on(ctx.tokenizer, ctx.device)
+        rerank = self.rerank
         ctx.add_hook(rerank)
-        ctx.add_query_encoder(lambda encoded: rerank.prepare(encoded, ctx.model, tokenize))
+        ctx.add_query_encoder(lambda encoded: rerank.prepare(
+            encoded, ctx.model, lambda texts: ctx.tokenizer(texts).to(ctx.device)))
         self._rows = len(ctx.store)
 
     def record(self) -> dict | None:
@@ -214,10 +215,6 @@ def settings_config(record: dict, **overrides) -> ExclusionConfig:
 
     settings = record.get("settings") or {}
     return dataclass_from_dict(ExclusionConfig, {**settings, **overrides}, "exclusion.")
-
-
-def _on(tokenizer, device):
-    return lambda texts: tokenizer(texts).to(device)
 
 
 def explain_hits(plugin: ExclusionPlugin, result: SearchResult,

@@ -96,11 +96,7 @@ class QueryText:
                 [bool(found[t][1]) for t in texts])
 
     def _lookup(self, texts: list[str]) -> dict[str, tuple[Tensor, bool]]:
-        if not self.capacity:
-            with self._lock:
-                self.misses += len(texts)
-            return {}
-        found = {}
+        found = {}  # (without a cache, every text is a miss)
         with self._lock:
             for text in texts:
                 entry = self._cache.get(text)
