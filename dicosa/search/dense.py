@@ -218,9 +218,7 @@ STAGE_FILE = "first_stage.json"  # what make/open_first_stage read: backend, con
 class FaissConfig:
     """A faiss first stage. ``index="hnsw"`` (default): a graph over all vectors in RAM,
     ``storage`` choosing how each vector is kept: ``sq8`` (default, D bytes + 8-bit scalar
-    quantiser: 0.74 GiB at 1M × 512, the same recall@1000 as ``flat`` in
-    benchmarks/first_stage.py), ``fp16`` (2·D bytes: 1.2 GiB at 1M, recall@10 like ``flat``)
-    or ``flat`` (4·D bytes: 2.2 GiB at 1M, over a 2 GiB budget).
+    quantiser), ``fp16`` (2·D bytes) or ``flat`` (4·D bytes; docs/search.md compares them).
     ``index="ivfpq"``: inverted lists of product-quantised codes (``pq_m`` bytes per vector),
     for collections beyond RAM. Indexes that learn from the data (sq8, ivfpq) keep the first
     vectors aside and search them exactly until ``train_min`` (ivfpq: at least 39·nlist) have

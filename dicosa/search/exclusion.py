@@ -79,11 +79,8 @@ class ExclusionConfig:
 
     ``method="demote"`` (the default) keeps the plain ranking of A and demotes evidence of B:
     ``window``, ``presence_ratio`` (ρ), ``demotion`` (λ), ``code_threshold`` and
-    ``code_weight`` (the codes' term, off while the threshold is infinite) and ``depth``.
-    ρ and λ are shares of DiCoSA's own scores, so they carry over between models better than
-    a number on one model's scale; they are what the synthetic benchmark's validation
-    collections (B rare and B frequent) chose (``benchmarks/exclusion.py`` prints its
-    choices: pass them with ``--exclusion-set`` for another model).
+    ``code_weight`` (the codes' term, off while the threshold is infinite) and ``depth``
+    (docs/heads.md says how the defaults were chosen, and how to choose them for a model).
 
     ``method="tiers"`` is the paper's retrieval (Sec. 4.3) plus the per-frame filter: K, t,
     C (``top_k_results``, ``mass_fraction``, ``candidates``) and the absolute

@@ -2,22 +2,12 @@
 stage's rows.
 
 :class:`SeismicStage` is a :class:`~dicosa.search.sparse.SparseStage` (the same float32 rows,
-ids, ``vectors``, rows file) whose ``search`` asks seismic for candidates instead of walking
-every posting list. Seismic (Bruch et al., SIGIR 2024) keeps, per word, only the postings with
-the largest weights (``n_postings`` on average, at most ``n_postings * max_fraction``), groups
-each list into blocks with a summary vector, and at query time scans the ``query_cut``
-heaviest query words, skipping a block whose summary score is below ``heap_factor`` times the
-current k-th best. It is approximate: a row can be missed.
-
-What this module adds around it (docs/search.md, "The sparse stage and seismic", says more):
-its candidates (plus ``slack`` more) are rescored from the float32 rows, so the scores and
-their order are the exact stage's; rows added since the last build are scored exactly beside
-seismic's candidates until they pass ``pending_fraction`` of the built rows, and removed rows
-are tombstones filtered from its answers until they pass ``rebuild_fraction``, when the index
-is rebuilt from every row; the rows file of the exact stage (``sparse-<name>.npz``) names the
-build that goes with it (``sparse-<name>.<build>.seismic``, written first under a temporary
-name), so a crash leaves either the old pair or the new one; a missing or unreadable index
-is rebuilt from the rows.
+ids, ``vectors``, rows file) whose ``search`` asks seismic (Bruch et al., SIGIR 2024) for
+candidates instead of walking every posting list; it is approximate: a row can be missed. Its
+candidates are rescored from the float32 rows; rows added since the build are scored exactly
+beside them, and removed ones filtered out, until either passes its fraction of the built rows
+and the index is rebuilt; the rows file names the build that goes with it, so a crash leaves
+either the old pair or the new one. docs/search.md ("The sparse stage and seismic") says more.
 
 ``pyseismic-lsr`` is an optional dependency (``pip install 'dicosa[seismic]'``); asking for
 this stage without it is one sentence (:class:`SeismicUnavailableError`).
@@ -76,9 +66,8 @@ class SeismicConfig:
     rebuilds it); search-time ones trade speed for recall on every query.
 
     The build defaults are pyseismic-lsr's own. Search: heap_factor 0.9 as its guidelines
-    ([0.7, 1]); query_cut 20, not their 10, which lost more of the exact top 10 on
-    ``benchmarks/sparse.py``'s queries (benchmarks/RESULTS.md, "Sparse first stage";
-    docs/search.md, "The sparse stage").
+    ([0.7, 1]); query_cut 20, not their 10, which lost more of the exact top 10
+    (docs/search.md, "The sparse stage").
     """
 
     # -- build ---------------------------------------------------------------------------
