@@ -398,10 +398,7 @@ class TextPlugin(IndexPlugin):
         attached) and what the text index holds."""
         reports = dict(before.reports) if isinstance(before, TextPlugin) else {}
         for source, report in self.reports.items():
-            if source in reports:
-                reports[source].merge(report)
-            else:
-                reports[source] = report
+            reports.setdefault(source, SourceReport(source, report.engine)).merge(report)
         lines = []
         for source in self.settings.engines():
             if source in reports:

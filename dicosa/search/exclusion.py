@@ -462,8 +462,19 @@ class ExclusionRerank:
 
     def _tier(self, excluded: ExcludedTexts, q: int, mine: Tensor, row_ids: np.ndarray,
               valid: np.ndarray, scores: Tensor, adjusted: Tensor) -> None:
-        """The paper's tiers for one query; lowers ``adjusted`` in place."""
-        tiers = self._tiers(excluded, q, mine, row_ids[valid])  # [n]
+        """The paper's tiers for one query (class docstring); lowers ``adjusted`` in place."""
+        cfg, rows = self.config, row_ids[valid]
+        tiers = torch.zeros(len(rows), dtype=torch.long)  # [n]
+        if self.head is not None:
+            codes = self.video_codes(rows)  # [n, d]
+            dims = exclusion_dimensions(codes, excluded.positive_codes[q], excluded.codes[mine],
+                                        cfg.top_k_results, cfg.mass_fraction)
+            magnitude = magnitude_scores(codes, dims.kept)  # [n]
+            inside = torch.zeros(len(rows), dtype=torch.bool)
+            inside[magnitude.topk(min(cfg.candidates, len(rows))).indices] = True
+            tiers += (~inside).long()
+        if self.uses_frames:
+            tiers += 2 * (self._presence(excluded, mine, rows) >= cfg.presence_threshold).long()
         where = torch.from_numpy(valid).to(scores.device)
         ranked = scores[where]
         finite = ranked[ranked.isfinite()]
@@ -517,21 +528,6 @@ class ExclusionRerank:
             raise ValueError('call ExclusionRerank.prepare(queries, model, tokenizer) first: '
                              'queries.extra["exclude"] is missing')
         return excluded
-
-    def _tiers(self, excluded: ExcludedTexts, q: int, mine: Tensor, rows: np.ndarray) -> Tensor:
-        cfg = self.config
-        tiers = torch.zeros(len(rows), dtype=torch.long)
-        if self.head is not None:
-            codes = self.video_codes(rows)  # [n, d]
-            dims = exclusion_dimensions(codes, excluded.positive_codes[q], excluded.codes[mine],
-                                        cfg.top_k_results, cfg.mass_fraction)
-            magnitude = magnitude_scores(codes, dims.kept)  # [n]
-            inside = torch.zeros(len(rows), dtype=torch.bool)
-            inside[magnitude.topk(min(cfg.candidates, len(rows))).indices] = True
-            tiers += (~inside).long()
-        if self.uses_frames:
-            tiers += 2 * (self._presence(excluded, mine, rows) >= cfg.presence_threshold).long()
-        return tiers
 
     def _presence(self, excluded: ExcludedTexts, mine: Tensor, rows: np.ndarray) -> Tensor:
         """B's best window score in each row, the largest over the query's exclusions: [n]."""

@@ -17,8 +17,7 @@ Memory is N vectors per video: at 1M videos of 12 frames, faiss IVF-PQ codes
 (``{"index": "ivfpq"}``) are what keeps it in RAM. Beside the inner stage only the live
 video ids are kept (8 bytes per video): no frame mask, since removing a video removes all
 ``max_frames`` of its possible frame rows (inner stages ignore rows they never held).
-Milvus is not offered as the inner stage: it returns at most 16,384 rows per query, fewer
-than ``C × N`` frames at the default C.
+Milvus is not offered as the inner stage (:func:`check_backend`).
 """
 
 from __future__ import annotations
