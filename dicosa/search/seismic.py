@@ -224,7 +224,7 @@ class SeismicStage(SparseStage):
             dataset = self._dataset(rows)
             cfg = self.config
             with _rust_output_to_log():
-                self._index = self._index_class().build_from_dataset(
+                self._index = self._seismic_class("SeismicIndex").build_from_dataset(
                     dataset, n_postings=cfg.n_postings, centroid_fraction=cfg.centroid_fraction,
                     min_cluster_size=cfg.min_cluster_size, summary_energy=cfg.summary_energy,
                     max_fraction=cfg.max_fraction, doc_cut=cfg.doc_cut,
@@ -250,20 +250,16 @@ class SeismicStage(SparseStage):
         exponent = np.clip(np.floor(np.log2(_FLOAT16_TOP / largest)), -126, 126) \
             if largest > 0 else 0
         scale = np.float32(2.0 ** exponent)
-        dataset = (self._seismic.SeismicDatasetLV if self._large_vocabulary()
-                   else self._seismic.SeismicDataset)(dim=len(self.words))
+        dataset = self._seismic_class("SeismicDataset")(dim=len(self.words))
         dataset.add_documents_by_id([str(i) for i in self._ids],
                                     rows.indices.astype(np.int64),
                                     (rows.data * scale).astype(np.float32),
                                     rows.indptr.astype(np.int64))
         return dataset
 
-    def _large_vocabulary(self) -> bool:
-        return len(self.words) > _U16_COMPONENTS
-
-    def _index_class(self):
-        return (self._seismic.SeismicIndexLV if self._large_vocabulary()
-                else self._seismic.SeismicIndex)
+    def _seismic_class(self, name: str):
+        """Seismic's class ``name``, its ``LV`` form for a vocabulary past u16 word ids."""
+        return getattr(self._seismic, name + ("LV" if len(self.words) > _U16_COMPONENTS else ""))
 
     # -- search ------------------------------------------------------------------------------
     def search(self, queries: EncodedQueries, k: int) -> Candidates:
@@ -369,7 +365,7 @@ class SeismicStage(SparseStage):
             path = self._index_path(directory, info["build"])
             try:
                 with _rust_output_to_log():
-                    index = self._index_class().load(str(path))
+                    index = self._seismic_class("SeismicIndex").load(str(path))
             except OSError as exc:  # seismic raises IOError for missing or damaged files
                 log.warning("rebuilding the seismic index of the %s stage from its rows: %s",
                             self.name, str(exc).splitlines()[0] if str(exc) else exc)
