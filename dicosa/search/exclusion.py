@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import numpy as np
@@ -266,8 +266,7 @@ def with_evidence(base: ExclusionExplanation, record: Demotions, names: list[str
     exclusions; ``window``: the frames of the windows checked)."""
     found = np.flatnonzero(record.rows == row)
     if not len(found):  # below the checked depth: its plain score, unexamined
-        return ExclusionExplanation(base.matched, base.excluded_empty,
-                                    base.excluded_active, penalty=0.0)
+        return replace(base, penalty=0.0)
     i = int(found[0])
     evidence = []
     for e, name in enumerate(names):
@@ -281,9 +280,8 @@ def with_evidence(base: ExclusionExplanation, record: Demotions, names: list[str
                                      code_threshold, float(record.codes[e, i])))
     penalty = float(record.penalty[i])
     presence = None if record.presence is None else float(record.presence[:, i].max())
-    return ExclusionExplanation(base.matched, base.excluded_empty, base.excluded_active,
-                                presence=presence, demoted=penalty > 0, penalty=penalty,
-                                evidence=evidence)
+    return replace(base, presence=presence, demoted=penalty > 0, penalty=penalty,
+                   evidence=evidence)
 
 
 # ---------------------------------------------------------------- the rerank hook
@@ -508,8 +506,7 @@ class ExclusionRerank:
             return base
         presence = self._presence(excluded, mine, results)
         threshold = self.config.presence_threshold
-        return [ExclusionExplanation(e.matched, e.excluded_empty, e.excluded_active,
-                                     presence=float(p), demoted=bool(p >= threshold))
+        return [replace(e, presence=float(p), demoted=bool(p >= threshold))
                 for e, p in zip(base, presence, strict=True)]
 
     def _dimensions(self, excluded: ExcludedTexts, q: int, mine: Tensor,

@@ -17,9 +17,8 @@ with the ``pad`` vector that fills the slots of a row with fewer than N frames.
 :meth:`gather` gives every layout's rows the same shape, ``[r, N, D]`` with a mask, so
 everything that scores rows (first stages, rerank, heads) is the same for both.
 
-Every shard file written now also holds ``video_crc32`` int64 ``[videos]``, each video's
-CRC32 (:mod:`dicosa.search.row_checksums`): a file that fails its sha256 then says which of
-its videos changed. A shard without it reads all the same.
+Every shard file written now also holds ``video_crc32``, each video's CRC32
+(:mod:`dicosa.search.row_checksums`); a shard without it reads all the same.
 
 Either layout may keep its frames as int8 (the store's ``frame_dtype``,
 :mod:`dicosa.search.frame_codec`), with ``frame_scale`` float32 holding one scale per frame;
