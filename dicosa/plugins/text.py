@@ -291,15 +291,10 @@ class TextPlugin(IndexPlugin):
         """Each text source the index reads or holds lines of: its engine (None: no longer
         read) and what the text index holds of it (:meth:`TextIndex.stats`)."""
         held = self.index.stats() if self.index is not None else {}
-        engines = self.settings.engines()
-        out = {}
-        for source in TEXT_SOURCES:
-            if source in engines or source in held:
-                counts = held.get(source, {})
-                out[source] = {"engine": engines.get(source),
-                               **{k: counts.get(k, 0) for k in ("rows", "rows_with_lines",
-                                                                "lines")}}
-        return out
+        engines, counts = self.settings.engines(), ("rows", "rows_with_lines", "lines")
+        return {source: {"engine": engines.get(source),
+                         **{k: held.get(source, {}).get(k, 0) for k in counts}}
+                for source in TEXT_SOURCES if source in engines or source in held}
 
     @property
     def reports(self) -> dict[str, SourceReport]:
