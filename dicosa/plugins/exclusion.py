@@ -3,12 +3,9 @@
 :class:`ExclusionPlugin` (``index.use(ExclusionPlugin(HEAD))``, or ``--concepts HEAD``)
 gives an index what :class:`~dicosa.search.exclusion.ExclusionRerank` needs:
 
-- the head's code of every row (:class:`RowCodes`), computed from the store's frames in
-  chunks and kept in the index folder as ``concepts.codes.npy`` (+ ``concepts.codes.json``:
-  which head made them; :class:`~dicosa.search.row_cache.RowCache`), so reopening the index
-  reuses them. Row ids are never reused, so the codes are one array indexed by row id; rows
-  added later get their codes the first time a search asks for them, and removed rows'
-  codes are never read again;
+- the head's code of every row (:class:`RowCodes`), kept in the index folder as
+  ``concepts.codes.npy`` (a :class:`~dicosa.search.row_cache.RowCache`: one array indexed by
+  row id), rows added later coded the first time a search asks for them;
 - the per-frame check's frames, read from the store for the candidates only;
 - the rerank hook and its query encoder (:meth:`~ExclusionRerank.prepare`);
 - its record (``meta["concepts"]``): the head's path and the settings that differ from
@@ -150,9 +147,10 @@ class ExclusionPlugin(IndexPlugin):
         self.config = self.config or settings_config(ctx.meta.get("concepts") or {})
         self.rerank = ExclusionRerank(self.config, head=head, video_codes=codes,
                                       model=ctx.model, video_frames=ctx.frames)
-        rerank, tokenize = self.rerank, _on(ctx.tokenizer, ctx.device)
+        rerank = self.rerank
         ctx.add_hook(rerank)
-        ctx.add_query_encoder(lambda encoded: rerank.prepare(encoded, ctx.model, tokenize))
+        ctx.add_query_encoder(lambda encoded: rerank.prepare(
+            encoded, ctx.model, lambda texts: ctx.tokenizer(texts).to(ctx.device)))
         self._rows = len(ctx.store)
 
     def record(self) -> dict | None:
@@ -214,10 +212,6 @@ def settings_config(record: dict, **overrides) -> ExclusionConfig:
 
     settings = record.get("settings") or {}
     return dataclass_from_dict(ExclusionConfig, {**settings, **overrides}, "exclusion.")
-
-
-def _on(tokenizer, device):
-    return lambda texts: tokenizer(texts).to(device)
 
 
 def explain_hits(plugin: ExclusionPlugin, result: SearchResult,

@@ -241,16 +241,11 @@ def _open_stage(folder: Path | None, head: LexicalHead, config: SeismicConfig | 
     exact for None), with the rows it holds; else a new, empty one (None: it holds nothing
     yet)."""
     key = head_key(head)
-
-    def new() -> LexicalStage | LexicalSeismicStage:
-        return (LexicalStage(head.words, STAGE) if config is None
-                else LexicalSeismicStage(head.words, STAGE, config))
-
-    stage, held = new(), None
+    kind, settings = (LexicalStage, ()) if config is None else (LexicalSeismicStage, (config,))
+    stage, held = kind(head.words, STAGE, *settings), None
     if folder is not None and _stored_key(folder) == key:
         try:
-            stage = (LexicalStage.load(folder, STAGE) if config is None
-                     else LexicalSeismicStage.load(folder, STAGE, config))
+            stage = kind.load(folder, STAGE, *settings)
             held = stage.ids
         except (FileNotFoundError, SparseIndexError) as exc:
             log.warning("computing the lexical vectors again: %s", exc)
@@ -309,11 +304,9 @@ def explain_words(plugin: LexicalPlugin, result: SearchResult, hits: list[Hit] |
         return []
     query_vector = torch.from_numpy(_query_vector(plugin, result))  # [|V|]
     videos = plugin.stage.vectors(np.array([h.row for h in hits])).toarray()  # [H, |V|]
-    out = []
-    for video in torch.from_numpy(videos):
-        out.append({"sparse_score": float(query_vector @ video),
-                    "words": plugin.head.explain(query_vector, video, n)})
-    return out
+    return [{"sparse_score": float(query_vector @ video),
+             "words": plugin.head.explain(query_vector, video, n)}
+            for video in torch.from_numpy(videos)]
 
 
 def _query_vector(plugin: LexicalPlugin, result: SearchResult) -> np.ndarray:

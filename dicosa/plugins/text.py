@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,7 @@ import torch
 
 from ..index.plugins import FileCheck, IndexPlugin
 from ..index.searcher import MOMENTS_PER_HIT
+from ..search.dense import candidates_of
 from ..search.types import Candidates, EncodedQueries
 from ..text.extract import DEFAULT_OCR_FRAMES, ReadElsewhere, ReadJob, TextReader, TextSettings
 from ..text.fts import TEXT_FILE, TextIndex, TextIndexError, check_text_file
@@ -139,11 +141,8 @@ class TextPlugin(IndexPlugin):
         a repair deletes lines under the index's writer lock, as every write."""
         from ..index.lock import WriterLock
 
-        if repair:
-            with WriterLock(directory):
-                problems, repaired, checked = check_text_file(directory, live, True)
-        else:
-            problems, repaired, checked = check_text_file(directory, live, False)
+        with WriterLock(directory) if repair else nullcontext():
+            problems, repaired, checked = check_text_file(directory, live, repair)
         return FileCheck(problems, repaired, [checked] if checked else [])
 
     def _resolve(self, recorded: dict) -> None:
@@ -213,27 +212,30 @@ class TextPlugin(IndexPlugin):
         """Bring the text index in step with the store: forget rows it no longer holds, read
         the live rows a wanted source has not read (``_READ_CHUNK`` rows per commit, so an
         interrupted fill keeps what it read). Returns the rows read."""
-        store = self._ctx.store
-        live = store.live()
-        stray = np.setdiff1d(self.index.rows(), live)
+        stray = np.setdiff1d(self.index.rows(), self._ctx.store.live())
         if len(stray):
             self.index.remove(stray)
-        missing = np.setdiff1d(live, self.index.held(self.settings.engines()))
+        missing = self._unread()
         if self.reads is not None and (self.settings.speech or self.settings.ocr_frames):
             self._read_elsewhere(missing)
-            return len(missing)
-        for start in range(0, len(missing), _READ_CHUNK):
-            self.read(missing[start:start + _READ_CHUNK])
+        else:
+            self.read(missing)
         return len(missing)
+
+    def _unread(self) -> np.ndarray:
+        """The live rows a wanted source has not read with its engine."""
+        return np.setdiff1d(self._ctx.store.live(), self.index.held(self.settings.engines()))
 
     def read(self, ids: np.ndarray) -> None:
         """Read rows ``ids`` for every wanted source that has not read them with its engine,
-        and commit their lines (one transaction)."""
-        job = self._job(ids)
-        if job is not None:
-            lines, done = self.reader.read(*job)
-            if done:
-                self.index.write(lines, done)
+        committing their lines ``_READ_CHUNK`` rows per transaction."""
+        ids = np.asarray(ids, dtype=np.int64)
+        for start in range(0, len(ids), _READ_CHUNK):
+            job = self._job(ids[start:start + _READ_CHUNK])
+            if job is not None:
+                lines, done = self.reader.read(*job)
+                if done:
+                    self.index.write(lines, done)
 
     def _job(self, ids: np.ndarray) -> ReadJob | None:
         """What reading rows ``ids`` takes (:meth:`TextReader.read`'s arguments), or None
@@ -273,10 +275,7 @@ class TextPlugin(IndexPlugin):
             self.reader.unavailable.update(unavailable)
 
     def _say_missing(self) -> None:
-        if self.index is None:
-            return
-        missing = len(np.setdiff1d(self._ctx.store.live(),
-                                   self.index.held(self.settings.engines())))
+        missing = 0 if self.index is None else len(self._unread())
         if missing:
             log.info("%d indexed video(s) have not had their text read (%s); the next "
                      "'dicosa index' run reads it", missing,
@@ -292,15 +291,10 @@ class TextPlugin(IndexPlugin):
         """Each text source the index reads or holds lines of: its engine (None: no longer
         read) and what the text index holds of it (:meth:`TextIndex.stats`)."""
         held = self.index.stats() if self.index is not None else {}
-        engines = self.settings.engines()
-        out = {}
-        for source in TEXT_SOURCES:
-            if source in engines or source in held:
-                counts = held.get(source, {})
-                out[source] = {"engine": engines.get(source),
-                               **{k: counts.get(k, 0) for k in ("rows", "rows_with_lines",
-                                                                "lines")}}
-        return out
+        engines, counts = self.settings.engines(), ("rows", "rows_with_lines", "lines")
+        return {source: {"engine": engines.get(source),
+                         **{k: held.get(source, {}).get(k, 0) for k in counts}}
+                for source in TEXT_SOURCES if source in engines or source in held}
 
     @property
     def reports(self) -> dict[str, SourceReport]:
@@ -399,10 +393,7 @@ class TextPlugin(IndexPlugin):
         attached) and what the text index holds."""
         reports = dict(before.reports) if isinstance(before, TextPlugin) else {}
         for source, report in self.reports.items():
-            if source in reports:
-                reports[source].merge(report)
-            else:
-                reports[source] = report
+            reports.setdefault(source, SourceReport(source, report.engine)).merge(report)
         lines = []
         for source in self.settings.engines():
             if source in reports:
@@ -451,9 +442,7 @@ class _TextStage:
         """New rows: read now by the writer (before their manifest commit), committed
         ``_READ_CHUNK`` rows at a time."""
         if self.plugin.for_writing() is not None:
-            ids = np.asarray(ids, dtype=np.int64)
-            for start in range(0, len(ids), _READ_CHUNK):
-                self.plugin.read(ids[start:start + _READ_CHUNK])
+            self.plugin.read(ids)
 
     def remove(self, ids: np.ndarray) -> None:
         index = self.plugin.for_writing()
@@ -462,13 +451,9 @@ class _TextStage:
 
     def search(self, queries: EncodedQueries, k: int) -> Candidates:
         rankings = queries.extra.get("text") or [None] * len(queries)
-        ids = np.full((len(queries), k), -1, dtype=np.int64)
-        scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
-        for q, ranking in enumerate(rankings):
-            found = ranking.matches[:k] if ranking is not None else []
-            ids[q, :len(found)] = [m.row for m in found]
-            scores[q, :len(found)] = [m.score for m in found]
-        return Candidates(ids, scores, STAGE)
+        found = [ranking.matches[:k] if ranking is not None else [] for ranking in rankings]
+        return candidates_of([([m.row for m in f], [m.score for m in f]) for f in found], k,
+                             STAGE)
 
     def save(self, directory) -> None:
         """An in-memory text index goes into the folder the index is saved to."""

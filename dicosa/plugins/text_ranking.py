@@ -89,20 +89,19 @@ class TextRanking:
         row of ``store`` (removed rows left out): BM25 times the part of the line the row
         holds (:func:`~dicosa.text.lines.held`: a segment that holds a cue's last 0.3 s
         ranks below the one holding the rest)."""
-        ranking = self
         live = store.is_live(np.array([m.row for m in found], np.int64))
-        ranking.matches = [m for m, ok in zip(found, live, strict=True) if ok][:TEXT_RANKED]
-        rows = np.array([m.row for m in ranking.matches], np.int64)
+        self.matches = [m for m, ok in zip(found, live, strict=True) if ok][:TEXT_RANKED]
+        rows = np.array([m.row for m in self.matches], np.int64)
         spans = store.videos.spans(rows)  # [n, 2]
-        scores = np.array([m.score for m in ranking.matches]) * held(
-            np.array([m.start for m in ranking.matches]),
-            np.array([m.end for m in ranking.matches]), spans[:, 0], spans[:, 1])
+        scores = np.array([m.score for m in self.matches]) * held(
+            np.array([m.start for m in self.matches]),
+            np.array([m.end for m in self.matches]), spans[:, 0], spans[:, 1])
         ranks = competition_ranks(scores)
         best = scores.max(initial=0.0)
-        ranking.ranks = {int(r): int(k) for r, k in zip(rows, ranks, strict=True)}
-        ranking.shares = {int(r): float(v / best) if best > 0 else 1.0
-                          for r, v in zip(rows, scores, strict=True)}
-        ranking.by_row = {m.row: m for m in ranking.matches}
+        self.ranks = {int(r): int(k) for r, k in zip(rows, ranks, strict=True)}
+        self.shares = {int(r): float(v / best) if best > 0 else 1.0
+                       for r, v in zip(rows, scores, strict=True)}
+        self.by_row = {m.row: m for m in self.matches}
 
     def fused(self, ids: np.ndarray, scores, k: float, weight: float) -> np.ndarray | None:
         """The scores ``[C]`` of candidates ``ids [C]`` (-1: padding) fused with this ranking

@@ -258,12 +258,8 @@ def explain_hits(hook: FusionRerank, result: SearchResult,
                              type(result.encoded.text)(result.encoded.text.text[q:q + 1]), {})
     ids = np.array([[h.row for h in hits]], dtype=np.int64)
     dicosa = torch.tensor([[h.dicosa for h in hits]], dtype=torch.float32)
-    parts = hook.explain(encoded, ids, dicosa)
-    out = []
-    for c, hit in enumerate(hits):
-        entry = {name: float(value[0, c]) for name, value in parts.items()}
-        entry["text_only"] = bool(hook.rows.text_only[hit.row])
-        entry["frames_lost"] = float(hook.rows.frames_lost[hit.row])
-        entry["has_title"] = bool(hook.rows.has_title[hit.row])
-        out.append(entry)
-    return out
+    parts, rows = hook.explain(encoded, ids, dicosa), hook.rows
+    return [{**{name: float(value[0, c]) for name, value in parts.items()},
+             "text_only": bool(rows.text_only[hit.row]),
+             "frames_lost": float(rows.frames_lost[hit.row]),
+             "has_title": bool(rows.has_title[hit.row])} for c, hit in enumerate(hits)]

@@ -14,6 +14,7 @@ side's length never changes a ranking; normalising it only makes scores comparab
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import shutil
@@ -102,6 +103,17 @@ def pad_candidates(ids: np.ndarray, scores: np.ndarray, k: int, stage: str) -> C
     return Candidates(ids=ids, scores=scores, stage=stage)
 
 
+def candidates_of(found: list[tuple], k: int, stage: str) -> Candidates:
+    """``Candidates`` of width ``k`` from each query's ``(ids, scores)``, best first (the first
+    ``k`` of each kept; ``-1`` ids and ``-inf`` scores pad what is missing)."""
+    ids = np.full((len(found), k), -1, dtype=np.int64)
+    scores = np.full((len(found), k), -np.inf, dtype=np.float32)
+    for q, (row_ids, row_scores) in enumerate(found):
+        n = min(k, len(row_ids))
+        ids[q, :n], scores[q, :n] = row_ids[:n], row_scores[:n]
+    return Candidates(ids, scores, stage)
+
+
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     """Positions ``[Q, min(k, n)]`` of the ``k`` best of each row of ``scores [Q, n]``, best
     first, ties to the smaller position (a stable descending argsort's first ``k``; NaN
@@ -116,6 +128,23 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
         keep = np.flatnonzero(row >= kth[q])  # every row tied with the k-th best too
         out[q] = keep[np.argsort(-row[keep], kind="stable")[:count]]
     return out
+
+
+def top_candidates(ids: np.ndarray, scores: np.ndarray, k: int, stage: str) -> Candidates:
+    """The ``k`` best of ``scores [Q, n]`` over rows ``ids [n]`` (:func:`top_k`), padded to
+    width ``k``."""
+    best = top_k(scores, min(k, len(ids)))  # [Q, min(k, n)]
+    return pad_candidates(ids[best], np.take_along_axis(scores, best, axis=1), k, stage)
+
+
+def array_bytes(*array: np.ndarray, **arrays: np.ndarray) -> bytes:
+    """The file ``np.save`` writes of one ``array``, or ``np.savez`` of named ``arrays``."""
+    buffer = io.BytesIO()
+    if array:
+        np.save(buffer, *array)
+    else:
+        np.savez(buffer, **arrays)
+    return buffer.getvalue()
 
 
 def check_k(k: int) -> int:
@@ -160,13 +189,7 @@ class ExactStage:
     def search(self, queries: EncodedQueries, k: int) -> Candidates:
         k = check_k(k)
         scores = query_vectors(queries, self.dim, self.normalize) @ self.vectors.T  # [Q, n]
-        top = min(k, len(self.ids))
-        if top == 0:
-            return pad_candidates(np.zeros((len(scores), 0)), np.zeros((len(scores), 0)), k,
-                                  self.name)
-        best = top_k(scores, top)  # [Q, top]
-        return pad_candidates(self.ids[best], np.take_along_axis(scores, best, axis=1), k,
-                              self.name)
+        return top_candidates(self.ids, scores, k, self.name)
 
     def describe(self) -> dict:
         return {"backend": self.backend, "name": self.name, "dim": self.dim,
@@ -176,7 +199,7 @@ class ExactStage:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(directory / "dense.exact.npz",
-                           _npz_bytes(ids=self.ids, vectors=self.vectors, removed=self.removed))
+                           array_bytes(ids=self.ids, vectors=self.vectors, removed=self.removed))
         write_text_atomic(directory / STAGE_FILE, json.dumps(self.describe(), indent=2))
 
     @classmethod
@@ -190,22 +213,12 @@ class ExactStage:
 STAGE_FILE = "first_stage.json"  # what make/open_first_stage read: backend, config, dim
 
 
-def _npz_bytes(**arrays: np.ndarray) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
-
-
 # -- faiss ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class FaissConfig:
     """A faiss first stage. ``index="hnsw"`` (default): a graph over all vectors in RAM,
     ``storage`` choosing how each vector is kept: ``sq8`` (default, D bytes + 8-bit scalar
-    quantiser: 0.74 GiB at 1M × 512, the same recall@1000 as ``flat`` in
-    benchmarks/first_stage.py), ``fp16`` (2·D bytes: 1.2 GiB at 1M, recall@10 like ``flat``)
-    or ``flat`` (4·D bytes: 2.2 GiB at 1M, over a 2 GiB budget).
+    quantiser), ``fp16`` (2·D bytes) or ``flat`` (4·D bytes; docs/search.md compares them).
     ``index="ivfpq"``: inverted lists of product-quantised codes (``pq_m`` bytes per vector),
     for collections beyond RAM. Indexes that learn from the data (sq8, ivfpq) keep the first
     vectors aside and search them exactly until ``train_min`` (ivfpq: at least 39·nlist) have
@@ -398,9 +411,9 @@ class FaissStage:
         row that comes back."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(directory / "dense.removed.npy", _npy_bytes(self.removed))
+        write_bytes_atomic(directory / "dense.removed.npy", array_bytes(self.removed))
         write_bytes_atomic(directory / "dense.pending.npz",
-                           _npz_bytes(ids=self.pending.ids, vectors=self.pending.vectors))
+                           array_bytes(ids=self.pending.ids, vectors=self.pending.vectors))
         _write_index_atomic(self.index, directory / "dense.faiss")
         write_text_atomic(directory / STAGE_FILE, json.dumps(self.describe(), indent=2))
 
@@ -446,14 +459,6 @@ def _read_arrays(path: Path, names: tuple[str, ...]) -> tuple[np.ndarray, ...]:
             return tuple(data[name] for name in names)
 
     return _read(path, read)
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
 
 
 def _write_index_atomic(index: faiss.Index, path: Path) -> None:

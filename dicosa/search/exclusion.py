@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import numpy as np
@@ -79,11 +79,8 @@ class ExclusionConfig:
 
     ``method="demote"`` (the default) keeps the plain ranking of A and demotes evidence of B:
     ``window``, ``presence_ratio`` (ρ), ``demotion`` (λ), ``code_threshold`` and
-    ``code_weight`` (the codes' term, off while the threshold is infinite) and ``depth``.
-    ρ and λ are shares of DiCoSA's own scores, so they carry over between models better than
-    a number on one model's scale; they are what the synthetic benchmark's validation
-    collections (B rare and B frequent) chose (``benchmarks/exclusion.py`` prints its
-    choices: pass them with ``--exclusion-set`` for another model).
+    ``code_weight`` (the codes' term, off while the threshold is infinite) and ``depth``
+    (docs/heads.md says how the defaults were chosen, and how to choose them for a model).
 
     ``method="tiers"`` is the paper's retrieval (Sec. 4.3) plus the per-frame filter: K, t,
     C (``top_k_results``, ``mass_fraction``, ``candidates``) and the absolute
@@ -269,8 +266,7 @@ def with_evidence(base: ExclusionExplanation, record: Demotions, names: list[str
     exclusions; ``window``: the frames of the windows checked)."""
     found = np.flatnonzero(record.rows == row)
     if not len(found):  # below the checked depth: its plain score, unexamined
-        return ExclusionExplanation(base.matched, base.excluded_empty,
-                                    base.excluded_active, penalty=0.0)
+        return replace(base, penalty=0.0)
     i = int(found[0])
     evidence = []
     for e, name in enumerate(names):
@@ -284,9 +280,8 @@ def with_evidence(base: ExclusionExplanation, record: Demotions, names: list[str
                                      code_threshold, float(record.codes[e, i])))
     penalty = float(record.penalty[i])
     presence = None if record.presence is None else float(record.presence[:, i].max())
-    return ExclusionExplanation(base.matched, base.excluded_empty, base.excluded_active,
-                                presence=presence, demoted=penalty > 0, penalty=penalty,
-                                evidence=evidence)
+    return replace(base, presence=presence, demoted=penalty > 0, penalty=penalty,
+                   evidence=evidence)
 
 
 # ---------------------------------------------------------------- the rerank hook
@@ -465,8 +460,19 @@ class ExclusionRerank:
 
     def _tier(self, excluded: ExcludedTexts, q: int, mine: Tensor, row_ids: np.ndarray,
               valid: np.ndarray, scores: Tensor, adjusted: Tensor) -> None:
-        """The paper's tiers for one query; lowers ``adjusted`` in place."""
-        tiers = self._tiers(excluded, q, mine, row_ids[valid])  # [n]
+        """The paper's tiers for one query (class docstring); lowers ``adjusted`` in place."""
+        cfg, rows = self.config, row_ids[valid]
+        tiers = torch.zeros(len(rows), dtype=torch.long)  # [n]
+        if self.head is not None:
+            codes = self.video_codes(rows)  # [n, d]
+            dims = exclusion_dimensions(codes, excluded.positive_codes[q], excluded.codes[mine],
+                                        cfg.top_k_results, cfg.mass_fraction)
+            magnitude = magnitude_scores(codes, dims.kept)  # [n]
+            inside = torch.zeros(len(rows), dtype=torch.bool)
+            inside[magnitude.topk(min(cfg.candidates, len(rows))).indices] = True
+            tiers += (~inside).long()
+        if self.uses_frames:
+            tiers += 2 * (self._presence(excluded, mine, rows) >= cfg.presence_threshold).long()
         where = torch.from_numpy(valid).to(scores.device)
         ranked = scores[where]
         finite = ranked[ranked.isfinite()]
@@ -500,8 +506,7 @@ class ExclusionRerank:
             return base
         presence = self._presence(excluded, mine, results)
         threshold = self.config.presence_threshold
-        return [ExclusionExplanation(e.matched, e.excluded_empty, e.excluded_active,
-                                     presence=float(p), demoted=bool(p >= threshold))
+        return [replace(e, presence=float(p), demoted=bool(p >= threshold))
                 for e, p in zip(base, presence, strict=True)]
 
     def _dimensions(self, excluded: ExcludedTexts, q: int, mine: Tensor,
@@ -520,21 +525,6 @@ class ExclusionRerank:
             raise ValueError('call ExclusionRerank.prepare(queries, model, tokenizer) first: '
                              'queries.extra["exclude"] is missing')
         return excluded
-
-    def _tiers(self, excluded: ExcludedTexts, q: int, mine: Tensor, rows: np.ndarray) -> Tensor:
-        cfg = self.config
-        tiers = torch.zeros(len(rows), dtype=torch.long)
-        if self.head is not None:
-            codes = self.video_codes(rows)  # [n, d]
-            dims = exclusion_dimensions(codes, excluded.positive_codes[q], excluded.codes[mine],
-                                        cfg.top_k_results, cfg.mass_fraction)
-            magnitude = magnitude_scores(codes, dims.kept)  # [n]
-            inside = torch.zeros(len(rows), dtype=torch.bool)
-            inside[magnitude.topk(min(cfg.candidates, len(rows))).indices] = True
-            tiers += (~inside).long()
-        if self.uses_frames:
-            tiers += 2 * (self._presence(excluded, mine, rows) >= cfg.presence_threshold).long()
-        return tiers
 
     def _presence(self, excluded: ExcludedTexts, mine: Tensor, rows: np.ndarray) -> Tensor:
         """B's best window score in each row, the largest over the query's exclusions: [n]."""

@@ -53,10 +53,8 @@ def quantise(frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def dequantise(codes: np.ndarray, scale: np.ndarray, dtype=np.float32) -> np.ndarray:
-    """x̂ = s q: codes ``[..., D]`` and scales ``[...]`` -> ``[..., D]`` of ``dtype``.
-
-    The same float32 products as numpy's, computed by torch on its threads (a rerank
-    dequantises 1,000 candidates' 6 M codes per query: a quarter of numpy's time)."""
+    """x̂ = s q: codes ``[..., D]`` and scales ``[...]`` -> ``[..., D]`` of ``dtype`` (numpy's
+    float32 products, computed by torch on its threads: faster)."""
     out = torch.from_numpy(np.ascontiguousarray(codes)).to(torch.float32)
     out.mul_(torch.as_tensor(np.asarray(scale, dtype=np.float32))[..., None])
     out = out.numpy()

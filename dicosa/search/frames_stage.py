@@ -17,8 +17,7 @@ Memory is N vectors per video: at 1M videos of 12 frames, faiss IVF-PQ codes
 (``{"index": "ivfpq"}``) are what keeps it in RAM. Beside the inner stage only the live
 video ids are kept (8 bytes per video): no frame mask, since removing a video removes all
 ``max_frames`` of its possible frame rows (inner stages ignore rows they never held).
-Milvus is not offered as the inner stage: it returns at most 16,384 rows per query, fewer
-than ``C × N`` frames at the default C.
+Milvus is not offered as the inner stage (:func:`check_backend`).
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ import numpy as np
 
 from ..files import write_bytes_atomic
 from .backends import make_first_stage, open_first_stage
-from .dense import StageError, _npz_bytes, check_k, pad_candidates
+from .dense import StageError, array_bytes, candidates_of, check_k
 from .types import Candidates, EncodedQueries, FirstStage
 
 __all__ = ["FRAMES_DIR", "FRAMES_FILE", "FramesStage", "check_backend", "frame_rows"]
@@ -119,15 +118,13 @@ class FramesStage:
             queries = dataclasses.replace(queries, extra=extra)
         found = self.inner.search(queries, k * self.max_frames)  # frames, best first
         videos = np.where(found.ids >= 0, found.ids // self.max_frames, -1)
-        ids = np.full((len(videos), k), -1, dtype=np.int64)
-        scores = np.full((len(videos), k), -np.inf, dtype=np.float32)
-        for q, (row, row_scores) in enumerate(zip(videos, found.scores, strict=True)):
+        best = []
+        for row, row_scores in zip(videos, found.scores, strict=True):
             valid = row >= 0
             _, first = np.unique(row[valid], return_index=True)
             order = np.sort(first)[:k]  # each video at its best (first) frame
-            ids[q, :len(order)] = row[valid][order]
-            scores[q, :len(order)] = row_scores[valid][order]
-        return pad_candidates(ids, scores, k, self.name)
+            best.append((row[valid][order], row_scores[valid][order]))
+        return candidates_of(best, k, self.name)
 
     def save(self, directory: str | os.PathLike) -> None:
         """The inner stage's files, then the video ids: a crash between them leaves ids that
@@ -136,7 +133,7 @@ class FramesStage:
         inner.mkdir(parents=True, exist_ok=True)
         self.inner.save(inner)
         write_bytes_atomic(inner / FRAMES_FILE,
-                           _npz_bytes(ids=self.ids, max_frames=np.array(self.max_frames)))
+                           array_bytes(ids=self.ids, max_frames=np.array(self.max_frames)))
 
     @classmethod
     def open(cls, directory: str | os.PathLike) -> FramesStage:

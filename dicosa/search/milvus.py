@@ -3,27 +3,17 @@ and a Milvus standalone server or cluster (``http://host:19530``).
 
 One collection per index: ``id`` INT64 primary key = the store's row id, ``proxy``
 FLOAT_VECTOR [D] = the unit dense proxy (see :mod:`dicosa.search.dense`), compared by inner
-product (= cosine). Removal is Milvus's delete by primary key. The per-frame features stay in
-the index folder's memory-mapped store; docs/search.md ("Milvus") explains how to run with no local
-files but the model (the store on shared storage, or a FLOAT16_VECTOR frames field, which
-needs Milvus 2.4 or later).
+product (= cosine); removal is Milvus's delete by primary key. The per-frame features stay in
+the index folder's store, or also in the collection (``MilvusConfig.frames``, Milvus 2.4 on).
 
-Freshness on a server: a Milvus server indexes in the background and searches rows it has
-not indexed yet at a lower recall, so :meth:`MilvusStage.save` flushes and then polls until
-every flushed row is indexed *and* served from an indexed segment
-(:meth:`MilvusStage.index_progress`), logging progress every 10 s and giving up after
-``MilvusConfig.index_wait`` seconds with one sentence; a search after :meth:`MilvusStage.add`
-in the same process does the same first. Segments smaller than ``index_min_rows`` are never
-indexed, so nothing is waited for there. milvus-lite indexes as it inserts: its stages only
-flush.
-
-Consistency: a search within ``strong_for`` seconds of this stage's own add or remove is
-Strong (it sees that write); later ones are Bounded (``MilvusConfig.strong_for``). Faults:
-every request is retried for at most ``timeout`` seconds, then fails in one sentence naming
-the server; rows whose insert the server acknowledged survive a crash of the server, and
-:meth:`MilvusStage.row_ids` says what an interrupted build holds; the index removes the rows
-of an add it never recorded with its next add (their ids were reserved, then tombstoned).
-docs/milvus.md says what was measured and how to run against a server or a cluster.
+A server indexes in the background and searches rows it has not indexed at a lower recall, so
+:meth:`MilvusStage.save`, and a search after this process's :meth:`MilvusStage.add`, first
+wait until every flushed row is indexed and served indexed (:meth:`MilvusStage.wait_indexed`);
+milvus-lite indexes as it inserts. A search within ``strong_for`` seconds of this stage's own
+write is Strong, later ones Bounded. Every request is retried for at most ``timeout`` seconds,
+then fails in one sentence naming the server; :meth:`MilvusStage.row_ids` says what an
+interrupted build holds. docs/milvus.md says more of each, what was measured, and how to run
+against a server or a cluster.
 """
 
 from __future__ import annotations
@@ -45,7 +35,7 @@ import torch
 from ..checkpoint import write_text_atomic
 from ..config import dataclass_from_dict
 from ..model import VideoFeatures
-from .dense import STAGE_FILE, StageError, check_k, pad_candidates, proxy_vectors, query_vectors
+from .dense import STAGE_FILE, StageError, candidates_of, check_k, proxy_vectors, query_vectors
 from .dense import row_ids as as_row_ids
 from .types import Candidates, EncodedQueries
 
@@ -75,9 +65,7 @@ class MilvusConfig:
     hnsw_m: int = 32  # HNSW
     ef_construction: int = 200
     ef_search: int = 256
-    # Bytes of vectors per insert call: milvus-lite 2.5.1 took 51 s for one 8 MB call of
-    # 4,000 × 512 floats and 2.3 s for four 2 MB calls (benchmarks/RESULTS.md, "milvus-lite
-    # insert calls"); no server was measured.
+    # Bytes of vectors per insert call (milvus-lite is many times slower on one large call).
     insert_bytes: int = 2 << 20
     # Seconds to connect, and to keep retrying a request the server does not answer.
     timeout: float = 30.0
@@ -89,9 +77,7 @@ class MilvusConfig:
     index_min_rows: int = 1024
     # Seconds after this stage's last add or remove during which its searches use Strong
     # consistency (they see that write); later ones use Bounded, which sees every write older
-    # than the server's common.gracefulTime (5 s by default; keep it below this) and saves
-    # the wait for the server's next time tick that Strong costs (200 ms per search measured
-    # on the 2.3.5 standalone server, against 5 ms).
+    # than the server's common.gracefulTime (keep it below this) without Strong's wait.
     strong_for: float = 10.0
     # > 0: also keep each video's per-frame features (float16, up to this many frames) in the
     # collection, so a searcher needs no local files but the model (see fetch_frames).
@@ -387,12 +373,8 @@ class MilvusStage:
         hits = self._call("search", self.collection, data=list(texts), limit=k,
                           anns_field=VECTOR_FIELD, output_fields=[],
                           search_params={"metric_type": "IP", "params": params}, **consistency)
-        ids = np.full((len(texts), k), -1, dtype=np.int64)
-        scores = np.full((len(texts), k), -np.inf, dtype=np.float32)
-        for row, found in enumerate(hits):
-            ids[row, :len(found)] = [hit["id"] for hit in found]
-            scores[row, :len(found)] = [hit["distance"] for hit in found]
-        return pad_candidates(ids, scores, k, self.name)
+        return candidates_of([([hit["id"] for hit in found], [hit["distance"] for hit in found])
+                              for found in hits], k, self.name)
 
     # -- persistence --------------------------------------------------------------------
     def describe(self, directory: str | os.PathLike | None = None) -> dict:

@@ -1,28 +1,19 @@
 """Query texts to DiCoSA text vectors: which text tower, and a cache of recent encodings.
 
 :class:`QueryText` is what a search encodes its queries with, one of :data:`TOWERS`:
-
-- ``"float"``: the model's own text tower (:meth:`DiCoSA.encode_text`), the default;
-- ``"packed"``: the CPU tower that computes only what the EOT states read, a batch's queries
-  packed (:class:`dicosa.text_tower.TextTower`): the same vectors up to float rounding, in
-  about half the time on a CPU;
-- ``"auto"``: ``"packed"`` on a CPU where the model's text blocks are open_clip's standard
-  ones, ``"float"`` otherwise (what ``dicosa serve`` uses unless told);
-- ``"int8"``: that tower with its linear layers dynamically quantised: faster matrix
-  products, vectors that move by percents, a ranking that changes (not a default).
-
-The CPU towers are built once, from the model's weights (a copy: about the text
-transformer's size again in memory, a quarter of it for int8).
+``"float"``, the model's own text tower (the default); ``"packed"``, the CPU tower that
+computes only what the EOT states read (:class:`dicosa.text_tower.TextTower`: the same
+vectors up to float rounding); ``"auto"``, ``"packed"`` on a CPU where the model's text blocks
+are open_clip's standard ones, else ``"float"``; ``"int8"``, that tower with its linear
+layers dynamically quantised (a ranking that changes: not a default). docs/serve.md
+("--text-tower") says what each costs.
 
 ``cache`` > 0 keeps the text vectors of that many recent query texts (least recently used out
-first), keyed by the exact text the tower reads (the query after "A without B" is split off)
-and the tower: a repeated query, or the next page of one, is not encoded again. The search
-mode is not part of the key because the DiCoSA text vector does not depend on it (what
-depends on it, a lexical head's query encoding, is not cached here). A vector computed in a
-batch can differ from the same text's vector computed alone by float rounding (CPU kernels
-sum in another order at another batch size), so a cached answer equals a fresh one within
-that rounding. The cache is bounded (entries × D floats) and safe for the service's threads:
-lookups and inserts hold a lock, encoding does not.
+first), keyed by the exact text the tower reads (the query after "A without B" is split off):
+a repeated query, or the next page of one, is not encoded again. The search mode is not part
+of the key: the DiCoSA text vector does not depend on it. A cached vector equals a fresh one
+within float rounding (it was computed in another batch). Lookups and inserts hold a lock,
+encoding does not.
 """
 
 from __future__ import annotations
@@ -96,11 +87,7 @@ class QueryText:
                 [bool(found[t][1]) for t in texts])
 
     def _lookup(self, texts: list[str]) -> dict[str, tuple[Tensor, bool]]:
-        if not self.capacity:
-            with self._lock:
-                self.misses += len(texts)
-            return {}
-        found = {}
+        found = {}  # (without a cache, every text is a miss)
         with self._lock:
             for text in texts:
                 entry = self._cache.get(text)

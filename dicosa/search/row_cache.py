@@ -8,7 +8,6 @@ weights); another maker's array is computed again, never reused.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..files import write_bytes_atomic, write_text_atomic
+from .dense import array_bytes
 
 __all__ = ["RowCache"]
 
@@ -87,11 +87,9 @@ class RowCache:
         info = self.folder / f"{self.name}.json"
         if self._stored_key not in (None, self.key):  # another maker's files: disown them
             write_text_atomic(info, json.dumps({"key": None}))
-        buffer = io.BytesIO()
-        np.save(buffer, self.array)
         # The array before its key: a crash between the two never leaves one maker's key
         # on another maker's rows.
-        write_bytes_atomic(self.folder / f"{self.name}.npy", buffer.getvalue())
+        write_bytes_atomic(self.folder / f"{self.name}.npy", array_bytes(self.array))
         write_text_atomic(info, json.dumps({"key": self.key, "rows": len(self.array)},
                                            indent=1))
         self._stored_key = self.key

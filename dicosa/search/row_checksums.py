@@ -1,18 +1,9 @@
 """A CRC32 per video of a shard, beside the shard's sha256: which rows a damaged file lost.
 
-The manifest's sha256 of a shard file says *whether* it changed; it cannot say where, so a
-shard that fails it would cost every one of its videos. Each shard file therefore also keeps
-``video_crc32`` (int64 ``[videos]``): the CRC32 of every byte that belongs to one video, in a
-fixed order (:func:`video_arrays`):
-
-- ``clips``: the video's row of ``frames``, ``frame_mask``, ``proxy`` (and ``frame_scale``);
-- ``runs``: its stretch of ``frames``, ``frame_valid``, ``frame_time`` (and ``frame_scale``),
-  from its first segment's first frame to the next video's (the first video from frame 0,
-  the last to the end), then its rows of ``segment``, ``segment_video``, ``segment_time``
-  and ``proxy``.
-
-Every frame and every row belongs to exactly one video, so a flipped byte anywhere in them
-fails exactly the CRC of the video holding it (CRC32 catches every burst of up to 32 bits).
+The manifest's sha256 of a shard file says *whether* it changed, not where. Each shard file
+therefore also keeps ``video_crc32`` (int64 ``[videos]``): the CRC32 of every byte that
+belongs to one video, in a fixed order (:func:`video_arrays`; docs/index-format.md,
+"Per-video checksums", lists it), so a flipped byte fails the CRC of the video holding it.
 What belongs to no video (the file's header, a ``runs`` shard's ``pad``) is covered by the
 sha256 alone: damage there fails no video's CRC, and the whole shard is then suspect.
 """

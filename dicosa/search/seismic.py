@@ -2,22 +2,12 @@
 stage's rows.
 
 :class:`SeismicStage` is a :class:`~dicosa.search.sparse.SparseStage` (the same float32 rows,
-ids, ``vectors``, rows file) whose ``search`` asks seismic for candidates instead of walking
-every posting list. Seismic (Bruch et al., SIGIR 2024) keeps, per word, only the postings with
-the largest weights (``n_postings`` on average, at most ``n_postings * max_fraction``), groups
-each list into blocks with a summary vector, and at query time scans the ``query_cut``
-heaviest query words, skipping a block whose summary score is below ``heap_factor`` times the
-current k-th best. It is approximate: a row can be missed.
-
-What this module adds around it (docs/search.md, "The sparse stage and seismic", says more):
-its candidates (plus ``slack`` more) are rescored from the float32 rows, so the scores and
-their order are the exact stage's; rows added since the last build are scored exactly beside
-seismic's candidates until they pass ``pending_fraction`` of the built rows, and removed rows
-are tombstones filtered from its answers until they pass ``rebuild_fraction``, when the index
-is rebuilt from every row; the rows file of the exact stage (``sparse-<name>.npz``) names the
-build that goes with it (``sparse-<name>.<build>.seismic``, written first under a temporary
-name), so a crash leaves either the old pair or the new one; a missing or unreadable index
-is rebuilt from the rows.
+ids, ``vectors``, rows file) whose ``search`` asks seismic (Bruch et al., SIGIR 2024) for
+candidates instead of walking every posting list; it is approximate: a row can be missed. Its
+candidates are rescored from the float32 rows; rows added since the build are scored exactly
+beside them, and removed ones filtered out, until either passes its fraction of the built rows
+and the index is rebuilt; the rows file names the build that goes with it, so a crash leaves
+either the old pair or the new one. docs/search.md ("The sparse stage and seismic") says more.
 
 ``pyseismic-lsr`` is an optional dependency (``pip install 'dicosa[seismic]'``); asking for
 this stage without it is one sentence (:class:`SeismicUnavailableError`).
@@ -42,8 +32,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..config import ConfigError, dataclass_from_dict
-from .dense import top_k
-from .sparse import SparseIndexError, SparseStage, lexical_vectors
+from .dense import candidates_of, top_k
+from .sparse import SparseIndexError, SparseStage, by_score, lexical_vectors
 from .types import Candidates, EncodedQueries
 
 __all__ = ["SeismicConfig", "SeismicStage", "SeismicUnavailableError", "import_seismic",
@@ -76,9 +66,8 @@ class SeismicConfig:
     rebuilds it); search-time ones trade speed for recall on every query.
 
     The build defaults are pyseismic-lsr's own. Search: heap_factor 0.9 as its guidelines
-    ([0.7, 1]); query_cut 20, not their 10, which lost more of the exact top 10 on
-    ``benchmarks/sparse.py``'s queries (benchmarks/RESULTS.md, "Sparse first stage";
-    docs/search.md, "The sparse stage").
+    ([0.7, 1]); query_cut 20, not their 10, which lost more of the exact top 10
+    (docs/search.md, "The sparse stage").
     """
 
     # -- build ---------------------------------------------------------------------------
@@ -235,7 +224,7 @@ class SeismicStage(SparseStage):
             dataset = self._dataset(rows)
             cfg = self.config
             with _rust_output_to_log():
-                self._index = self._index_class().build_from_dataset(
+                self._index = self._seismic_class("SeismicIndex").build_from_dataset(
                     dataset, n_postings=cfg.n_postings, centroid_fraction=cfg.centroid_fraction,
                     min_cluster_size=cfg.min_cluster_size, summary_energy=cfg.summary_energy,
                     max_fraction=cfg.max_fraction, doc_cut=cfg.doc_cut,
@@ -261,40 +250,29 @@ class SeismicStage(SparseStage):
         exponent = np.clip(np.floor(np.log2(_FLOAT16_TOP / largest)), -126, 126) \
             if largest > 0 else 0
         scale = np.float32(2.0 ** exponent)
-        dataset = (self._seismic.SeismicDatasetLV if self._large_vocabulary()
-                   else self._seismic.SeismicDataset)(dim=len(self.words))
+        dataset = self._seismic_class("SeismicDataset")(dim=len(self.words))
         dataset.add_documents_by_id([str(i) for i in self._ids],
                                     rows.indices.astype(np.int64),
                                     (rows.data * scale).astype(np.float32),
                                     rows.indptr.astype(np.int64))
         return dataset
 
-    def _large_vocabulary(self) -> bool:
-        return len(self.words) > _U16_COMPONENTS
-
-    def _index_class(self):
-        return (self._seismic.SeismicIndexLV if self._large_vocabulary()
-                else self._seismic.SeismicIndex)
+    def _seismic_class(self, name: str):
+        """Seismic's class ``name``, its ``LV`` form for a vocabulary past u16 word ids."""
+        return getattr(self._seismic, name + ("LV" if len(self.words) > _U16_COMPONENTS else ""))
 
     # -- search ------------------------------------------------------------------------------
     def search(self, queries: EncodedQueries, k: int) -> Candidates:
         """The ``k`` best rows per query that seismic finds, scored exactly (ties go to the
         smaller id); rows sharing no word with the query are not returned (``-1`` pads)."""
-        vectors = lexical_vectors(queries, k)
-        vectors = sp.csr_matrix(vectors, dtype=np.float32)
+        vectors = sp.csr_matrix(lexical_vectors(queries, k), dtype=np.float32)
         if vectors.shape[1] != len(self.words):
             raise SparseIndexError(f"query vectors have {vectors.shape[1]} dimensions but this "
                                    f"index's vocabulary has {len(self.words)} words")
         self.build()
-        out_ids = np.full((vectors.shape[0], k), -1, dtype=np.int64)
-        out_scores = np.full((vectors.shape[0], k), -np.inf, dtype=np.float32)
-        for q in range(vectors.shape[0]):
-            found = self._candidates(vectors[q], k)
-            ids, scores = self._rescore(vectors[q], found)
-            order = np.lexsort((ids, -scores))[:k]  # by score, then by id
-            out_ids[q, :len(order)] = ids[order]
-            out_scores[q, :len(order)] = scores[order]
-        return Candidates(out_ids, out_scores, str(queries.extra.get("lexical_mode", self.name)))
+        found = [by_score(*self._rescore(vectors[q], self._candidates(vectors[q], k)))
+                 for q in range(vectors.shape[0])]
+        return candidates_of(found, k, str(queries.extra.get("lexical_mode", self.name)))
 
     def _candidates(self, query: sp.csr_matrix, k: int) -> np.ndarray:
         """Live row ids for one query ``[1, |V|]``: seismic's (at least ``k + slack`` where it
@@ -387,7 +365,7 @@ class SeismicStage(SparseStage):
             path = self._index_path(directory, info["build"])
             try:
                 with _rust_output_to_log():
-                    index = self._index_class().load(str(path))
+                    index = self._seismic_class("SeismicIndex").load(str(path))
             except OSError as exc:  # seismic raises IOError for missing or damaged files
                 log.warning("rebuilding the seismic index of the %s stage from its rows: %s",
                             self.name, str(exc).splitlines()[0] if str(exc) else exc)

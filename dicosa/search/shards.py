@@ -17,9 +17,8 @@ with the ``pad`` vector that fills the slots of a row with fewer than N frames.
 :meth:`gather` gives every layout's rows the same shape, ``[r, N, D]`` with a mask, so
 everything that scores rows (first stages, rerank, heads) is the same for both.
 
-Every shard file written now also holds ``video_crc32`` int64 ``[videos]``, each video's
-CRC32 (:mod:`dicosa.search.row_checksums`): a file that fails its sha256 then says which of
-its videos changed. A shard without it reads all the same.
+Every shard file written now also holds ``video_crc32``, each video's CRC32
+(:mod:`dicosa.search.row_checksums`); a shard without it reads all the same.
 
 Either layout may keep its frames as int8 (the store's ``frame_dtype``,
 :mod:`dicosa.search.frame_codec`), with ``frame_scale`` float32 holding one scale per frame;
@@ -121,6 +120,25 @@ class _Files:
             self._columns[name] = None if column is None else column.to_numpy()
         return self._columns[name]
 
+    @property
+    def frame_dtype(self) -> str:
+        return "float16" if self.frame_scale is None else "int8"
+
+    @property
+    def nbytes(self) -> int:
+        return self.frames.nbytes
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The tensors a shard file holds (``frame_scale`` for int8 frames only)."""
+        arrays = {name: getattr(self, name) for name in self.NAMES}
+        return arrays if self.frame_scale is None else {**arrays, "frame_scale": self.frame_scale}
+
+    def remap(self, tensors: dict[str, np.ndarray]) -> None:
+        """Take the arrays of ``tensors`` (the maps of its written file) for its own."""
+        for name in self.NAMES:
+            setattr(self, name, tensors[name])
+        self.frame_scale, self.video_crc = tensors.get("frame_scale"), tensors.get(CRC_TENSOR)
+
 
 @dataclass
 class ClipShard(_Files):
@@ -133,6 +151,7 @@ class ClipShard(_Files):
     frame_scale: np.ndarray | None = None  # float32 [n, N] for int8 frames, else None
     _all_framed: bool | None = field(default=None, repr=False, compare=False)  # None: unread
     layout = "clips"
+    NAMES = ("frames", "frame_mask", "proxy")  # its tensors, besides frame_scale
 
     @classmethod
     def build(cls, first_id: int, frames: np.ndarray, mask: np.ndarray,
@@ -158,10 +177,6 @@ class ClipShard(_Files):
     def shape(self) -> tuple[int, int]:
         """(N, D) of its rows."""
         return tuple(self.frames.shape[1:])
-
-    @property
-    def frame_dtype(self) -> str:
-        return "float16" if self.frame_scale is None else "int8"
 
     def gather(self, rows: np.ndarray, num_frames: int) -> tuple[np.ndarray, np.ndarray]:
         """Frames ``[r, N, D]`` (float16 as kept, or float32 dequantised) and mask of rows."""
@@ -204,19 +219,9 @@ class ClipShard(_Files):
         duration = self.column("duration")[rows].astype(np.float64)
         return np.stack([np.where(np.isnan(duration), np.nan, 0.0), duration], axis=1)
 
-    @property
-    def nbytes(self) -> int:
-        return self.frames.nbytes
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return _with_scale({"frames": self.frames, "frame_mask": self.frame_mask,
-                            "proxy": self.proxy}, self.frame_scale)
-
     def remap(self, tensors: dict[str, np.ndarray]) -> None:
-        self.frames, self.frame_mask = tensors["frames"], tensors["frame_mask"]
-        self.proxy, self.has_proxy_file = tensors["proxy"], True
-        self.frame_scale = tensors.get("frame_scale")
-        self.video_crc = tensors.get(CRC_TENSOR)
+        super().remap(tensors)
+        self.has_proxy_file = True
 
 
 @dataclass
@@ -293,10 +298,6 @@ class RunShard(_Files):
             positions = np.where(inside, positions, 0)
         return positions, inside
 
-    @property
-    def frame_dtype(self) -> str:
-        return "float16" if self.frame_scale is None else "int8"
-
     def gather(self, rows: np.ndarray, num_frames: int) -> tuple[np.ndarray, np.ndarray]:
         """Frames ``[r, N, D]`` (float16 as kept, or float32 dequantised; the pad vector in
         the slots past a row's frames, as kept: an int8 shard's dequantised) and mask of
@@ -367,20 +368,6 @@ class RunShard(_Files):
         return {"frames": self._frames(slice(lo, hi)).astype(np.float16, copy=False),
                 "valid": self.frame_valid[lo:hi], "times": self.frame_time[lo:hi], **layout}
 
-    @property
-    def nbytes(self) -> int:
-        return self.frames.nbytes
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return _with_scale({name: getattr(self, name) for name in self.NAMES},
-                           self.frame_scale)
-
-    def remap(self, tensors: dict[str, np.ndarray]) -> None:
-        for name in self.NAMES:
-            setattr(self, name, tensors[name])
-        self.frame_scale = tensors.get("frame_scale")
-        self.video_crc = tensors.get(CRC_TENSOR)
-
 
 Shard = ClipShard | RunShard
 
@@ -391,10 +378,6 @@ def _encode(frames: np.ndarray, frame_dtype: str) -> tuple[np.ndarray, np.ndarra
     if frame_dtype == "int8":
         return quantise(frames)
     return np.asarray(frames, np.float16), None
-
-
-def _with_scale(arrays: dict[str, np.ndarray], scale: np.ndarray | None) -> dict:
-    return arrays if scale is None else {**arrays, "frame_scale": scale}
 
 
 def write_shard(directory: Path, shard: Shard, name: str) -> None:
@@ -560,12 +543,8 @@ def uncached(array: np.ndarray) -> int:
 def populate(array: np.ndarray) -> int:
     """Map the whole file under ``array`` (a view of :func:`_map_safetensors`) into this
     process now, reading what the page cache lacks: the bytes mapped, 0 where ``array`` is
-    not a file map or the system cannot (not Linux, a kernel before 5.14).
-
-    A memory map costs a page fault the first time the process touches each 4 KiB page, even
-    when the page is in the page cache: a rerank at 1M videos, which reads 1,000 random rows
-    of 6 KiB, takes less than half as long once the maps are populated (benchmarks/RESULTS.md,
-    "the store mapped in")."""
+    not a file map or the system cannot (not Linux, a kernel before 5.14). A map costs a page
+    fault on the first touch of each page, even of one in the page cache."""
     mapped = _file_map(array)
     if mapped is None or not hasattr(mapped, "madvise"):
         return 0

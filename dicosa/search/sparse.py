@@ -14,7 +14,6 @@ query) or ``"bow"`` (the query's own words, no network) mode.
 
 from __future__ import annotations
 
-import io
 import os
 import zipfile
 from pathlib import Path
@@ -24,6 +23,7 @@ import scipy.sparse as sp
 import torch
 
 from ..files import write_bytes_atomic
+from .dense import array_bytes, candidates_of
 from .types import Candidates, EncodedQueries
 
 __all__ = ["SparseIndexError", "SparseStage", "lexical_vectors"]
@@ -60,6 +60,12 @@ def lexical_vectors(queries: EncodedQueries, k: int) -> object:
         raise SparseIndexError("the queries carry no lexical vectors; call the lexical "
                                "head's prepare(queries) first")
     return vectors
+
+
+def by_score(ids: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ids [n]`` and their ``scores [n]`` by score, ties by the smaller id."""
+    order = np.lexsort((ids, -scores))
+    return ids[order], scores[order]
 
 
 class SparseStage:
@@ -144,10 +150,8 @@ class SparseStage:
     def search(self, queries: EncodedQueries, k: int) -> Candidates:
         """The ``k`` best rows per query by sparse dot product; ties go to the smaller id;
         rows sharing no word with the query are not returned (``-1`` pads)."""
-        vectors = lexical_vectors(queries, k)
-        matched = self.scores(vectors)
-        out_ids = np.full((matched.shape[0], k), -1, dtype=np.int64)
-        out_scores = np.full((matched.shape[0], k), -np.inf, dtype=np.float32)
+        matched = self.scores(lexical_vectors(queries, k))
+        found = []
         for q in range(matched.shape[0]):
             start, end = matched.indptr[q], matched.indptr[q + 1]
             cols, values = matched.indices[start:end], matched.data[start:end]
@@ -158,12 +162,8 @@ class SparseStage:
                 # match, which at 100k rows was most of the search's time.
                 kth = np.partition(values[keep], -k)[-k]
                 keep &= values >= kth
-            cols, values = cols[keep], values[keep]
-            rows = self._ids[cols]
-            order = np.lexsort((rows, -values))[:k]  # by score, then by id
-            out_ids[q, :len(order)] = rows[order]
-            out_scores[q, :len(order)] = values[order]
-        return Candidates(out_ids, out_scores, str(queries.extra.get("lexical_mode", self.name)))
+            found.append(by_score(self._ids[cols[keep]], values[keep]))
+        return candidates_of(found, k, str(queries.extra.get("lexical_mode", self.name)))
 
     # -- files ------------------------------------------------------------------------------
     def _path(self, directory: str | os.PathLike) -> Path:
@@ -181,11 +181,10 @@ class SparseStage:
         """The rows file, plus ``extra`` arrays a subclass keeps beside them (the stage of
         another backend reads the same file and ignores them)."""
         rows = self._rows
-        buffer = io.BytesIO()
-        np.savez(buffer, version=np.int64(_FORMAT_VERSION), ids=self._ids,
-                 words=np.array(self.words, dtype=str), data=rows.data, indices=rows.indices,
-                 indptr=rows.indptr, **extra)
-        write_bytes_atomic(self._path(directory), buffer.getvalue())
+        write_bytes_atomic(self._path(directory), array_bytes(
+            version=np.int64(_FORMAT_VERSION), ids=self._ids,
+            words=np.array(self.words, dtype=str), data=rows.data, indices=rows.indices,
+            indptr=rows.indptr, **extra))
 
     @classmethod
     def load(cls, directory: str | os.PathLike, name: str = "lexical") -> SparseStage:

@@ -7,11 +7,9 @@ never concatenated: :meth:`FrameStore.gather` of C candidate rows reads only tho
 pages, and resident memory does not grow with the number of shards opened.
 
 A *row* is what search ranks: a whole short video, or one segment (a time range) of a long
-one. Shards keep their rows in one of two layouts (:mod:`dicosa.search.shards`): ``clips``,
-one row of N frames per video, and ``runs``, each video's frames once with rows that are
-views of them; :meth:`FrameStore.gather` gives both the same ``[n, N, D]`` shape. The rows of
-one video are consecutive ids; the video's id is the id of its first row
-(``store.videos.of``), and removing a video removes all of them.
+one, in either of the shards' layouts (:mod:`dicosa.search.shards`). The rows of one video
+are consecutive ids; the video's id is the id of its first row (``store.videos.of``), and
+removing a video removes all of them.
 
 A shard's name may also be a path relative to the index folder (``parts/rank-1/shard-00000``:
 the shards a multi-process build's processes wrote, linked by :meth:`FrameStore.link`).
@@ -269,7 +267,7 @@ class FrameStore:
     def _add(self, shard: Shard) -> np.ndarray:
         self.shards.append(shard)
         self._starts = np.array([s.first_id for s in self.shards], dtype=np.int64)
-        if self.directory is not None:
+        if self.directory is not None and shard.name is None:  # a linked one is written
             write_shard(self.directory, shard, f"shard-{len(self.shards) - 1:05d}")
         return np.arange(shard.first_id, shard.first_id + shard.count, dtype=np.int64)
 
@@ -339,9 +337,8 @@ class FrameStore:
         if dim != self.dim or (isinstance(shard, ClipShard) and num_frames != self.num_frames):
             raise StoreError(f"{self.directory}: shard {name} holds features of another "
                              "shape than the index; rebuild the index")
-        self.shards.append(shard)
-        self._starts = np.array([s.first_id for s in self.shards], dtype=np.int64)
-        return np.arange(shard.first_id, shard.first_id + count, dtype=np.int64)
+        return self._add(shard)
+
 
 def _entry(shard: Shard) -> dict:
     """A shard's record in the manifest."""

@@ -1,23 +1,8 @@
 """Fused scoring for incomplete entries: DiCoSA + β·(Mul2vec topic or title similarity).
 
 Every indexed row may have a video (decodable frames, possibly with a fraction lost) and a
-title. What the index stores per row for fusion (:class:`FusionRows`, built by
-:func:`fusion_rows` when the row is added):
-
-==============  ==============  =========================================================
-array           shape / dtype   how it is computed
-==============  ==============  =========================================================
-``semantic``    [n, K] float32  Mul2vec's g (unit norm): the mean of the title view
-                                f(title) and the video view f_v(proxy) weighted by
-                                ``has_title`` and ``(1 - frames_lost)``
-                                (:meth:`Mul2vecHead.entity_vectors`); absent without a head
-``title_text``  [n, D] float32  DiCoSA's text vector of the title (unit norm), zeros where
-                                there is none (late fusion; also what a text-only row
-                                offers a dense first stage)
-``title``       [n] str         the title as given ("" = none); metadata column
-``text_only``   [n] bool        no decodable frame: DiCoSA cannot score the row
-``frames_lost`` [n] float32     fraction of the frames that did not decode
-==============  ==============  =========================================================
+title. What the index stores per row for fusion is :class:`FusionRows` (built by
+:func:`fusion_rows` when the row is added; docs/heads.md lists its arrays).
 
 Fused score of query q and row v (:func:`fused_scores`)::
 
@@ -27,8 +12,7 @@ A part a row lacks (DiCoSA for a text-only row, the title term for an untitled o
 imputed from the part it has (:func:`fill_missing`): the query's mean of the missing part
 plus ``trust`` x its spread x the row's z-score in the other part, so a text-only row whose
 title matches the query as well as the best videos do ranks among them (docs/heads.md says
-why the plain mean is not enough). Mul2vec fusion is β_title = 0; late fusion is β_sem = 0;
-each β is chosen on the validation split (``benchmarks/mul2vec.py``).
+why the plain mean is not enough). Mul2vec fusion is β_title = 0; late fusion is β_sem = 0.
 
 The index side (the arrays built from an index's rows, the plugin that attaches them) is
 :mod:`dicosa.plugins.titles`.
@@ -36,7 +20,6 @@ The index side (the arrays built from an index's rows, the plugin that attaches 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from dataclasses import dataclass
@@ -47,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .dense import top_k
+from .dense import array_bytes, top_candidates
 from .types import Candidates, EncodedQueries
 
 __all__ = ["DEFAULT_BETA_SEMANTIC", "DEFAULT_BETA_TITLE", "DEFAULT_TRUST", "FusionRerank",
@@ -57,13 +40,13 @@ __all__ = ["DEFAULT_BETA_SEMANTIC", "DEFAULT_BETA_TITLE", "DEFAULT_TRUST", "Fusi
 
 @dataclass(frozen=True)
 class FusionRows:
-    """The per-row fusion arrays of an index, indexed by row id (see the module table)."""
+    """The per-row fusion arrays of an index, indexed by row id."""
 
-    title_text: np.ndarray  # float32 [n, D]
-    title: list[str]  # [n]
-    text_only: np.ndarray  # bool [n]
-    frames_lost: np.ndarray  # float32 [n]
-    semantic: np.ndarray | None = None  # float32 [n, K]
+    title_text: np.ndarray  # float32 [n, D] DiCoSA's unit vector of the title, zeros: none
+    title: list[str]  # [n] "" = none
+    text_only: np.ndarray  # bool [n] no decodable frame: DiCoSA cannot score the row
+    frames_lost: np.ndarray  # float32 [n] fraction of the frames that did not decode
+    semantic: np.ndarray | None = None  # float32 [n, K] Mul2vec's g (None without a head)
 
     @property
     def has_title(self) -> np.ndarray:
@@ -262,14 +245,13 @@ class SemanticStage:
     def search(self, queries: EncodedQueries, k: int) -> Candidates:
         theta = query_topics(queries, self.head).numpy()  # [Q, K]
         scores = theta @ self.vectors.T  # [Q, n]
-        return _top_candidates(self.ids, scores, len(queries), k, self.name)
+        return top_candidates(self.ids, scores, k, self.name)
 
     def save(self, directory: str | os.PathLike) -> None:
         from ..files import write_bytes_atomic
 
-        buffer = io.BytesIO()
-        np.savez(buffer, ids=self.ids, vectors=self.vectors)
-        write_bytes_atomic(Path(directory) / self.FILE, buffer.getvalue())
+        write_bytes_atomic(Path(directory) / self.FILE,
+                           array_bytes(ids=self.ids, vectors=self.vectors))
 
     @classmethod
     def load(cls, directory: str | os.PathLike, head) -> SemanticStage:
@@ -302,19 +284,7 @@ class TitleStage(SemanticStage):
         if "title" not in queries.extra:
             queries.extra["title"] = F.normalize(queries.text.text.float().cpu(), dim=-1)
         scores = queries.extra["title"].numpy() @ self.vectors.T  # [Q, n]
-        return _top_candidates(self.ids, scores, len(queries), k, self.name)
-
-
-def _top_candidates(ids: np.ndarray, scores: np.ndarray, num_queries: int, k: int,
-                    name: str) -> Candidates:
-    count = min(k, len(ids))
-    out = np.full((num_queries, k), -1, dtype=np.int64)
-    best = np.full((num_queries, k), -np.inf, dtype=np.float32)
-    if count:
-        top = top_k(scores, count)  # [Q, count]
-        out[:, :count] = ids[top]
-        best[:, :count] = np.take_along_axis(scores, top, axis=1)
-    return Candidates(out, best, name)
+        return top_candidates(self.ids, scores, k, self.name)
 
 
 def read_titles(path: str | os.PathLike) -> dict[str, str]:

@@ -28,8 +28,7 @@ from .speech import Recognizer, make_recognizer, merge_spans, speech_lines
 from .subtitles import subtitle_lines
 
 __all__ = ["DEFAULT_OCR_FRAMES", "ReadElsewhere", "ReadJob", "ReadOutcome", "TextReader",
-           "TextSettings",
-           "read_jobs"]
+           "TextSettings", "read_jobs"]
 
 log = logging.getLogger(__name__)
 

@@ -156,9 +156,7 @@ class TextIndex:
             return None
         if not path.is_file():
             check_fts5()
-        connection = None
-        if write:
-            connection = _writable(path, "rwc" if create else "rw")
+        connection = _writable(path, "rwc" if create else "rw") if write else None
         writable = connection is not None
         if connection is None:
             connection = sqlite3.connect(path.as_uri() + "?mode=ro", uri=True,

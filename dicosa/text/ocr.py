@@ -139,17 +139,11 @@ def read_lines(image) -> list[str]:
     return lines
 
 
-def _upright_image(frame):
-    """A decoded PyAV frame as a PIL image shown as a player shows it: turned as the stream's
-    display matrix says, so that a phone's portrait video is read the right way up."""
-    from PIL import Image
-
-    return Image.fromarray(np.ascontiguousarray(shown_pixels(frame)))
-
-
 def _frames_at(path: Path, times: list[float]) -> Iterator[tuple[float, object]]:
-    """``(time, upright PIL image)`` of the first frame at or after each time (ascending)."""
+    """``(time, PIL image)`` of the first frame at or after each time (ascending), shown as a
+    player shows it (a phone's portrait video is read the right way up)."""
     import av
+    from PIL import Image
 
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
@@ -163,7 +157,7 @@ def _frames_at(path: Path, times: list[float]) -> Iterator[tuple[float, object]]
                 if frame.pts is not None and float(frame.pts * stream.time_base) - origin >= t:
                     break
             if last is not None:
-                yield t, _upright_image(last)
+                yield t, Image.fromarray(np.ascontiguousarray(shown_pixels(last)))
 
 
 def screen_lines(video: str | Path, spans: list[tuple[float, float]], count: int

@@ -1,23 +1,15 @@
 """A search query as an FTS5 expression that user input cannot break or steer.
 
-``"quoted words"`` in a query match literally: the words in that order, next to each other
-(an FTS5 phrase), and every quoted phrase must be in a line; the other words are
-alternatives (any of them matches) that BM25 ranks by how many, and how rare, they are. So
-``red car "exit 42"`` finds lines holding "exit 42", ranked higher where they also say red or
-car; ``red car`` finds lines holding either.
-
-**Stop words.** An unquoted word of :data:`STOP_WORDS` (English function words: "a", "is",
-"the", "of", ...) never matches a line on its own: "a man is walking" looks for lines saying
-"man" or "walking", so a line whose only match is "is" is not a match at all (a stop word
-is in nearly every line, and OCR that misreads a texture writes them too). A query made of
-stop words alone ("the who", "to be or not to be") is searched as the phrase it is; quoted
-words are always matched as written.
+``"quoted words"`` match literally (an FTS5 phrase) and every quoted phrase must be in a line;
+the other words are alternatives that BM25 ranks: ``red car "exit 42"`` finds lines holding
+"exit 42", ranked higher where they also say red or car. An unquoted word of
+:data:`STOP_WORDS` never matches a line on its own, and a query of stop words alone ("to be
+or not to be") is searched as the phrase it is (docs/text.md, "Stop words").
 
 Nothing of the user's text reaches SQLite as syntax: words are cut out of it as runs of
 letters and digits (what FTS5's ``unicode61`` tokenizer keeps), each becomes an FTS5 string
-(``"word"``, a double quote inside doubled), and the expression is passed as a bound
-parameter. FTS5's operators (``AND``, ``NEAR(``, ``*``, ``-``, ``^``, ``col:``) typed by a user
-are therefore words or nothing, never syntax; NUL and control characters are not letters.
+(``"word"``, a double quote inside doubled), and the expression is a bound parameter, so
+FTS5's operators typed by a user are words or nothing.
 """
 
 from __future__ import annotations

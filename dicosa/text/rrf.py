@@ -1,29 +1,18 @@
 """Fusing DiCoSA's ranking of the pictures with BM25's ranking of the words.
 
 A search may look at the pictures (``visual``) and at the lines of any text source
-(``subtitles``, ``speech``, ``screen``); :func:`parse_sources` reads the choice (``"all"``,
-``"text"`` for the three text sources, or a comma-separated list).
-
-The two rankings are fused by weighted reciprocal-rank fusion (Cormack, Clarke and
-Büttcher, SIGIR 2009) whose text term is scaled by how well the row matches against the
-query's best match::
+(``subtitles``, ``speech``, ``screen``); :func:`parse_sources` reads the choice. The two
+rankings are fused by weighted reciprocal-rank fusion (Cormack, Clarke and Büttcher, SIGIR
+2009) whose text term is scaled by the row's BM25 over the query's best::
 
     fused(v) = 1 / (k + r_visual(v)) + w * (s(v) / s_best) / (k + r_text(v))
 
-``r_visual`` is the row's rank among the candidates by the score the rerank produced
-(DiCoSA's S after earlier hooks); ``r_text`` its rank among the rows whose lines match, by
-its best line's BM25 ``s(v)``; ``s_best`` the query's best BM25; a row absent from a ranking
-gets nothing from it. Ties share the best rank (competition ranking), so rows BM25 cannot
-tell apart get the same text term. Ranks need no calibration between DiCoSA's and BM25's
-scales, which differ per model and per query; the factor ``s / s_best`` keeps a row that
-matches only a common word ("the", "is": a BM25 near 0) from getting the text term of the
-row that matches a rare name. ``k`` and ``w`` (:data:`DEFAULT_RRF_K`,
-:data:`DEFAULT_TEXT_WEIGHT`) were chosen on a validation collection generated with another
-seed than the test collection (``benchmarks/text_sources.py``; docs/text.md).
-
-What it cannot do: when the best match itself is a common word (a query that describes only
-pictures, in a collection whose lines share one of its words), that row still gets the full
-text term. A query with no match at all keeps DiCoSA's scores unchanged.
+``r_visual`` is the row's rank among the candidates by the score the rerank produced,
+``r_text`` its rank among the rows whose lines match (by its best line's BM25 ``s(v)``); a row
+absent from a ranking gets nothing from it, and ties share the best rank. Ranks need no
+calibration between the two scales; ``s / s_best`` keeps a row matching only a common word
+from the text term of one matching a rare name. docs/text.md ("Fusion") says how ``k`` and
+``w`` were chosen and what the fusion cannot do.
 """
 
 from __future__ import annotations
@@ -38,8 +27,8 @@ __all__ = ["ALL_SOURCES", "DEFAULT_RRF_K", "DEFAULT_TEXT_WEIGHT", "TEXT_SOURCES"
 VISUAL = "visual"
 TEXT_SOURCES = ("subtitles", "speech", "screen")
 ALL_SOURCES = (VISUAL, *TEXT_SOURCES)
-# Chosen on the validation collection (benchmarks/text_sources.py, docs/text.md): every k
-# with w >= 1 tied there; the tie goes to RRF's published k = 60.
+# Chosen on a validation collection (docs/text.md): every k with w >= 1 tied there, and the
+# tie goes to RRF's published k = 60.
 DEFAULT_RRF_K = 60.0
 DEFAULT_TEXT_WEIGHT = 1.0
 

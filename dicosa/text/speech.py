@@ -209,8 +209,7 @@ def _windows(chunks: Iterable[AudioChunk], size: int) -> Iterator[AudioChunk]:
         buffer.append(samples)
         held += len(samples)
         if held >= size:
-            joined = np.concatenate(buffer)
-            yield first, joined
+            yield first, np.concatenate(buffer)
             first, buffer, held = None, [], 0  # the next chunk says where it starts
     if held:
         yield first, np.concatenate(buffer)
