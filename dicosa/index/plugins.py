@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BUILTIN_OPTIONS", "BUILTIN_PLUGINS", "PICTURES", "FileCheck", "IndexContext",
            "IndexPlugin", "QueryOption", "check_derived", "chosen_plugins", "how_to_get",
-           "plugin_class", "query_option", "recorded_file"]
+           "plugin_class", "query_option"]
 
 # manifest meta key -> "module:Class" of the plugin that restores it. The keys are what
 # indexes have recorded since they were first written ("fusion": title fusion).
@@ -162,6 +162,17 @@ class IndexPlugin:
     modes: ClassVar[dict[str, SearchMode]] = {}
     leaves_out: ClassVar[bool] = False
     how: ClassVar[str] = ""
+    # A head plugin's kind of head file (load_head's kind=), the command-line option that
+    # passes one, and the file it was given (None: a loaded head, or no head).
+    head_kind: ClassVar[str | None] = None
+    head_option: ClassVar[str] = ""
+    path: str | None = None
+
+    def __init__(self, head=None):
+        """``head``: a head file (its resolved path recorded; loaded and checked against the
+        index's model by :meth:`validate`) or a loaded head (not recorded); None: none."""
+        self.path = str(Path(head).resolve()) if isinstance(head, (str, os.PathLike)) else None
+        self.head = None if self.path else head
 
     def attach(self, ctx: IndexContext) -> None:
         """Register stages, encoders, hooks, modes and options through ``ctx``; may be
@@ -190,8 +201,27 @@ class IndexPlugin:
         what a plugin cannot take is one sentence, before any work."""
         return None
 
+    @classmethod
+    def recorded_head(cls, record: dict) -> str | None:
+        """The head file ``record`` names (None: it names none); a file no longer there is
+        one sentence (FileNotFoundError) naming the option that replaces it."""
+        path = record.get("head")
+        if path and not Path(path).is_file():
+            raise FileNotFoundError(
+                f"the {cls.key} head recorded in the index, {path}, is missing; pass "
+                f"{cls.head_option} HEAD.pt with its new location")
+        return os.fspath(path) if path else None
+
     def validate(self, model: DiCoSA) -> None:
-        """Check its head file against ``model`` (before any video is encoded)."""
+        """Load its head file, checked against ``model`` (before any video is encoded)."""
+        if self.path is not None:
+            self.head = self.read_head(model)
+
+    def read_head(self, model: DiCoSA) -> torch.nn.Module:
+        """Its head file (:attr:`path`), of kind :attr:`head_kind`, checked against ``model``."""
+        from ..heads.base import load_head
+
+        return load_head(self.path, model, kind=self.head_kind)
 
     @classmethod
     def check_files(cls, directory: Path, live: np.ndarray, repair: bool) -> FileCheck:
@@ -264,17 +294,6 @@ def query_option(name: str) -> QueryOption | None:
 def _named(where: str):
     module, _, name = where.partition(":")
     return getattr(importlib.import_module(module), name)
-
-
-def recorded_file(record: dict, key: str, option: str) -> str | None:
-    """The head file a record names (None: it names none); a file no longer there is one
-    sentence (FileNotFoundError) naming the command-line option that replaces it."""
-    path = record.get("head")
-    if path and not Path(path).is_file():
-        raise FileNotFoundError(
-            f"the {key} head recorded in the index, {path}, is missing; pass {option} HEAD.pt "
-            "with its new location")
-    return os.fspath(path) if path else None
 
 
 def check_derived(directory: Path, files: Mapping[str, Callable[[Path], object]],

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..heads.base import head_key, load_head
-from ..index.plugins import IndexPlugin, recorded_file
+from ..heads.base import head_key
+from ..index.plugins import IndexPlugin
 from ..search.exclusion import ExclusionConfig, ExclusionRerank
 from ..search.exclusion_explained import ExclusionExplanation, describe_evidence
 from ..search.row_cache import RowCache
@@ -93,8 +93,7 @@ class ExclusionPlugin(IndexPlugin):
     """The concepts head at search time (:class:`~dicosa.index.plugins.IndexPlugin`).
 
     Args:
-        head: a concepts head file (checked against the index's model when attached; its
-            path is recorded) or a loaded head (not recorded).
+        head: a concepts head file or a loaded head (:class:`IndexPlugin`).
         config: K, t, C, the window and the presence threshold (the per-frame check is off
             while the threshold is infinite, the default). None: the settings the index
             recorded (:func:`recorded_config`), else the defaults.
@@ -106,11 +105,12 @@ class ExclusionPlugin(IndexPlugin):
     how = ("a concepts head: add --concepts HEAD.pt (train one with 'dicosa heads train "
            "concepts')")
     derived: ClassVar[dict] = {CODES_FILE: np.load}
+    head_kind = "concepts"
+    head_option = "--concepts"
 
     def __init__(self, head: str | os.PathLike | ConceptCodesHead,
                  config: ExclusionConfig | None = None):
-        self.path = str(Path(head).resolve()) if isinstance(head, (str, os.PathLike)) else None
-        self.head = None if self.path else head
+        super().__init__(head)
         self.config = config
         self.rerank: ExclusionRerank | None = None
         self._rows = 0
@@ -118,7 +118,7 @@ class ExclusionPlugin(IndexPlugin):
     @classmethod
     def restore(cls, record: dict, ctx) -> ExclusionPlugin:
         """The recorded head with the recorded settings."""
-        return cls(recorded_file(record, "concepts", "--concepts"), settings_config(record))
+        return cls(cls.recorded_head(record), settings_config(record))
 
     @classmethod
     def from_options(cls, options: Mapping[str, object], record: dict | None
@@ -129,15 +129,11 @@ class ExclusionPlugin(IndexPlugin):
         if head is None and not settings:
             return None
         record = record or {}
-        head = head or recorded_file(record, "concepts", "--concepts")
+        head = head or cls.recorded_head(record)
         if head is None:
             raise ValueError("--exclusion-set changes a concepts head's settings: add "
                              "--concepts HEAD.pt")
         return cls(head, settings_config(record, **settings) if settings else None)
-
-    def validate(self, model) -> None:
-        if self.path is not None:
-            self.head = load_head(Path(self.path), model, kind="concepts")
 
     def attach(self, ctx) -> None:
         self.validate(ctx.model)

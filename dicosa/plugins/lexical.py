@@ -38,7 +38,7 @@ import torch
 from ..files import write_text_atomic
 from ..heads.base import HeadMismatchError, head_key, load_head
 from ..heads.lexical import LexicalHead, TokenStates, to_csr
-from ..index.plugins import IndexPlugin, recorded_file
+from ..index.plugins import IndexPlugin
 from ..index.searcher import SearchMode
 from ..model import TextFeatures, VideoFeatures
 from ..search.seismic import SeismicConfig, SeismicStage, import_seismic, seismic_config
@@ -48,8 +48,8 @@ from ..search.types import EncodedQueries
 if TYPE_CHECKING:
     from ..index.searcher import Hit, SearchResult
 
-__all__ = ["SPARSE_BACKENDS", "LexicalPlugin", "attach_lexical",
-           "check_sparse_backend", "explain_words", "load_lexical_head"]
+__all__ = ["SPARSE_BACKENDS", "LexicalPlugin", "attach_lexical", "check_sparse_backend",
+           "explain_words"]
 
 STAGE = "lexical"  # the SparseStage's name: its file is sparse-lexical.npz
 INFO_FILE = "lexical.json"
@@ -98,21 +98,11 @@ def check_sparse_backend(backend: str, options: dict | None = None) -> SeismicCo
     return seismic_config(options)
 
 
-def load_lexical_head(path: str | os.PathLike, model: torch.nn.Module) -> LexicalHead:
-    """A VDR (``lexical``) or Dense2Sparse (``d2s``) head file, checked against ``model``."""
-    head = load_head(Path(path), model)
-    if not isinstance(head, LexicalHead):
-        raise HeadMismatchError(f"{path} holds a '{head.kind}' head, not a lexical one "
-                                "(train one with 'dicosa heads train lexical' or d2s)")
-    return head
-
-
 class LexicalPlugin(IndexPlugin):
     """The lexical head at search time (:class:`~dicosa.index.plugins.IndexPlugin`).
 
     Args:
-        head: a lexical head file (checked against the index's model when attached; its
-            path is recorded) or a loaded head (not recorded).
+        head: a lexical head file or a loaded head (:class:`IndexPlugin`).
         backend: the sparse stage's engine: ``"exact"`` (scipy CSR inverted index, the
             default) or ``"seismic"`` (approximate, ``pyseismic-lsr``; see
             :mod:`dicosa.search.seismic`). None: what the index recorded, else exact.
@@ -129,26 +119,20 @@ class LexicalPlugin(IndexPlugin):
         "hybrid": SearchMode(("dense", STAGE), "dense and lexical candidates united")}
     how = "a lexical head: build it with 'dicosa index FOLDER --out INDEX --head HEAD.pt'"
     derived: ClassVar[dict] = {f"sparse-{STAGE}.npz": lambda p: np.load(p).files}
+    head_option = "--head"
 
     def __init__(self, head: str | os.PathLike | LexicalHead, backend: str | None = None,
                  options: dict | SeismicConfig | None = None):
-        self.path = str(Path(head).resolve()) if isinstance(head, (str, os.PathLike)) else None
-        self._head = None if self.path else head
+        super().__init__(head)
         self.backend, self.options = backend, options
         self.stage: LexicalStage | LexicalSeismicStage | None = None
         self.config: SeismicConfig | None = None
         self._ctx = None
 
-    @property
-    def head(self) -> LexicalHead:
-        if self._head is None:
-            raise RuntimeError("the lexical plugin is not attached yet")
-        return self._head
-
     @classmethod
     def restore(cls, record: dict, ctx) -> LexicalPlugin:
         sparse = record.get("sparse") or {}
-        return cls(recorded_file(record, "lexical", "--head"), sparse.get("backend"),
+        return cls(cls.recorded_head(record), sparse.get("backend"),
                    sparse.get("options"))
 
     @classmethod
@@ -168,9 +152,13 @@ class LexicalPlugin(IndexPlugin):
             check_sparse_backend(backend or "exact", settings)
         return cls(options["head"], backend, settings)
 
-    def validate(self, model) -> None:
-        if self.path is not None:
-            self._head = load_lexical_head(self.path, model)
+    def read_head(self, model) -> LexicalHead:
+        """A VDR (``lexical``) or Dense2Sparse (``d2s``) head file, checked against ``model``."""
+        head = load_head(Path(self.path), model)
+        if not isinstance(head, LexicalHead):
+            raise HeadMismatchError(f"{self.path} holds a '{head.kind}' head, not a lexical one "
+                                    "(train one with 'dicosa heads train lexical' or d2s)")
+        return head
 
     def attach(self, ctx) -> None:
         stored = (ctx.meta.get("lexical") or {}).get("sparse") or {}
@@ -179,8 +167,8 @@ class LexicalPlugin(IndexPlugin):
                    and backend == stored.get("backend") else self.options)
         self.config = check_sparse_backend(backend, options)
         self.validate(ctx.model)
-        head = self._head.to("cpu").eval()
-        self._head, self._ctx = head, ctx
+        head = self.head.to("cpu").eval()
+        self.head, self._ctx = head, ctx
         stage, held = _open_stage(ctx.directory, head, self.config)
         ctx.add_stage(stage, videos=lambda ids, video: video_vectors(head, video), indexed=held)
         ctx.add_query_encoder(lambda encoded: _encode_queries(ctx, head, encoded))

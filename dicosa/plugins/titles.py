@@ -19,16 +19,14 @@ object records nothing). Answers name its explanations ``fusion``.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
 
-from ..index.plugins import IndexPlugin, recorded_file
+from ..index.plugins import IndexPlugin
 from ..search.query import QueryError
 from ..search.row_cache import RowCache
 from ..search.title_fusion import (
@@ -95,11 +93,12 @@ class TitlesPlugin(IndexPlugin):
     derived: ClassVar[dict] = {f"{TITLES_FILE}.npy": np.load,
                                "semantic.npz": lambda p: np.load(p).files,
                                "title.npz": lambda p: np.load(p).files}
+    head_kind = "mul2vec"
+    head_option = "--mul2vec"
 
     def __init__(self, head=None, *, beta_semantic: float | None = None,
                  beta_title: float | None = None, trust: float | None = None):
-        self.path = str(Path(head).resolve()) if isinstance(head, (str, os.PathLike)) else None
-        self.head = None if self.path else head
+        super().__init__(head)
         self.late = head is None
         self.trust = DEFAULT_TRUST if trust is None else trust
         if self.late:
@@ -110,11 +109,10 @@ class TitlesPlugin(IndexPlugin):
                                   else beta_semantic)
             self.beta_title = 0.0 if beta_title is None else beta_title
         self.hook: IndexFusion | None = None
-        self._ctx = None
 
     @classmethod
     def restore(cls, record: dict, ctx) -> TitlesPlugin:
-        return cls(recorded_file(record, "fusion", "--mul2vec"),
+        return cls(cls.recorded_head(record),
                    **{name: record.get(name) for name in _WEIGHTS})
 
     @classmethod
@@ -133,16 +131,10 @@ class TitlesPlugin(IndexPlugin):
         if head is None and not late:
             if record is None or all(w is None for w in weights.values()):
                 return None  # nothing asked, or weights alone with nothing recorded to fuse
-            head = recorded_file(record, "fusion", "--mul2vec")  # None: late fusion
+            head = cls.recorded_head(record)  # None: late fusion
         same_kind = record is not None and (record.get("head") is None) == (head is None)
         return cls(head, **{name: record.get(name) if value is None and same_kind else value
                             for name, value in weights.items()})
-
-    def validate(self, model) -> None:
-        if self.path is not None:
-            from ..heads.base import load_head
-
-            self.head = load_head(self.path, model, kind="mul2vec")
 
     def attach(self, ctx) -> None:
         self.validate(ctx.model)
@@ -155,7 +147,7 @@ class TitlesPlugin(IndexPlugin):
             stage = TitleStage(hook.rows.title_text.shape[1])
             ctx.add_stage(stage, videos=lambda ids, _: hook.rows.title_text[ids])
         ctx.add_hook(hook)
-        self.hook, self._ctx = hook, ctx
+        self.hook = hook
 
     def record(self) -> dict | None:
         if not self.late and self.path is None:
