@@ -63,6 +63,7 @@ class PluginHost(Mapping[str, IndexPlugin]):
     def _attach(self, key: str, plugin: IndexPlugin) -> None:
         ctx = self._context()
         try:
+            plugin.validate(ctx.model)
             plugin.attach(ctx)
         except BaseException:
             ctx.detach()

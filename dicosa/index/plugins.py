@@ -213,7 +213,8 @@ class IndexPlugin:
         return os.fspath(path) if path else None
 
     def validate(self, model: DiCoSA) -> None:
-        """Load its head file, checked against ``model`` (before any video is encoded)."""
+        """Load its head file, checked against ``model`` (before any video is encoded, and
+        before each :meth:`attach`)."""
         if self.path is not None:
             self.head = self.read_head(model)
 

@@ -136,7 +136,6 @@ class ExclusionPlugin(IndexPlugin):
         return cls(head, settings_config(record, **settings) if settings else None)
 
     def attach(self, ctx) -> None:
-        self.validate(ctx.model)
         head = self.head.to("cpu").eval()
         codes = RowCodes(ctx.store, ctx.directory, head)
         codes.update()

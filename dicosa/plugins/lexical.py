@@ -166,7 +166,6 @@ class LexicalPlugin(IndexPlugin):
         options = (stored.get("options") if self.options is None
                    and backend == stored.get("backend") else self.options)
         self.config = check_sparse_backend(backend, options)
-        self.validate(ctx.model)
         head = self.head.to("cpu").eval()
         self.head, self._ctx = head, ctx
         stage, held = _open_stage(ctx.directory, head, self.config)

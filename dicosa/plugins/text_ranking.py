@@ -28,8 +28,8 @@ from ..text.rrf import ALL_SOURCES, VISUAL, competition_ranks, fuse, parse_sourc
 if TYPE_CHECKING:
     from ..index.searcher import SearchResult
 
-__all__ = ["SOURCE", "TEXT_RANKED", "WITHOUT_TEXT", "TextRanking", "line_text", "mark_words",
-           "ranked_by", "ranking_of"]
+__all__ = ["SOURCE", "TEXT_RANKED", "WITHOUT_TEXT", "TextRanking", "line_text", "ranked_by",
+           "ranking_of"]
 
 TEXT_RANKED = 1000  # rows of the text ranking each query keeps (the first stage's C at most)
 _TOKEN = re.compile(r"[^\W_]+")
@@ -163,20 +163,14 @@ def ranked_by(result: SearchResult) -> dict:
     return {"by": "pictures and words" if matched else "pictures", "sources": sources}
 
 
-def mark_words(text: str, words: list[str] | set[str], left: str = "[", right: str = "]"
-               ) -> str:
-    """``text`` with each of ``words`` (as :func:`~dicosa.text.query.words_of` gives them)
-    between ``left`` and ``right``."""
-    wanted = set(words)
-    return _TOKEN.sub(lambda m: f"{left}{m.group(0)}{right}"
-                      if words_of(m.group(0)) and words_of(m.group(0))[0] in wanted
-                      else m.group(0), text)
-
-
 def line_text(line: dict) -> str:
-    """A matched line for a person: ``speech 0:03.0-0:05.2 "the [secret] number"``."""
-    return (f"{line['source']} {_clock(line['start'])}-{_clock(line['end'])} "
-            f"\"{mark_words(line['text'], line['words'])}\"")
+    """A matched line for a person: ``speech 0:03.0-0:05.2 "the [secret] number"`` (the
+    line's ``words``, as :func:`~dicosa.text.query.words_of` gives them, in brackets)."""
+    wanted = set(line["words"])
+    marked = _TOKEN.sub(lambda m: f"[{m.group(0)}]"
+                        if words_of(m.group(0)) and words_of(m.group(0))[0] in wanted
+                        else m.group(0), line["text"])
+    return f"{line['source']} {_clock(line['start'])}-{_clock(line['end'])} \"{marked}\""
 
 
 def _clock(seconds: float) -> str:

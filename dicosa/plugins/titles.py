@@ -137,7 +137,6 @@ class TitlesPlugin(IndexPlugin):
                             for name, value in weights.items()})
 
     def attach(self, ctx) -> None:
-        self.validate(ctx.model)
         hook = IndexFusion(ctx, self.head, beta_semantic=self.beta_semantic,
                            beta_title=self.beta_title, trust=self.trust)
         if self.head is not None:
