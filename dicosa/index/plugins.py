@@ -150,7 +150,8 @@ class IndexContext:
 
 class IndexPlugin:
     """A head's or a text source's part of an index (see the module docstring); every
-    method but :meth:`attach` and :meth:`restore` has a default that does nothing."""
+    method but :meth:`attach` and :meth:`restore` has a default that does nothing (but
+    :meth:`validate`'s, which loads a head file)."""
 
     key: ClassVar[str]  # its record in the manifest's meta
     api_name: ClassVar[str]  # its explanations' name in answers (JSON)

@@ -6,9 +6,8 @@
 - a :class:`~dicosa.search.sparse.SparseStage` holding each row's sparse word vector
   (``head.encode_videos`` of the stored frames), kept in the index folder as
   ``sparse-lexical.npz`` (+ ``lexical.json``: which head made it) and saved by the index
-  with its other stages, so reopening the index reuses the vectors. Rows the stage lacks
-  (added while it was not attached) get their vectors when it is attached; rows added later
-  get theirs as they are added; removed rows leave it with the index's ``remove``;
+  with its other stages, so reopening the index reuses the vectors (the index keeps it in
+  step with the store: :meth:`~dicosa.index.plugins.IndexContext.add_stage`);
 - a query encoder: ``head.prepare(queries, "bow")`` in the ``"bow"`` search mode, the head's
   parametric query (``"lexical"``) otherwise;
 - the search modes ``"lexical"`` (sparse stage only), ``"bow"`` (sparse stage, bag-of-words
