@@ -277,12 +277,12 @@ def _token_states(ctx, texts: list[str]) -> TokenStates:
     return TokenStates(states.float().cpu(), valid.cpu())
 
 
-def explain_words(plugin: LexicalPlugin, result: SearchResult, hits: list[Hit] | None = None,
-                  n: int | None = None) -> list[dict]:
+def explain_words(plugin: LexicalPlugin, result: SearchResult, hits: list[Hit] | None = None
+                  ) -> list[dict]:
     """For each hit (default: the result's): ``{"sparse_score", "words": {word:
-    contribution}}``, the words the query and the video share, largest first; with ``n``
-    None the contributions sum to ``sparse_score``, the sparse stage's score of the pair (in
-    the search mode's query: ``"bow"`` the query's words, else the head's parametric query).
+    contribution}}``, the words the query and the video share, largest first, summing to
+    ``sparse_score``, the sparse stage's score of the pair (in the search mode's query:
+    ``"bow"`` the query's words, else the head's parametric query).
     The query's sparse vector is the one the search computed, or made now from the encoded
     query (no text tower run) when the search did not need it."""
     hits = result.hits if hits is None else hits
@@ -291,7 +291,7 @@ def explain_words(plugin: LexicalPlugin, result: SearchResult, hits: list[Hit] |
     query_vector = torch.from_numpy(_query_vector(plugin, result))  # [|V|]
     videos = plugin.stage.vectors(np.array([h.row for h in hits])).toarray()  # [H, |V|]
     return [{"sparse_score": float(query_vector @ video),
-             "words": plugin.head.explain(query_vector, video, n)}
+             "words": plugin.head.explain(query_vector, video)}
             for video in torch.from_numpy(videos)]
 
 

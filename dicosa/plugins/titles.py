@@ -39,6 +39,7 @@ from ..search.title_fusion import (
     TitleStage,
     fusion_rows,
 )
+from ..search.types import EncodedQueries
 
 if TYPE_CHECKING:
     from ..index.searcher import Hit, SearchResult
@@ -243,8 +244,6 @@ def explain_hits(hook: FusionRerank, result: SearchResult,
     if not hits:
         return []
     q = result.position
-    from ..search.types import EncodedQueries
-
     encoded = EncodedQueries([result.encoded.queries[q]],
                              type(result.encoded.text)(result.encoded.text.text[q:q + 1]), {})
     ids = np.array([[h.row for h in hits]], dtype=np.int64)
