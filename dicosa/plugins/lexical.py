@@ -131,8 +131,7 @@ class LexicalPlugin(IndexPlugin):
     @classmethod
     def restore(cls, record: dict, ctx) -> LexicalPlugin:
         sparse = record.get("sparse") or {}
-        return cls(cls.recorded_head(record), sparse.get("backend"),
-                   sparse.get("options"))
+        return cls(cls.recorded_head(record), sparse.get("backend"), sparse.get("options"))
 
     @classmethod
     def from_options(cls, options: Mapping[str, object], record: dict | None

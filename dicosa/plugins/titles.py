@@ -113,8 +113,7 @@ class TitlesPlugin(IndexPlugin):
 
     @classmethod
     def restore(cls, record: dict, ctx) -> TitlesPlugin:
-        return cls(cls.recorded_head(record),
-                   **{name: record.get(name) for name in _WEIGHTS})
+        return cls(cls.recorded_head(record), **{name: record.get(name) for name in _WEIGHTS})
 
     @classmethod
     def from_options(cls, options: Mapping[str, object], record: dict | None
