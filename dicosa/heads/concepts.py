@@ -33,7 +33,7 @@ from .. import functional as DF
 from ..metrics import ranks_t2v, retrieval_metrics
 from ..model import VideoFeatures
 from .base import Head
-from .features import HeadData, SplitFeatures
+from .features import HeadData, SplitFeatures, text_vectors
 from .vocabulary import caption_words
 
 __all__ = [
@@ -100,16 +100,16 @@ def word_vectors(model: nn.Module, words: Sequence[str], source: str,
     PSL that SPINE switches every unit off (measured: 127 of 128 units dead); GloVe's scale
     (norms of 5-8) is what SPINE's loss weights were made for.
     """
-    from ..clip import get_tokenizer
+    if source == "text_tower":
+        vectors = text_vectors(model, list(words), batch_size)
+    elif source == "token_embedding":
+        from ..clip import get_tokenizer
 
-    tokenize = get_tokenizer(model.config.arch, model.config.max_words)
-    device = next(model.parameters()).device
-    parts = []  # on the CPU, where the head is fitted
-    for start in range(0, len(words), batch_size):
-        tokens = tokenize(list(words[start:start + batch_size])).to(device)  # [B, L]
-        if source == "text_tower":
-            parts.append(model.encode_text(tokens).text.float().cpu())
-        elif source == "token_embedding":
+        tokenize = get_tokenizer(model.config.arch, model.config.max_words)
+        device = model.clip.token_embedding.weight.device
+        parts = []  # on the CPU, where the head is fitted
+        for start in range(0, len(words), batch_size):
+            tokens = tokenize(list(words[start:start + batch_size])).to(device)  # [B, L]
             # Tokens between SOT (position 0) and EOT (the largest id, found by argmax).
             eot = tokens.argmax(dim=-1, keepdim=True)
             position = torch.arange(tokens.shape[1], device=device)[None]
@@ -117,9 +117,9 @@ def word_vectors(model: nn.Module, words: Sequence[str], source: str,
             embedded = model.clip.token_embedding(tokens).float()  # [B, L, W]
             parts.append((torch.einsum("bl,blw->bw", inside, embedded)
                           / inside.sum(1, keepdim=True).clamp_min(1)).cpu())
-        else:
-            raise ValueError(f"unknown word_source {source!r}")
-    vectors = torch.cat(parts)
+        vectors = torch.cat(parts)
+    else:
+        raise ValueError(f"unknown word_source {source!r}")
     return (vectors - vectors.mean(0)) / vectors.std(0).clamp_min(1e-6)
 
 
@@ -334,17 +334,13 @@ class ConceptCodesHead(Head):
     def _fit_encoders(self, train: SplitFeatures, generator: torch.Generator,
                       progress: bool) -> dict:
         proxies = DF.video_proxy(train.video.frames, train.video.frame_mask)  # [V, D]
-        captions_of = [[] for _ in range(train.num_videos)]
-        for c, v in enumerate(train.caption_video.tolist()):
-            captions_of[v].append(c)
         optimizer = torch.optim.Adam(self.parameters(), lr=self.config.lr)
         batches = _video_batches(train.num_videos, self.config.batch_size, generator)
         first = last = None
         for step in range(self.config.steps):
             videos = next(batches)
             # One caption per video: two captions of one video in a batch would be negatives.
-            captions = [c[int(torch.randint(len(c), (1,), generator=generator))]
-                        for c in (captions_of[v] for v in videos.tolist())]
+            captions = train.one_caption_each(videos, generator).tolist()
             parts = self.loss(train.text.text[captions], proxies[videos],
                               [train.captions[c] for c in captions])
             optimizer.zero_grad()

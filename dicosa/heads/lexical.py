@@ -264,17 +264,10 @@ def _batches(data: SplitFeatures, batch_size: int, generator: torch.Generator):
     """Batches of distinct videos with one random caption each: ``(captions [B], videos [B])``
     (distinct videos keep in-batch negatives true negatives)."""
     order = torch.randperm(data.num_videos, generator=generator)
-    by_video = [[] for _ in range(data.num_videos)]
-    for c, v in enumerate(data.caption_video.tolist()):
-        by_video[v].append(c)
     for start in range(0, len(order), batch_size):
         videos = order[start:start + batch_size]
-        if len(videos) < 2:
-            continue
-        captions = torch.tensor([by_video[v][int(torch.randint(len(by_video[v]), (1,),
-                                                                generator=generator))]
-                                 for v in videos.tolist()])
-        yield captions, videos
+        if len(videos) >= 2:
+            yield data.one_caption_each(videos, generator), videos
 
 
 def _fit_loop(head: LexicalHead, data: HeadData, loss_fn, epochs: int, batch_size: int,

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from .. import functional as DF
 from ..data.incomplete import words
 from .base import Head
-from .features import HeadData, SplitFeatures
+from .features import HeadData, SplitFeatures, text_vectors
 
 __all__ = ["Mul2vecConfig", "Mul2vecHead", "TensorEntries", "ilm_dlm_triplet",
            "sample_negatives", "tfidf_entries"]
@@ -274,7 +274,8 @@ class Mul2vecHead(Head):
         entries = tfidf_entries(train.captions, doc_entity, vocab)
         head = cls(config, train.text.text.shape[1], list(vocab), len(train.captions),
                    train.num_videos)
-        context = {"doc": train.text.text, "word": encode_words(model, list(vocab)),
+        # e_v: each word alone through the frozen text tower
+        context = {"doc": train.text.text, "word": text_vectors(model, list(vocab)),
                    "entity": DF.video_proxy(train.video.frames, train.video.frame_mask)}
         present = torch.zeros(len(train.captions), len(vocab), dtype=torch.bool)
         present[entries.doc, entries.word] = True
@@ -322,18 +323,6 @@ def build_vocab(documents: list[str], min_count: int = 1) -> dict[str, int]:
     """word -> column of D, for words in at least ``min_count`` documents (sorted)."""
     counts = Counter(w for d in documents for w in set(words(d)))
     return {w: i for i, w in enumerate(sorted(w for w, c in counts.items() if c >= min_count))}
-
-
-@torch.no_grad()
-def encode_words(model: nn.Module, vocab: list[str], batch_size: int = 256) -> Tensor:
-    """e_v ``[V, D]``: each word alone through the frozen text tower."""
-    from ..clip import get_tokenizer
-
-    tokenize = get_tokenizer(model.config.arch, model.config.max_words)
-    device = next(model.parameters()).device
-    parts = [model.encode_text(tokenize(vocab[i:i + batch_size]).to(device)).text.float().cpu()
-             for i in range(0, len(vocab), batch_size)]
-    return torch.cat(parts) if parts else torch.zeros(0, 0)
 
 
 @torch.no_grad()
