@@ -56,9 +56,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ConceptCodesConfig:
-    """Hyper-parameters of the concepts head. d and top-k were chosen on the validation split
-    of the synthetic benchmark (benchmarks/exclusion.py; two seeds of three); the rest are
-    SPINE's or the paper's values, or were set once and not swept."""
+    """Hyper-parameters of the concepts head: d and top-k chosen on the synthetic benchmark's
+    validation split, the rest SPINE's or the paper's values."""
 
     dim: int = 128                      # d: latent width = SPINE's hidden units
     top_k: int = 16                     # k of the top-k mask
@@ -97,8 +96,8 @@ def word_vectors(model: nn.Module, words: Sequence[str], source: str,
     word's BPE token embeddings (m = the text tower's width). Each dimension is centred and
     scaled to unit variance over the vocabulary: the words of one tower share a large common
     direction, and unit-length inputs make the reconstruction term so small against ASL and
-    PSL that SPINE switches every unit off (measured: 127 of 128 units dead); GloVe's scale
-    (norms of 5-8) is what SPINE's loss weights were made for.
+    PSL that SPINE switches nearly every unit off; GloVe's scale (norms of 5-8) is what
+    SPINE's loss weights were made for.
     """
     if source == "text_tower":
         vectors = text_vectors(model, list(words), batch_size)
@@ -313,19 +312,14 @@ class ConceptCodesHead(Head):
         from a forked, seeded one)."""
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            return cls._fit(model, data, config, seed, progress)
-
-    @classmethod
-    def _fit(cls, model: nn.Module, data: HeadData, config: ConceptCodesConfig,
-             seed: int, progress: bool) -> ConceptCodesHead:
-        generator = torch.Generator().manual_seed(seed)
-        train = data.train
-        vocabulary = build_vocabulary(train.captions)
-        head = cls(config, train.text.text.shape[1], vocabulary)
-        word_codes, report = fit_spine(word_vectors(model, vocabulary, config.word_source),
-                                       config, generator)
-        head.word_codes.copy_(word_codes)
-        report.update(head._fit_encoders(train, generator, progress))
+            generator = torch.Generator().manual_seed(seed)
+            train = data.train
+            vocabulary = build_vocabulary(train.captions)
+            head = cls(config, train.text.text.shape[1], vocabulary)
+            word_codes, report = fit_spine(word_vectors(model, vocabulary, config.word_source),
+                                           config, generator)
+            head.word_codes.copy_(word_codes)
+            report.update(head._fit_encoders(train, generator, progress))
         if data.val is not None:
             report.update({f"val_{k}": v for k, v in head.retrieval_report(data.val).items()})
         head.fit_report = report
