@@ -205,13 +205,14 @@ class LexicalHead(Head):
 
     @torch.no_grad()
     def encode_texts(self, text: Tensor, captions: list[str]) -> Tensor:
-        """Parametric sparse query vectors ``[B, |V|]`` from DiCoSA text vectors ``[B, D]``."""
-        raise NotImplementedError
+        """Parametric sparse query vectors ``[B, |V|]`` from DiCoSA text vectors ``[B, D]``:
+        the weights as they are, unless a head gates them."""
+        return self.text_weights(text)
 
     @torch.no_grad()
     def encode_videos(self, video: VideoFeatures) -> Tensor:
         """Sparse video vectors ``[B_v, |V|]`` (what the inverted index stores)."""
-        raise NotImplementedError
+        return self.video_weights(video)
 
     def prepare(self, queries: Any, mode: str = "lexical") -> None:
         """Fill ``queries.extra["lexical"]`` (an :class:`~dicosa.search.types.EncodedQueries`)
@@ -459,7 +460,8 @@ class D2SConfig:
 
 
 class D2SHead(LexicalHead):
-    """Dense2Sparse: one projection shared by texts and video proxies (see module docstring)."""
+    """Dense2Sparse: one projection shared by texts and video proxies (see module docstring);
+    search reads the plain weights, expansion control being a training device only."""
 
     kind = "d2s"
     Config = D2SConfig
@@ -480,14 +482,6 @@ class D2SHead(LexicalHead):
 
     def video_weights(self, video: VideoFeatures) -> Tensor:
         return self.weights(DF.video_proxy(video.frames.float(), video.frame_mask))
-
-    @torch.no_grad()
-    def encode_texts(self, text: Tensor, captions: list[str]) -> Tensor:
-        return self.text_weights(text)  # expansion control is a training device only
-
-    @torch.no_grad()
-    def encode_videos(self, video: VideoFeatures) -> Tensor:
-        return self.video_weights(video)
 
     @torch.no_grad()
     def frame_activations(self, video: VideoFeatures) -> Tensor:

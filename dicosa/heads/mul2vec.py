@@ -160,11 +160,8 @@ def ilm_dlm_triplet(anchor: Tensor, positive: Tensor, group: Tensor, margin: flo
 class Mul2vecHead(Head):
     """NTF over (document, word, video) with amortised encoders for new texts and videos.
 
-    Args:
-        config: hyper-parameters.
-        dim: width D of DiCoSA's text and video vectors.
-        vocab: the words of the tensor's second mode.
-        num_docs, num_entities: sizes of the training tensor's first and third modes.
+    ``dim`` is the width D of DiCoSA's vectors, ``vocab`` the words of the tensor's second
+    mode, ``num_docs`` and ``num_entities`` the sizes of its first and third modes.
     """
 
     kind = "mul2vec"
