@@ -15,14 +15,9 @@ instead:
 - q(t) = [ MLP(T ; c(t)) ; α c(t) ]: the same for the text, the MLP's last layer zero at
   start, so training starts exactly at the ``"confidence"`` summary and only improves on it.
 
-Training needs no labels: unlabelled videos (frames as DiCoSA encodes them) and captions
-(text vectors) of the collection's kind, and DiCoSA's own S as the teacher. Per step a batch
-of captions is scored against shared random videos plus, per caption, the teacher's top
-videos and a sample of its next few thousand; the loss is the KL divergence of the student's
-softmax from the teacher's at temperature ``tau`` (listwise distillation), so it learns
+Training needs no labels: DiCoSA's exhaustive S of unlabelled captions against unlabelled
+videos is the teacher, and a listwise KL divergence (:func:`_distillation_loss`) teaches
 above all the order at the head of each ranking, which is what the candidates must hold.
-The teacher is the exhaustive S of the training captions against the training videos,
-computed once (``queries × videos`` pairs of :meth:`DiCoSA.score`).
 """
 
 from __future__ import annotations
@@ -281,8 +276,8 @@ def fit_summary(model: DiCoSA, videos: VideoFeatures, text: Tensor,
                      loss.item(), time.perf_counter() - started)
     head.eval()
     with torch.no_grad():  # the sphere holds the training videos' vectors with a 25% margin
-        norms = torch.cat([prepared.videos(head, torch.arange(i, min(i + 8192, len(videos))))
-                           .norm(dim=-1) for i in range(0, len(videos), 8192)])
+        norms = torch.cat([prepared.videos(head, ids).norm(dim=-1)
+                           for ids in torch.arange(len(videos)).split(8192)])
     head.radius = 1.25 * float(norms.max())
     head.trained = {"videos": training_videos, "cut_videos": cuts, "captions": len(text),
                     "steps": config.steps,
