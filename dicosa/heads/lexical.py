@@ -250,7 +250,7 @@ class LexicalHead(Head):
     @torch.no_grad()
     def frame_words(self, video: VideoFeatures, n: int = 5) -> list[list[tuple[str, float]]]:
         """Per-frame top words of one video (``len(video) == 1``): the figure of a video's
-        words over time. Uses the head's per-frame weights where it has them."""
+        words over time."""
         return [self.top_words(w, n) for w in self.frame_activations(video)]
 
     @torch.no_grad()

@@ -217,15 +217,10 @@ class Mul2vecHead(Head):
 
     def entity_vectors(self, title_text: Tensor, has_title: Tensor, proxy: Tensor,
                        has_video: Tensor, frames_lost: Tensor | None = None) -> Tensor:
-        """g ``[V, K]`` (unit norm) of indexed videos from whatever each one has.
-
-        Args:
-            title_text: DiCoSA text vectors of the titles ``[V, D]`` (any value where absent).
-            has_title: ``[V]`` bool.
-            proxy: video proxies ``[V, D]`` (any value where the video is absent).
-            has_video: ``[V]`` bool; False for text-only entries.
-            frames_lost: ``[V]`` fraction of frames known to be lost; the video view counts
-                for the frames that remain.
+        """g ``[V, K]`` (unit norm) of indexed videos from whatever each one has: the titles'
+        DiCoSA text vectors ``title_text [V, D]`` where ``has_title [V]``, the video proxies
+        ``proxy [V, D]`` where ``has_video [V]`` (False for text-only entries), and
+        ``frames_lost [V]``, the fraction of frames known to be lost.
 
         The title view f(title) and the video view f_v(proxy) are averaged with weights
         has_title and has_video * (1 - frames_lost): an entity's vector is the mean of its
