@@ -13,13 +13,12 @@ import torch.nn.functional as F
 from dicosa import functional as DF
 from dicosa.data.incomplete import apply_gallery, incomplete_gallery, mask_words, words
 from dicosa.heads import load_head, save_head
-from dicosa.heads.features import HeadData, SplitFeatures
+from dicosa.heads.features import HeadData, SplitFeatures, text_vectors
 from dicosa.heads.mul2vec import (
     Mul2vecConfig,
     Mul2vecHead,
     TensorEntries,
     build_vocab,
-    encode_words,
     ilm_dlm_triplet,
     sample_negatives,
     tfidf_entries,
@@ -178,7 +177,7 @@ def toy():
     torch.manual_seed(0)
     model = DiCoSA.from_config(tiny_config()).eval()
     g = torch.Generator().manual_seed(0)
-    dim = encode_words(model, ["red"]).shape[1]  # the width the head's word vectors have
+    dim = text_vectors(model, ["red"]).shape[1]  # the width the head's word vectors have
     words_vec = {w: torch.randn(dim, generator=g) for w in COLOURS + SHAPES}
     rotation = torch.linalg.qr(torch.randn(dim, dim, generator=g))[0]
     data = HeadData(_split("train", range(24), g, words_vec, rotation),

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from ..checkpoint import save_checkpoint
+from ..checkpoint import read_checkpoint_file, save_checkpoint
 from ..config import dataclass_from_dict
 from ..errors import HeadMismatchError
 from ..fingerprint import fingerprint_mismatch, model_fingerprint
@@ -145,8 +145,6 @@ def save_head(head: Head, path: str | Path, model: nn.Module,
 
 def read_head_file(path: str | Path) -> dict:
     """The raw contents of a head file, checked to be one (HeadMismatchError otherwise)."""
-    from ..checkpoint import read_checkpoint_file
-
     state = read_checkpoint_file(path)
     if not isinstance(state, dict) or state.get("head_format") != HEAD_FORMAT:
         raise HeadMismatchError(f"{path} is not a dicosa head file (train one with "

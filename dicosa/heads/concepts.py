@@ -33,7 +33,7 @@ from .. import functional as DF
 from ..metrics import ranks_t2v, retrieval_metrics
 from ..model import VideoFeatures
 from .base import Head
-from .features import HeadData, SplitFeatures
+from .features import HeadData, SplitFeatures, text_vectors
 from .vocabulary import caption_words
 
 __all__ = [
@@ -56,9 +56,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ConceptCodesConfig:
-    """Hyper-parameters of the concepts head. d and top-k were chosen on the validation split
-    of the synthetic benchmark (benchmarks/exclusion.py; two seeds of three); the rest are
-    SPINE's or the paper's values, or were set once and not swept."""
+    """Hyper-parameters of the concepts head: d and top-k chosen on the synthetic benchmark's
+    validation split, the rest SPINE's or the paper's values."""
 
     dim: int = 128                      # d: latent width = SPINE's hidden units
     top_k: int = 16                     # k of the top-k mask
@@ -97,19 +96,19 @@ def word_vectors(model: nn.Module, words: Sequence[str], source: str,
     word's BPE token embeddings (m = the text tower's width). Each dimension is centred and
     scaled to unit variance over the vocabulary: the words of one tower share a large common
     direction, and unit-length inputs make the reconstruction term so small against ASL and
-    PSL that SPINE switches every unit off (measured: 127 of 128 units dead); GloVe's scale
-    (norms of 5-8) is what SPINE's loss weights were made for.
+    PSL that SPINE switches nearly every unit off; GloVe's scale (norms of 5-8) is what
+    SPINE's loss weights were made for.
     """
-    from ..clip import get_tokenizer
+    if source == "text_tower":
+        vectors = text_vectors(model, list(words), batch_size)
+    elif source == "token_embedding":
+        from ..clip import get_tokenizer
 
-    tokenize = get_tokenizer(model.config.arch, model.config.max_words)
-    device = next(model.parameters()).device
-    parts = []  # on the CPU, where the head is fitted
-    for start in range(0, len(words), batch_size):
-        tokens = tokenize(list(words[start:start + batch_size])).to(device)  # [B, L]
-        if source == "text_tower":
-            parts.append(model.encode_text(tokens).text.float().cpu())
-        elif source == "token_embedding":
+        tokenize = get_tokenizer(model.config.arch, model.config.max_words)
+        device = model.clip.token_embedding.weight.device
+        parts = []  # on the CPU, where the head is fitted
+        for start in range(0, len(words), batch_size):
+            tokens = tokenize(list(words[start:start + batch_size])).to(device)  # [B, L]
             # Tokens between SOT (position 0) and EOT (the largest id, found by argmax).
             eot = tokens.argmax(dim=-1, keepdim=True)
             position = torch.arange(tokens.shape[1], device=device)[None]
@@ -117,9 +116,9 @@ def word_vectors(model: nn.Module, words: Sequence[str], source: str,
             embedded = model.clip.token_embedding(tokens).float()  # [B, L, W]
             parts.append((torch.einsum("bl,blw->bw", inside, embedded)
                           / inside.sum(1, keepdim=True).clamp_min(1)).cpu())
-        else:
-            raise ValueError(f"unknown word_source {source!r}")
-    vectors = torch.cat(parts)
+        vectors = torch.cat(parts)
+    else:
+        raise ValueError(f"unknown word_source {source!r}")
     return (vectors - vectors.mean(0)) / vectors.std(0).clamp_min(1e-6)
 
 
@@ -313,19 +312,14 @@ class ConceptCodesHead(Head):
         from a forked, seeded one)."""
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            return cls._fit(model, data, config, seed, progress)
-
-    @classmethod
-    def _fit(cls, model: nn.Module, data: HeadData, config: ConceptCodesConfig,
-             seed: int, progress: bool) -> ConceptCodesHead:
-        generator = torch.Generator().manual_seed(seed)
-        train = data.train
-        vocabulary = build_vocabulary(train.captions)
-        head = cls(config, train.text.text.shape[1], vocabulary)
-        word_codes, report = fit_spine(word_vectors(model, vocabulary, config.word_source),
-                                       config, generator)
-        head.word_codes.copy_(word_codes)
-        report.update(head._fit_encoders(train, generator, progress))
+            generator = torch.Generator().manual_seed(seed)
+            train = data.train
+            vocabulary = build_vocabulary(train.captions)
+            head = cls(config, train.text.text.shape[1], vocabulary)
+            word_codes, report = fit_spine(word_vectors(model, vocabulary, config.word_source),
+                                           config, generator)
+            head.word_codes.copy_(word_codes)
+            report.update(head._fit_encoders(train, generator, progress))
         if data.val is not None:
             report.update({f"val_{k}": v for k, v in head.retrieval_report(data.val).items()})
         head.fit_report = report
@@ -334,17 +328,13 @@ class ConceptCodesHead(Head):
     def _fit_encoders(self, train: SplitFeatures, generator: torch.Generator,
                       progress: bool) -> dict:
         proxies = DF.video_proxy(train.video.frames, train.video.frame_mask)  # [V, D]
-        captions_of = [[] for _ in range(train.num_videos)]
-        for c, v in enumerate(train.caption_video.tolist()):
-            captions_of[v].append(c)
         optimizer = torch.optim.Adam(self.parameters(), lr=self.config.lr)
         batches = _video_batches(train.num_videos, self.config.batch_size, generator)
         first = last = None
         for step in range(self.config.steps):
             videos = next(batches)
             # One caption per video: two captions of one video in a batch would be negatives.
-            captions = [c[int(torch.randint(len(c), (1,), generator=generator))]
-                        for c in (captions_of[v] for v in videos.tolist())]
+            captions = train.one_caption_each(videos, generator).tolist()
             parts = self.loss(train.text.text[captions], proxies[videos],
                               [train.captions[c] for c in captions])
             optimizer.zero_grad()

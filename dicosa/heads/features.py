@@ -9,6 +9,7 @@ the same checkpoint reads the features back instead of decoding videos again.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from ..data.protocol import FrameProtocol
 from ..fingerprint import model_fingerprint
 from ..model import DiCoSA, TextFeatures, VideoFeatures
 
-__all__ = ["HeadData", "SplitFeatures", "head_data", "split_features"]
+__all__ = ["HeadData", "SplitFeatures", "head_data", "split_features", "text_vectors"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,18 @@ class SplitFeatures:
     @property
     def num_videos(self) -> int:
         return len(self.video)
+
+    @functools.cached_property
+    def _captions_of(self) -> list[list[int]]:
+        by_video = [[] for _ in range(self.num_videos)]
+        for c, v in enumerate(self.caption_video.tolist()):
+            by_video[v].append(c)
+        return by_video
+
+    def one_caption_each(self, videos: Tensor, generator: torch.Generator) -> Tensor:
+        """A random caption of each of ``videos [B]``: ``[B]`` long."""
+        return torch.tensor([c[int(torch.randint(len(c), (1,), generator=generator))]
+                             for c in (self._captions_of[v] for v in videos.tolist())])
 
 
 @dataclass
@@ -84,8 +97,7 @@ def split_features(model: DiCoSA, split: RetrievalSplit, *, frames: FrameProtoco
 
     device = torch.device(device)
     cache = FeatureCache(Path(cache_dir) if cache_dir is not None else None)
-    # The protocol is in the key: a cache written before it was (always segments/black) has
-    # another key, so it is recomputed rather than read for a model of another protocol.
+    # The protocol is in the key: features of another protocol are recomputed, not read.
     base = {"version": FEATURES_VERSION, "weights": model_fingerprint(model)["weights_sha256"],
             "model": dataclasses.asdict(model.config), "precision": "no",
             "device": device.type, "frames": frames.as_dict()}
@@ -126,3 +138,13 @@ def head_data(model: DiCoSA, cfg: Config, *, cache_dir: str | Path | None,
               "num_workers": data.num_workers, "device": device, "progress": progress}
     return HeadData(split_features(model, split, **common),
                     split_features(model, val, **common) if val is not None else None)
+
+
+@torch.no_grad()
+def text_vectors(model: DiCoSA, texts: list[str], batch_size: int = 256) -> Tensor:
+    """T ``[len(texts), D]`` of ``texts`` through the frozen text tower (float32, CPU)."""
+    from ..evaluation import encode_texts
+
+    tokenize = get_tokenizer(model.config.arch, model.config.max_words)
+    device = next(model.parameters()).device
+    return encode_texts(model, texts, tokenize, batch_size, device).text

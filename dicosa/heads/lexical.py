@@ -178,6 +178,16 @@ class LexicalHead(Head):
     def init_args(self) -> dict[str, Any]:
         return {"words": self.vocab.words, "token_ids": self.vocab.token_ids, "dim": self.dim}
 
+    @classmethod
+    def _untrained(cls, model: nn.Module, data: HeadData, config: Any,
+                   seed: int) -> tuple[LexicalHead, Tensor]:
+        """A seeded head on the training captions' vocabulary, and that vocabulary's word
+        vectors (config ``init``) for its projections."""
+        torch.manual_seed(seed)
+        vocab = build_vocabulary(data.train.captions, model.config.arch, config.distractors)
+        head = cls(config, vocab.words, vocab.token_ids, data.train.text.text.shape[1])
+        return head, word_vectors(model, vocab, config.init)
+
     @property
     def words(self) -> list[str]:
         return self.vocab.words
@@ -195,13 +205,14 @@ class LexicalHead(Head):
 
     @torch.no_grad()
     def encode_texts(self, text: Tensor, captions: list[str]) -> Tensor:
-        """Parametric sparse query vectors ``[B, |V|]`` from DiCoSA text vectors ``[B, D]``."""
-        raise NotImplementedError
+        """Parametric sparse query vectors ``[B, |V|]`` from DiCoSA text vectors ``[B, D]``:
+        the weights as they are, unless a head gates them."""
+        return self.text_weights(text)
 
     @torch.no_grad()
     def encode_videos(self, video: VideoFeatures) -> Tensor:
         """Sparse video vectors ``[B_v, |V|]`` (what the inverted index stores)."""
-        raise NotImplementedError
+        return self.video_weights(video)
 
     def prepare(self, queries: Any, mode: str = "lexical") -> None:
         """Fill ``queries.extra["lexical"]`` (an :class:`~dicosa.search.types.EncodedQueries`)
@@ -239,7 +250,7 @@ class LexicalHead(Head):
     @torch.no_grad()
     def frame_words(self, video: VideoFeatures, n: int = 5) -> list[list[tuple[str, float]]]:
         """Per-frame top words of one video (``len(video) == 1``): the figure of a video's
-        words over time. Uses the head's per-frame weights where it has them."""
+        words over time."""
         return [self.top_words(w, n) for w in self.frame_activations(video)]
 
     @torch.no_grad()
@@ -264,33 +275,27 @@ def _batches(data: SplitFeatures, batch_size: int, generator: torch.Generator):
     """Batches of distinct videos with one random caption each: ``(captions [B], videos [B])``
     (distinct videos keep in-batch negatives true negatives)."""
     order = torch.randperm(data.num_videos, generator=generator)
-    by_video = [[] for _ in range(data.num_videos)]
-    for c, v in enumerate(data.caption_video.tolist()):
-        by_video[v].append(c)
     for start in range(0, len(order), batch_size):
         videos = order[start:start + batch_size]
-        if len(videos) < 2:
-            continue
-        captions = torch.tensor([by_video[v][int(torch.randint(len(by_video[v]), (1,),
-                                                                generator=generator))]
-                                 for v in videos.tolist()])
-        yield captions, videos
+        if len(videos) >= 2:
+            yield data.one_caption_each(videos, generator), videos
 
 
-def _fit_loop(head: LexicalHead, data: HeadData, loss_fn, epochs: int, batch_size: int,
-              lr: float, seed: int, progress: bool, on_epoch=None, select_text=None) -> dict:
-    """AdamW over ``epochs``; keeps the state with the best validation R@5 (training R@5 if
-    there is no validation split). Returns plain facts for ``fit_report``."""
+def _fit_loop(head: LexicalHead, data: HeadData, loss_fn, seed: int, progress: bool,
+              on_epoch=None, select_text=None) -> LexicalHead:
+    """AdamW over the config's ``epochs``; keeps the state with the best validation R@5
+    (training R@5 if there is no validation split) and records plain facts in ``fit_report``."""
+    cfg = head.config
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
     select = data.val if data.val is not None else data.train
     best, best_state, best_epoch, losses = -1.0, None, -1, []
-    for epoch in range(epochs):
+    for epoch in range(cfg.epochs):
         if on_epoch is not None:
             on_epoch(epoch)
         head.train()
         total = 0.0
-        for captions, videos in _batches(data.train, batch_size, generator):
+        for captions, videos in _batches(data.train, cfg.batch_size, generator):
             optimizer.zero_grad()
             loss = loss_fn(captions, videos, generator)
             loss.backward()
@@ -304,9 +309,10 @@ def _fit_loop(head: LexicalHead, data: HeadData, loss_fn, epochs: int, batch_siz
         if score >= best:
             best, best_state, best_epoch = score, copy.deepcopy(head.state_dict()), epoch
     head.load_state_dict(best_state)
-    return {"selected_on": select.name, "selected_epoch": best_epoch,
-            "selected_R@5": round(best, 2), "loss_first_epoch": losses[0],
-            "loss_last_epoch": losses[-1]}
+    head.fit_report = {"selected_on": select.name, "selected_epoch": best_epoch,
+                       "selected_R@5": round(best, 2), "loss_first_epoch": losses[0],
+                       "loss_last_epoch": losses[-1], "vocabulary": len(head.vocab)}
+    return head.eval()
 
 
 def _init_projection(linear: nn.Linear, vectors: Tensor) -> None:
@@ -419,14 +425,11 @@ class VDRHead(LexicalHead):
     @classmethod
     def fit(cls, model: nn.Module, data: HeadData, config: VDRConfig, *, seed: int = 0,
             progress: bool = True) -> VDRHead:
-        torch.manual_seed(seed)
-        vocab = build_vocabulary(data.train.captions, model.config.arch, config.distractors)
-        head = cls(config, vocab.words, vocab.token_ids, data.train.text.text.shape[1])
-        vectors = word_vectors(model, vocab, config.init)
+        head, vectors = cls._untrained(model, data, config, seed)
         _init_projection(head.text_proj, vectors)
         _init_projection(head.video_proj, vectors)
         train = data.train
-        bow = vocab.bow(train.captions)  # [C, |V|]
+        bow = head.vocab.bow(train.captions)  # [C, |V|]
         text, select_text = train.text.text, None
         if config.text_states == "tokens":
             text = text_token_states(model, train.captions)
@@ -438,10 +441,7 @@ class VDRHead(LexicalHead):
         def loss_fn(captions, videos, generator):
             return head.loss(text[captions], bow[captions], train.video[videos], generator)
 
-        head.fit_report = _fit_loop(head, data, loss_fn, config.epochs, config.batch_size,
-                                    config.lr, seed, progress, select_text=select_text)
-        head.fit_report["vocabulary"] = len(vocab)
-        return head.eval()
+        return _fit_loop(head, data, loss_fn, seed, progress, select_text=select_text)
 
 
 # -- Dense2Sparse ---------------------------------------------------------------------------
@@ -460,7 +460,8 @@ class D2SConfig:
 
 
 class D2SHead(LexicalHead):
-    """Dense2Sparse: one projection shared by texts and video proxies (see module docstring)."""
+    """Dense2Sparse: one projection shared by texts and video proxies (see module docstring);
+    search reads the plain weights, expansion control being a training device only."""
 
     kind = "d2s"
     Config = D2SConfig
@@ -481,14 +482,6 @@ class D2SHead(LexicalHead):
 
     def video_weights(self, video: VideoFeatures) -> Tensor:
         return self.weights(DF.video_proxy(video.frames.float(), video.frame_mask))
-
-    @torch.no_grad()
-    def encode_texts(self, text: Tensor, captions: list[str]) -> Tensor:
-        return self.text_weights(text)  # expansion control is a training device only
-
-    @torch.no_grad()
-    def encode_videos(self, video: VideoFeatures) -> Tensor:
-        return self.video_weights(video)
 
     @torch.no_grad()
     def frame_activations(self, video: VideoFeatures) -> Tensor:
@@ -520,33 +513,28 @@ class D2SHead(LexicalHead):
     @classmethod
     def fit(cls, model: nn.Module, data: HeadData, config: D2SConfig, *, seed: int = 0,
             progress: bool = True) -> D2SHead:
-        torch.manual_seed(seed)
-        vocab = build_vocabulary(data.train.captions, model.config.arch, config.distractors)
-        head = cls(config, vocab.words, vocab.token_ids, data.train.text.text.shape[1])
+        head, vectors = cls._untrained(model, data, config, seed)
         with torch.no_grad():
             head.inner.weight.copy_(torch.eye(head.dim))
             head.inner.bias.zero_()
-        _init_projection(head.vocab_proj, word_vectors(model, vocab, config.init))
+        _init_projection(head.vocab_proj, vectors)
         train = data.train
-        bow = vocab.bow(train.captions)  # [C, |V|]
+        bow = head.vocab.bow(train.captions)  # [C, |V|]
         df = (bow > 0).float().mean(0)  # [|V|] normalised document frequency
         teacher = _teacher_scores(model, train, config.teacher)  # [C, V]
-        schedule = {"p": (0.0, torch.ones(len(vocab)))}
+        schedule = {"p": (0.0, torch.ones(len(df)))}
 
         def on_epoch(epoch):
             p_c, p_word = bernoulli_schedule(epoch, config.epochs, df)
             schedule["p"] = (p_c if config.caption_control else 1.0,
-                             p_word if config.word_control else torch.ones(len(vocab)))
+                             p_word if config.word_control else torch.ones(len(df)))
 
         def loss_fn(captions, videos, generator):
             mask = head.expansion_mask(bow[captions], *schedule["p"], generator)
             return head.loss(train.text.text[captions], train.video[videos],
                              teacher[captions][:, videos], mask)
 
-        head.fit_report = _fit_loop(head, data, loss_fn, config.epochs, config.batch_size,
-                                    config.lr, seed, progress, on_epoch)
-        head.fit_report["vocabulary"] = len(vocab)
-        return head.eval()
+        return _fit_loop(head, data, loss_fn, seed, progress, on_epoch)
 
 
 @torch.no_grad()

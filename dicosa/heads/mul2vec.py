@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from .. import functional as DF
 from ..data.incomplete import words
 from .base import Head
-from .features import HeadData, SplitFeatures
+from .features import HeadData, SplitFeatures, text_vectors
 
 __all__ = ["Mul2vecConfig", "Mul2vecHead", "TensorEntries", "ilm_dlm_triplet",
            "sample_negatives", "tfidf_entries"]
@@ -160,11 +160,8 @@ def ilm_dlm_triplet(anchor: Tensor, positive: Tensor, group: Tensor, margin: flo
 class Mul2vecHead(Head):
     """NTF over (document, word, video) with amortised encoders for new texts and videos.
 
-    Args:
-        config: hyper-parameters.
-        dim: width D of DiCoSA's text and video vectors.
-        vocab: the words of the tensor's second mode.
-        num_docs, num_entities: sizes of the training tensor's first and third modes.
+    ``dim`` is the width D of DiCoSA's vectors, ``vocab`` the words of the tensor's second
+    mode, ``num_docs`` and ``num_entities`` the sizes of its first and third modes.
     """
 
     kind = "mul2vec"
@@ -220,15 +217,10 @@ class Mul2vecHead(Head):
 
     def entity_vectors(self, title_text: Tensor, has_title: Tensor, proxy: Tensor,
                        has_video: Tensor, frames_lost: Tensor | None = None) -> Tensor:
-        """g ``[V, K]`` (unit norm) of indexed videos from whatever each one has.
-
-        Args:
-            title_text: DiCoSA text vectors of the titles ``[V, D]`` (any value where absent).
-            has_title: ``[V]`` bool.
-            proxy: video proxies ``[V, D]`` (any value where the video is absent).
-            has_video: ``[V]`` bool; False for text-only entries.
-            frames_lost: ``[V]`` fraction of frames known to be lost; the video view counts
-                for the frames that remain.
+        """g ``[V, K]`` (unit norm) of indexed videos from whatever each one has: the titles'
+        DiCoSA text vectors ``title_text [V, D]`` where ``has_title [V]``, the video proxies
+        ``proxy [V, D]`` where ``has_video [V]`` (False for text-only entries), and
+        ``frames_lost [V]``, the fraction of frames known to be lost.
 
         The title view f(title) and the video view f_v(proxy) are averaged with weights
         has_title and has_video * (1 - frames_lost): an entity's vector is the mean of its
@@ -274,7 +266,8 @@ class Mul2vecHead(Head):
         entries = tfidf_entries(train.captions, doc_entity, vocab)
         head = cls(config, train.text.text.shape[1], list(vocab), len(train.captions),
                    train.num_videos)
-        context = {"doc": train.text.text, "word": encode_words(model, list(vocab)),
+        # e_v: each word alone through the frozen text tower
+        context = {"doc": train.text.text, "word": text_vectors(model, list(vocab)),
                    "entity": DF.video_proxy(train.video.frames, train.video.frame_mask)}
         present = torch.zeros(len(train.captions), len(vocab), dtype=torch.bool)
         present[entries.doc, entries.word] = True
@@ -322,18 +315,6 @@ def build_vocab(documents: list[str], min_count: int = 1) -> dict[str, int]:
     """word -> column of D, for words in at least ``min_count`` documents (sorted)."""
     counts = Counter(w for d in documents for w in set(words(d)))
     return {w: i for i, w in enumerate(sorted(w for w, c in counts.items() if c >= min_count))}
-
-
-@torch.no_grad()
-def encode_words(model: nn.Module, vocab: list[str], batch_size: int = 256) -> Tensor:
-    """e_v ``[V, D]``: each word alone through the frozen text tower."""
-    from ..clip import get_tokenizer
-
-    tokenize = get_tokenizer(model.config.arch, model.config.max_words)
-    device = next(model.parameters()).device
-    parts = [model.encode_text(tokenize(vocab[i:i + batch_size]).to(device)).text.float().cpu()
-             for i in range(0, len(vocab), batch_size)]
-    return torch.cat(parts) if parts else torch.zeros(0, 0)
 
 
 @torch.no_grad()

@@ -3,8 +3,8 @@
 DiCoSA's S(t, v) pools the frames under the text (Eq. 1) and weighs the K factor cosines by
 a query-and-video dependent confidence MLP (Eq. 8): no single query-independent vector per
 video reproduces it, and the hand-made linearisation of :mod:`dicosa.search.proxy`
-(``"confidence"``) keeps the exhaustive top 10 in its top 1,000 of 100k videos only ~60% of
-the time. This head *learns* the two halves instead:
+(``"confidence"``) misses much of the exhaustive top 10. This head *learns* the two halves
+instead:
 
     S(t, v)  ≈  q(t) · u(v)
 
@@ -15,14 +15,9 @@ the time. This head *learns* the two halves instead:
 - q(t) = [ MLP(T ; c(t)) ; α c(t) ]: the same for the text, the MLP's last layer zero at
   start, so training starts exactly at the ``"confidence"`` summary and only improves on it.
 
-Training needs no labels: unlabelled videos (frames as DiCoSA encodes them) and captions
-(text vectors) of the collection's kind, and DiCoSA's own S as the teacher. Per step a batch
-of captions is scored against shared random videos plus, per caption, the teacher's top
-videos and a sample of its next few thousand; the loss is the KL divergence of the student's
-softmax from the teacher's at temperature ``tau`` (listwise distillation), so it learns
+Training needs no labels: DiCoSA's exhaustive S of unlabelled captions against unlabelled
+videos is the teacher, and a listwise KL divergence (:func:`_distillation_loss`) teaches
 above all the order at the head of each ranking, which is what the candidates must hold.
-The teacher is the exhaustive S of the training captions against the training videos,
-computed once (``queries × videos`` pairs of :meth:`DiCoSA.score`).
 """
 
 from __future__ import annotations
@@ -105,10 +100,8 @@ class DistilledSummaryHead(Head):
 
     def _on_sphere(self, vectors: Tensor) -> Tensor:
         """Append sqrt(R² − ‖u‖²) to video vectors (0 to queries): inner products do not
-        change, and every video vector gets the norm R. HNSW over inner products of vectors
-        whose norms differ routes badly (the distilled vectors' norms span 1–3.2: recall@10
-        0.48 at C=1,000 through HNSW against 0.985 exact); on one sphere the inner product
-        ranks as the L2 distance does, which the graph handles (0.98)."""
+        change, and every video vector gets the norm R, so the inner product ranks as the L2
+        distance does, which HNSW routes well (it routes badly over unequal norms)."""
         if not self.config.sphere:
             return vectors
         extra = (self.radius**2 - vectors.pow(2).sum(-1, keepdim=True)).clamp_min(0).sqrt()
@@ -123,17 +116,27 @@ class DistilledSummaryHead(Head):
         """``[n, N, D]`` frames (+ mask) -> ``[n, out_dim]`` stage vectors."""
         frames = video.frames.float()
         mask = video.frame_mask.to(frames.device)
-        inputs = frames
-        if self.config.confidence:
-            summary = self._confidence(model)
-            n, num, width = frames.shape
-            per_frame = torch.from_numpy(summary.videos(frames.reshape(-1, width).cpu().numpy()))
-            inputs = torch.cat([frames, per_frame.to(frames.device).view(n, num, -1)], -1)
+        return self._on_sphere(self._videos(frames, mask, *self._frozen(model, frames, mask)))
+
+    def _frozen(self, model: DiCoSA, frames: Tensor,
+                mask: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """The "confidence" summaries of each frame ``[n, N, 2D]`` and of the proxy
+        ``[n, 2D]`` (None, None without ``confidence``)."""
+        if not self.config.confidence:
+            return None, None
+        summary = self._confidence(model)
+        n, num, width = frames.shape
+        per_frame = torch.from_numpy(np.concatenate([
+            summary.videos(frames[i:i + 8192].reshape(-1, width).cpu().numpy())
+            for i in range(0, max(n, 1), 8192)])).view(n, num, -1)
+        proxy = torch.from_numpy(summary.videos(video_proxy(frames, mask).cpu().numpy()))
+        return per_frame.to(frames.device), proxy.to(frames.device)
+
+    def _videos(self, frames: Tensor, mask: Tensor, per_frame: Tensor | None,
+                proxy: Tensor | None) -> Tensor:
+        inputs = frames if per_frame is None else torch.cat([frames, per_frame], -1)
         out = self.pool(inputs, mask)
-        if self.config.confidence:
-            proxy = video_proxy(frames, mask).cpu().numpy()
-            out = torch.cat([out, torch.from_numpy(summary.videos(proxy)).to(out.device)], -1)
-        return self._on_sphere(out)
+        return out if proxy is None else torch.cat([out, proxy], -1)
 
     def pool(self, inputs: Tensor, mask: Tensor) -> Tensor:
         """The learned part: ``[n, N, in]`` per-frame inputs -> ``[n, dim]``."""
@@ -149,12 +152,16 @@ class DistilledSummaryHead(Head):
     def queries(self, model: DiCoSA, text: Tensor) -> Tensor:
         """``[Q, D]`` text vectors -> ``[Q, out_dim]`` query vectors."""
         text = text.float()
-        if not self.config.confidence:
-            out = self.query(text)
-        else:
+        conf = None
+        if self.config.confidence:
             conf = self._confidence(model).queries(text).float().to(text.device)
-            out = torch.cat([self.query(torch.cat([text, conf], -1)), self.alpha * conf], -1)
+        out = self._queries(text, conf)
         return torch.cat([out, out.new_zeros(len(out), int(self.config.sphere))], -1)
+
+    def _queries(self, text: Tensor, conf: Tensor | None) -> Tensor:
+        if conf is None:
+            return self.query(text)
+        return torch.cat([self.query(torch.cat([text, conf], -1)), self.alpha * conf], -1)
 
     @classmethod
     def fit(cls, model: DiCoSA, data, config: Config, *, seed: int = 0,
@@ -181,8 +188,8 @@ def cut_videos(videos: VideoFeatures, count: int, frame_drop: float,
 
     A training split shows the teacher few of the frame combinations a collection holds
     (new scenes mix objects and motions the training clips show apart). The teacher scores
-    cut videos exactly, so the student learns S on more of them; no video beyond the
-    training split is used (benchmarks/RESULTS.md measures the gain)."""
+    cut videos exactly, so the student learns S on more of them without any video beyond
+    the training split."""
     frames, mask = videos.frames, videos.frame_mask  # [V, N, D], [V, N]
     total, num = mask.shape
     first = torch.randint(total, (count,), generator=generator)
@@ -203,8 +210,7 @@ def teacher_scores(model: DiCoSA, text: Tensor, videos: VideoFeatures,
                    chunk: int = 1024, text_chunk: int = 256) -> Tensor:
     """DiCoSA's S of every text against every video, ``[Q, V]`` float16 on the CPU (the
     teacher), computed on the model's device. Blocks of ``text_chunk`` texts × ``chunk``
-    videos bound the confidence activations (``[chunk, text_chunk, K, H]`` floats: 268 MB
-    on the tiny model)."""
+    videos bound the confidence activations (``[chunk, text_chunk, K, H]`` floats)."""
     param = next(model.parameters())
     text_features = TextFeatures(text.to(param.device, param.dtype))
     return torch.cat([model.score(text_features, videos[i:i + chunk].to(param.device, param.dtype),
@@ -270,8 +276,8 @@ def fit_summary(model: DiCoSA, videos: VideoFeatures, text: Tensor,
                      loss.item(), time.perf_counter() - started)
     head.eval()
     with torch.no_grad():  # the sphere holds the training videos' vectors with a 25% margin
-        norms = torch.cat([prepared.videos(head, torch.arange(i, min(i + 8192, len(videos))))
-                           .norm(dim=-1) for i in range(0, len(videos), 8192)])
+        norms = torch.cat([prepared.videos(head, ids).norm(dim=-1)
+                           for ids in torch.arange(len(videos)).split(8192)])
     head.radius = 1.25 * float(norms.max())
     head.trained = {"videos": training_videos, "cut_videos": cuts, "captions": len(text),
                     "steps": config.steps,
@@ -315,39 +321,26 @@ class _Prepared:
                  text: Tensor):
         self.frames, self.mask = videos.frames, videos.frame_mask
         self.text = text
-        self.per_frame = self.proxy = self.conf_text = None
+        self.per_frame, self.proxy = head._frozen(model, self.frames, self.mask)
+        self.conf_text = None
         if head.config.confidence:
-            summary = head._confidence(model)
-            n, num, width = self.frames.shape
-            self.per_frame = torch.from_numpy(np.concatenate([
-                summary.videos(self.frames[i:i + 8192].reshape(-1, width).numpy())
-                for i in range(0, n, 8192)])).view(n, num, -1)
-            self.proxy = torch.from_numpy(summary.videos(
-                video_proxy(self.frames, self.mask).numpy()))
-            self.conf_text = summary.queries(text).float().cpu().clone()
+            self.conf_text = head._confidence(model).queries(text).float().cpu().clone()
 
     def videos(self, head: DistilledSummaryHead, ids: Tensor) -> Tensor:
-        frames, mask = self.frames[ids], self.mask[ids]
-        inputs = frames if self.per_frame is None else torch.cat([frames, self.per_frame[ids]], -1)
-        out = head.pool(inputs, mask)
-        return out if self.proxy is None else torch.cat([out, self.proxy[ids]], -1)
+        per_frame, proxy = ((None, None) if self.proxy is None
+                            else (self.per_frame[ids], self.proxy[ids]))
+        return head._videos(self.frames[ids], self.mask[ids], per_frame, proxy)
 
     def queries(self, head: DistilledSummaryHead, qs: Tensor) -> Tensor:
-        text = self.text[qs]
-        if self.conf_text is None:
-            return head.query(text)
-        conf = self.conf_text[qs]
-        return torch.cat([head.query(torch.cat([text, conf], -1)), head.alpha * conf], -1)
+        return head._queries(self.text[qs], None if self.conf_text is None else self.conf_text[qs])
 
 
 # -- the summary a checkpoint carries -----------------------------------------------------------
 # A checkpoint ``best.pt`` carries its fitted summary as ``best.summary.pt`` beside it (a head
 # file: the model's fingerprint inside, so a summary of another model is never used).
 SUMMARY_SUFFIX = ".summary.pt"
-# recall@10 of the exhaustive DiCoSA top 10 in the two-stage top 10 at C = 1,000
-# (benchmarks/RESULTS.md: "The summary train.py carries", the trained tiny model at 100,000
-# videos; "Without a trained head", through VideoIndex with its default settings: a model
-# trained the same way at 20,000 videos, "-20k", and the zero-shot preset at 10,000)
+# recall@10 of the exhaustive DiCoSA top 10 in the two-stage top 10 at C = 1,000, as
+# benchmarks/RESULTS.md measures it, quoted in the notices below
 _RECALL = {"distilled": 0.97, "confidence": 0.66, "frames": 0.78, "confidence-20k": 0.38,
            "frames-zero-shot": 0.98, "mean-zero-shot": 0.91}
 

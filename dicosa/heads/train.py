@@ -12,8 +12,9 @@ import torch
 import yaml
 
 from ..config import ConfigError, replace
-from .base import head_class, save_head
+from .base import head_class, read_head_file, save_head
 from .features import head_data
+from .summary import summary_beside
 
 __all__ = ["fit_checkpoint_summary", "parse_head_overrides", "train_head"]
 
@@ -36,15 +37,10 @@ def train_head(kind: str, checkpoint: str | Path, out: str | Path, overrides: It
                device: str | torch.device = "cpu", progress: bool = True) -> Path:
     """Train a ``kind`` head on the frozen model of ``checkpoint`` and save it to ``out``.
 
-    Args:
-        kind: a registered head (``dicosa.heads.available_heads()``).
-        checkpoint: a dicosa training checkpoint; its config names the dataset.
-        out: the head file to write.
-        overrides: ``key=value`` settings of the head's config.
-        data_root: read the dataset from here instead of the checkpoint's ``data.root``.
-        seed: the head's initialisation and sampling seed.
-
-    Features are cached beside the checkpoint (``<checkpoint folder>/cache``).
+    ``kind`` is a registered head (``dicosa.heads.available_heads()``), ``overrides`` are
+    ``key=value`` settings of its config, ``data_root`` replaces the checkpoint's
+    ``data.root``, and ``seed`` seeds the head's initialisation and sampling. Features are
+    cached beside the checkpoint (``<checkpoint folder>/cache``).
     """
     from ..checkpoint import load
 
@@ -86,9 +82,6 @@ def fit_checkpoint_summary(checkpoint: str | Path, overrides: Iterable[str] = ()
         features, read back from the cache when evaluation or an earlier head wrote them,
         and ``fit_seconds``).
     """
-    from .base import read_head_file
-    from .summary import summary_beside
-
     path = train_head("summary", checkpoint, summary_beside(checkpoint), overrides,
                       device=device, progress=progress)
     return path, read_head_file(path)["trained"]

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..clip import register_architectures
+from .features import text_vectors
 
 __all__ = ["Vocabulary", "build_vocabulary", "caption_words", "word_vectors"]
 
@@ -90,10 +91,5 @@ def word_vectors(model: torch.nn.Module, vocab: Vocabulary, how: str) -> Tensor:
         rows = clip.token_embedding.weight[torch.tensor(vocab.token_ids, device=device)]  # [|V|, W]
         return (rows @ clip.text_projection).float().cpu()
     if how == "encoded":
-        from ..clip import get_tokenizer
-
-        tokenize = get_tokenizer(model.config.arch, model.config.max_words)
-        tokens = tokenize([f"a {w}" for w in vocab.words]).to(device)
-        return torch.cat([model.encode_text(tokens[i:i + 512]).text.float().cpu()
-                          for i in range(0, len(tokens), 512)])
+        return text_vectors(model, [f"a {w}" for w in vocab.words], 512)
     raise ValueError(f"unknown word-vector init '{how}'; use embedding, encoded or random")
