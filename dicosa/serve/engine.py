@@ -258,11 +258,9 @@ class Engine:
             explained = [self.said.explain(ranked.result, request.offset + i)
                          for i in range(len(page))]
             times["explain_s"] = time.perf_counter() - started
-        hits = [_hit(request.offset + i + 1, hit, row, moment, why)
-                for i, (hit, row, moment, why) in enumerate(
-                    zip(page, rows, found, explained, strict=True))]
-        for hit, (added, _) in zip(hits, said, strict=True):
-            hit.update(added)  # the text plugin's: the lines that matched
+        hits = [_hit(request.offset + i + 1, hit, row, moment, why, added)
+                for i, (hit, row, moment, why, (added, _)) in enumerate(
+                    zip(page, rows, found, explained, said, strict=True))]
         query = result.encoded.queries[result.position] if result is not None else None
         return Answer({
             "query": {"q": request.text, "exclude": list(request.exclude),
@@ -369,7 +367,7 @@ class Engine:
 
     def video(self, video_id: object) -> VideoFile:
         """The file of video ``video_id`` if it may be served: its row's path, resolved, a
-        regular file with a video extension inside the media roots (module docstring)."""
+        regular file with a video extension inside the media roots (class docstring)."""
         number = self.live_id(video_id)
         file = self._file(number, self.parts.store.table.paths(np.array([number]))[0])
         if file is None:
@@ -432,11 +430,13 @@ def _finite(value) -> float | None:
     return round(number, 4) if math.isfinite(number) else None
 
 
-def _hit(rank: int, hit: Hit, row: dict, moment: dict | None, explained: dict) -> dict:
+def _hit(rank: int, hit: Hit, row: dict, moment: dict | None, explained: dict,
+         added: dict) -> dict:
     out = {"rank": rank, "id": hit.id, **_row_facts(row), "score": hit.score,
            "dicosa": hit.dicosa, "stage": hit.stage, "stage_score": hit.stage_score,
            "stage_scores": hit.stage_scores, "row": hit.row,
            "moments": [m.as_dict() for m in hit.moments], "moment": moment}
     if explained:
         out["explain"] = explained
+    out.update(added)  # the plugins' keys (the text plugin's: the lines that matched)
     return out
