@@ -1,20 +1,14 @@
 """The query path: encode once → first stage(s) → C candidates → DiCoSA rerank → hooks →
-videos → top-k.
+videos → top-k (docs/architecture.md walks it).
 
-:class:`Searcher` runs one batch of queries over a :class:`SearchParts`, the frozen snapshot
-of an index's parts that :meth:`VideoIndex.snapshot` takes (the service keeps one per opened
-index), and returns one :class:`SearchResult` per query: the hits, the time per stage, and
-what the search computed on the way (the encoded queries, the candidates and their scores),
-so that an explanation (the frames' weights, the words, the excluded concepts) and a hit's
-timeline reuse them instead of encoding the query or scoring its rows again. It keeps
-nothing between calls: concurrent searches share no mutable state.
+:class:`Searcher` runs one batch of queries over a :class:`SearchParts` snapshot and returns
+one :class:`SearchResult` per query, which keeps what the search computed (the encoded
+queries, the candidates and their scores) so that explanations and timelines reuse it. It
+keeps nothing between calls: concurrent searches share no mutable state.
 
 A query is text, or a vector in the text tower's space (a video's dense proxy asks "more like
 this"). A vector has no words: no query encoder or rerank hook reads it, only the dense stage
 proposes for it, and DiCoSA alone ranks.
-
-The candidates are rows (short videos, segments of long ones); :mod:`dicosa.index.hits` makes
-them videos at their best moments.
 """
 
 from __future__ import annotations
@@ -46,12 +40,9 @@ __all__ = ["DEFAULT_CANDIDATES", "MOMENTS_PER_HIT", "Hit", "SearchMode", "Search
 log = logging.getLogger(__name__)
 
 DEFAULT_CANDIDATES = 1000
-# The rerank's frames per forward, [chunk, N, D] float32 (16 MiB: 682 ViT-B/32 candidates
-# of 12 x 512). Each block is one read of the store, whose cost at 1M videos is partly per
-# shard touched (a hundred shards per block), against blocks that the CPU's caches keep
-# between Eq. 1's two reads of them: in process on the 2-core machine (2026-11-26), 1M
-# videos, int8 frames, 8 / 16 / 32 MiB took 14.7 / 11.5 / 11.6 ms for one query's 1,000
-# candidates and 13.2 / 12.0 / 13.7 ms a query in batches of six.
+# The rerank's frames per forward, [chunk, N, D] float32: each block is one read of the store
+# (whose cost is partly per shard touched), small enough for the CPU's caches to keep it
+# between Eq. 1's two reads.
 _RERANK_BLOCK_BYTES = 16 << 20
 _MIN_PAIRS_PER_CHUNK = 64
 
@@ -120,8 +111,10 @@ class SearchResult:
         picked = [self.hits[i] for i in hits]
         keep = [np.array([h.row, *(m.row for m in h.moments)], np.int64) for h in picked]
         text = self.encoded.text.text[self.position:self.position + 1]
-        return self._searcher().timelines(text, [h.id for h in picked], max_rows, keep,
-                                          (self.ids, self.dicosa.numpy()))
+        searcher = self._searcher()
+        return video_timelines(searcher.model, searcher.store, searcher.parts.frames, text,
+                               [h.id for h in picked], max_rows, keep,
+                               (self.ids, self.dicosa.numpy()))
 
     def top_moments(self, k: int, join: float | None = None) -> list[tuple[str, int, Moment]]:
         """The ``k`` best moments among the candidates, best first, as ``(path, video id,
@@ -138,12 +131,8 @@ class SearchResult:
     def explain(self, i: int) -> dict:
         """Why hit ``i`` ranks where it does: one entry per attached plugin that has
         something to say (e.g. ``"words"``, ``"exclusion"``, ``"fusion"``)."""
-        out = {}
-        for key, explain in self.explainers.items():
-            said = explain(self, i)
-            if said is not None:
-                out[key] = said
-        return out
+        return {key: said for key, explain in self.explainers.items()
+                if (said := explain(self, i)) is not None}
 
     def as_dict(self) -> dict:
         return {"query": self.query, "mode": self.mode, "stage": self.stage,
@@ -164,20 +153,17 @@ class Searcher:
                mode: str | None = None) -> tuple[EncodedQueries, list[bool]]:
         """Parse ("A without B"; ``exclude`` adds exclusions to every query), encode the
         positive text once, run the query encoders; and which queries were cut short."""
-        self.check_mode(mode)
+        if mode is not None and mode not in self.parts.modes:
+            raise QueryError(f"this index has no '{mode}' search mode (it has "
+                             f"{', '.join(self.parts.modes)}); lexical, bow and hybrid need "
+                             "a lexical head: index.use(LexicalPlugin(HEAD)), or 'dicosa "
+                             "index' with --head HEAD.pt")
         queries = [parse_query(t, exclude) for t in texts]
         vectors, cut = self.parts.text.encode([q.text for q in queries])
         encoded = EncodedQueries(queries, TextFeatures(vectors), {"mode": mode})
         for encoder in self.parts.encoders:
             encoder(encoded)
         return encoded, cut
-
-    def check_mode(self, mode: str | None) -> None:
-        if mode is not None and mode not in self.parts.modes:
-            raise QueryError(f"this index has no '{mode}' search mode (it has "
-                             f"{', '.join(self.parts.modes)}); lexical, bow and hybrid need "
-                             "a lexical head: index.use(LexicalPlugin(HEAD)), or 'dicosa "
-                             "index' with --head HEAD.pt")
 
     # -- the whole path -------------------------------------------------------------------
     @torch.inference_mode()
@@ -225,7 +211,10 @@ class Searcher:
         if not isinstance(queries, Tensor):
             texts = list(queries)
             encoded, cut = self.encode(texts, exclude, mode)
-            _warn_unhandled_exclusions(encoded.queries, self.parts.hooks)
+            if not self.parts.hooks and any(q.exclude for q in encoded.queries):
+                log.warning("the query's exclusions (%s) are ignored: no exclusion hook is "
+                            "attached to this index",
+                            ", ".join(e for q in encoded.queries for e in q.exclude))
             return texts, encoded, cut, self.parts.hooks
         texts = [""] * len(queries)
         vectors = queries.to(self.device, next(self.model.parameters()).dtype)
@@ -244,14 +233,6 @@ class Searcher:
         theirs[found] = np.isin(self.store.videos.of(ids[found]), videos)
         return (np.where(theirs, -1, ids),
                 scores.masked_fill(torch.from_numpy(theirs), float("-inf")))
-
-    def timelines(self, text: Tensor, videos: list[int], max_rows: int | None,
-                  keep: list[np.ndarray], scored: tuple[np.ndarray, np.ndarray]
-                  ) -> list[Timeline | None]:
-        """Videos ``videos``' timelines under the text vector ``text [1, D]``
-        (:meth:`SearchResult.timelines`); ``scored``: rows already scored and their S."""
-        return video_timelines(self.model, self.store, self.parts.frames, text, videos,
-                               max_rows, keep, scored)
 
     # -- first stages ---------------------------------------------------------------------
     def searched(self, mode: str | None, vectors: bool = False) -> list[Registered]:
@@ -277,7 +258,7 @@ class Searcher:
             any(r.dense for r in stages))
         if candidates is None or covered or not stages:
             label = "exhaustive" if candidates is None else "all"
-            live = self.store.live()  # not per two-stage query: 3.5 ms at 1M rows
+            live = self.store.live()  # only here: not read per two-stage query
             return np.broadcast_to(live, (len(encoded), len(live))), label, None, None
         dense = (EncodedQueries(encoded.queries, TextFeatures(self.stages.summary().queries(
             encoded.text.text)), encoded.extra) if any(r.dense for r in stages) else None)
@@ -317,17 +298,14 @@ class Searcher:
     def _rerank_float(self, text: TextFeatures, ids: np.ndarray, out: Tensor,
                       dtype: torch.dtype) -> Tensor:
         query, column = np.nonzero(ids >= 0)
-        step = self._pairs_per_chunk()
+        per_pair = 4 * (self.store.num_frames or 1) * (self.store.dim or 1)
+        step = max(_MIN_PAIRS_PER_CHUNK, _RERANK_BLOCK_BYTES // per_pair)
         for start in range(0, len(query), step):
             q, c = query[start:start + step], column[start:start + step]
             video = self.store.gather(ids[q, c], dtype).to(self.device)
             pairs = torch.from_numpy(q).to(self.device)
             out[q, c] = pair_scores(self.model, text, video, pairs=pairs).cpu()
         return out
-
-    def _pairs_per_chunk(self) -> int:
-        per_pair = 4 * (self.store.num_frames or 1) * (self.store.dim or 1)
-        return max(_MIN_PAIRS_PER_CHUNK, _RERANK_BLOCK_BYTES // per_pair)
 
     @torch.inference_mode()
     def exhaustive(self, text: TextFeatures, ids: np.ndarray, chunk: int) -> Tensor:
@@ -344,8 +322,8 @@ class Searcher:
         flat = np.unique(ids[ids >= 0])
         if not len(flat):
             return scores
-        # A text-only row is stored with no valid frame. The frame mask answers from the
-        # memory map; the metadata's text_only column took pandas 20-60 ms per query at 1M.
+        # A text-only row is stored with no valid frame; the frame mask answers from the
+        # memory map, far faster than the metadata's text_only column.
         flags = ~self.store.has_frames(flat)
         if not flags.any():
             return scores
@@ -398,12 +376,6 @@ class _Clock:
         now = time.perf_counter()
         self.times[name] = now - self._last
         self._last = now
-
-
-def _warn_unhandled_exclusions(queries: list[Query], hooks: Sequence[RerankHook]) -> None:
-    if not hooks and any(q.exclude for q in queries):
-        log.warning("the query's exclusions (%s) are ignored: no exclusion hook is attached "
-                    "to this index", ", ".join(e for q in queries for e in q.exclude))
 
 
 def check_search(text: str | Sequence[str], k: int, candidates: int | None

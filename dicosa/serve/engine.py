@@ -1,23 +1,16 @@
 """The service's view of one opened index: search, "more like this", moments, media files.
 
-The routes (``app.py``) call only this module. It opens an index with
-:func:`~dicosa.index.open_index` (the model and every plugin the manifest recorded) and keeps
-its :meth:`~dicosa.index.VideoIndex.snapshot`; it searches with :meth:`VideoIndex.query`,
-asks "more like this" with a video's vector through the same
-:class:`~dicosa.index.searcher.Searcher` (whose :class:`~dicosa.index.SearchResult` carries
-the encoded query, the candidates and their scores, ``explain`` and ``timelines``), and adds
-what the page needs: each hit's moments and its timeline over the whole video, frame by frame
-(:mod:`dicosa.search.moment`), paging, and the files it may serve.
-
-An :class:`Engine` is a snapshot: nothing in it changes once it is open, and every request
+The routes (``app.py``) call only this module (docs/architecture.md walks a request through
+it). An :class:`Engine` is a snapshot: nothing in it changes once it is open, and every request
 passes its parameters along (no shared search settings), so any number of requests use one at
-once. A collection that grows in another process is opened again as a new Engine and swapped
-in whole (``service.Service``): a search sees the old collection or the new one, never a mix.
+once; a grown collection is opened again as a new Engine and swapped in whole
+(``service.Service``).
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import math
 import os
@@ -132,7 +125,6 @@ class Engine:
         if rows is None or rows < 1:
             raise ValueError(f"a timeline scores at least 1 row of a video, got "
                              f"{timeline_rows!r}")
-        timeline_rows = rows
         if query_text is not None:  # a reopened snapshot keeps the tower and its cache
             index.query_text = query_text
         self.index = index
@@ -144,8 +136,7 @@ class Engine:
         self.default_mode = index.default_mode
         self.opened_at = datetime.datetime.now(datetime.timezone.utc)
         self.spec: EngineSpec | None = None  # what open() opened (None: made around an index)
-        self.timeline_rows = timeline_rows  # the most rows of a video a hit's timeline scores
-        self._plugins: dict | None = None  # describe_plugins(), made once
+        self.timeline_rows = rows  # the most rows of a video a hit's timeline scores
         if len(index):  # lazily made parts (the dense summary, codes) made now, not racing
             index.search("warm up", k=1)
 
@@ -212,7 +203,7 @@ class Engine:
             "model": {"source": Path(named).name if named else None, "arch": config.arch,
                       "frames": config.num_frames, "dim": self.model.embed_dim,
                       "max_words": config.max_words},
-            "plugins": self.describe_plugins(),
+            "plugins": self._plugins,
             "modes": {name: mode.help for name, mode in self.parts.modes.items()},
             "default_mode": self.default_mode,
             "backend": index.stages.spec.get("backend"),
@@ -225,13 +216,10 @@ class Engine:
             "opened_at": self.opened_at.isoformat(timespec="seconds"),
         }
 
-    def describe_plugins(self) -> dict:
-        """What each plugin gives this index, by its API name (the text plugin: what a
-        query can be matched against, each text source with its engine and what the text
-        index holds of it). Made once per snapshot."""
-        if self._plugins is None:
-            self._plugins = self.said.describe()
-        return self._plugins
+    @functools.cached_property
+    def _plugins(self) -> dict:
+        """What each plugin gives this index, by its API name; made once per snapshot."""
+        return self.said.describe()
 
     # -- search ---------------------------------------------------------------------------
     def check(self, request: SearchRequest) -> Query:
@@ -267,14 +255,12 @@ class Engine:
         explained = [{} for _ in page]
         if request.explain and ranked.result is not None and page:
             started = time.perf_counter()
-            explained = [self._explain(ranked.result, request.offset + i)
+            explained = [self.said.explain(ranked.result, request.offset + i)
                          for i in range(len(page))]
             times["explain_s"] = time.perf_counter() - started
-        hits = [_hit(request.offset + i + 1, hit, row, moment, why)
-                for i, (hit, row, moment, why) in enumerate(
-                    zip(page, rows, found, explained, strict=True))]
-        for hit, (added, _) in zip(hits, said, strict=True):
-            hit.update(added)  # the text plugin's: the lines that matched
+        hits = [_hit(request.offset + i + 1, hit, row, moment, why, added)
+                for i, (hit, row, moment, why, (added, _)) in enumerate(
+                    zip(page, rows, found, explained, said, strict=True))]
         query = result.encoded.queries[result.position] if result is not None else None
         return Answer({
             "query": {"q": request.text, "exclude": list(request.exclude),
@@ -319,18 +305,18 @@ class Engine:
     def similar(self, video_id: object, *, row: object = None, k: int = 10, offset: int = 0,
                 candidates: int = 1000) -> Answer:
         """Videos like video ``video_id``, or like one of its moments (``row``, a row id its
-        hit's ``moments`` name): the seed's dense proxy (the masked frame mean, Eq. 1 at
-        τ → ∞; a whole long video's: the mean of its rows') is the query vector of a search
-        (:class:`~dicosa.index.searcher.Searcher`): the dense stage proposes rows, DiCoSA's
-        score ranks them, each video at its best row with its moments, the seed's own video
-        left out."""
+        hit's ``moments`` name): the seed's dense proxy (a long video's: its rows' mean) is
+        the query vector of a search that leaves the seed's own video out."""
         seed = self.live_id(video_id)
         store = self.parts.store
         rows = store.videos.rows(seed)
         if row is not None:
-            rows = rows[rows == self._row_id(row)]
+            number = _digits(row)
+            if number is None:
+                raise ServeError(f"row must be a row id (digits), got {row!r}")
+            rows = rows[rows == number]
             if not len(rows):
-                raise UnknownMoment(self._row_id(row), seed)
+                raise UnknownMoment(number, seed)
         depth = offset + k
         proxy = torch.from_numpy(store.proxies(rows).mean(0, keepdims=True))  # [1, D]
         result = Searcher(self.parts).run(proxy, depth, max(candidates, depth + 1),
@@ -342,21 +328,13 @@ class Engine:
                                     q=None, mode=None)
         return answer
 
-    @staticmethod
-    def _row_id(row: object) -> int:
-        text = str(row)
-        if not (text.isascii() and text.isdigit()) or len(text) > 18:
-            raise ServeError(f"row must be a row id (digits), got {row!r}")
-        return int(text)
-
     # -- the moment -----------------------------------------------------------------------
     def timelines(self, result: SearchResult | None, hits: range,
                   shown: list[tuple[str, tuple[float, float] | None]]) -> list[dict | None]:
-        """Hits ``hits`` of ``result``: each one's relevance over its video's length, frame by
-        frame, and its best frame (:meth:`SearchResult.timelines`): a video of more than
-        ``timeline_rows`` rows scored on that many, its hit's moments' rows among them.
-        ``shown``: per hit, what its best frame is taken from and the time range
-        (:func:`~dicosa.search.evidence.best_within`), said in ``best.by``."""
+        """Hits ``hits`` of ``result`` drawn as timelines (:meth:`SearchResult.timelines` on at
+        most ``timeline_rows`` rows of a video). ``shown``: per hit, what its best frame is
+        taken from and the time range (:func:`~dicosa.search.evidence.best_within`), said in
+        ``best.by``."""
         if result is None or not len(hits):
             return []
         out = []
@@ -370,12 +348,6 @@ class Engine:
             out.append(drawn)
         return out
 
-    # -- explanations ---------------------------------------------------------------------
-    def _explain(self, result: SearchResult, i: int) -> dict:
-        """The plugins' explanations of hit ``i`` under their API names, as answers give
-        them (concept dimensions named by their words, no file paths)."""
-        return self.said.explain(result, i)
-
     def _notes(self, query: Query | None) -> list[str]:
         if query is not None and query.exclude and not self.index.plugins.leaves_out:
             return [f"'{', '.join(query.exclude)}' was not left out: that takes "
@@ -386,19 +358,16 @@ class Engine:
     def live_id(self, video_id: object) -> int:
         """``video_id`` as a live video's id: digits only (no sign, no path), else
         UnknownVideo."""
-        text = str(video_id)
-        if not (text.isascii() and text.isdigit()) or len(text) > 18:
-            raise UnknownVideo(video_id)
-        number = int(text)
+        number = _digits(video_id)
         store = self.parts.store
-        if not store.is_live(np.array([number]))[0] or store.videos.of(
+        if number is None or not store.is_live(np.array([number]))[0] or store.videos.of(
                 np.array([number]))[0] != number:  # a video is named by its first row
             raise UnknownVideo(video_id)
         return number
 
     def video(self, video_id: object) -> VideoFile:
         """The file of video ``video_id`` if it may be served: its row's path, resolved, a
-        regular file with a video extension inside the media roots (module docstring)."""
+        regular file with a video extension inside the media roots (class docstring)."""
         number = self.live_id(video_id)
         file = self._file(number, self.parts.store.table.paths(np.array([number]))[0])
         if file is None:
@@ -437,21 +406,20 @@ def rank_requests(engine: Engine, requests: list[SearchRequest]) -> list[Ranked]
                        mode=first.mode, options=first.options)
 
 
+def _digits(value: object) -> int | None:
+    """``value`` as an id when it is 1 to 18 ASCII digits (no sign, no path), else None."""
+    text = str(value)
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
 def _row_facts(row: dict | pd.Series) -> dict:
     duration = _finite(row["duration"])
     title = row["title"] if isinstance(row["title"], str) else ""
+    damage = row.get("damage")  # what a partial video's decode lost (None: it decoded whole)
+    partial = ({"decoded": duration, "expected": _finite(row.get("expected_duration")),
+                "damage": damage} if isinstance(damage, str) and damage else None)
     return {"name": Path(str(row["path"])).name, "title": title, "duration": duration,
-            "fps": _finite(row["fps"]), "partial": _partial(row, duration)}
-
-
-def _partial(row: dict | pd.Series, decoded: float | None) -> dict | None:
-    """What a partial video's decode lost (None: it decoded whole, or an index written
-    before this was recorded)."""
-    damage = row.get("damage")
-    if not isinstance(damage, str) or not damage:
-        return None
-    return {"decoded": decoded, "expected": _finite(row.get("expected_duration")),
-            "damage": damage}
+            "fps": _finite(row["fps"]), "partial": partial}
 
 
 def _finite(value) -> float | None:
@@ -462,11 +430,13 @@ def _finite(value) -> float | None:
     return round(number, 4) if math.isfinite(number) else None
 
 
-def _hit(rank: int, hit: Hit, row: dict, moment: dict | None, explained: dict) -> dict:
+def _hit(rank: int, hit: Hit, row: dict, moment: dict | None, explained: dict,
+         added: dict) -> dict:
     out = {"rank": rank, "id": hit.id, **_row_facts(row), "score": hit.score,
            "dicosa": hit.dicosa, "stage": hit.stage, "stage_score": hit.stage_score,
            "stage_scores": hit.stage_scores, "row": hit.row,
            "moments": [m.as_dict() for m in hit.moments], "moment": moment}
     if explained:
         out["explain"] = explained
+    out.update(added)  # the plugins' keys (the text plugin's: the lines that matched)
     return out
