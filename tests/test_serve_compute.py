@@ -128,3 +128,31 @@ def test_a_frozen_heap_is_left_out_of_collections_until_given_back():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=REPO, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_a_service_process_keeps_the_buffers_a_search_frees():
+    """keep_freed_buffers: a freed 40 MiB buffer (above any threshold glibc reaches by itself)
+    is reused by the next one instead of being mapped and faulted in again; each way in a
+    process of its own, as a service sets it."""
+    code = "\n".join([
+        "import resource, sys, numpy as np",
+        "from dicosa.serve.compute import keep_freed_buffers",
+        "kept = keep_freed_buffers() if sys.argv[1] == 'keep' else None",
+        "def faults():",
+        "    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt",
+        "    buffer = np.ones(10 << 20, np.float32)  # every page written",
+        "    del buffer",
+        "    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before",
+        "faults()",
+        "print(kept, sum(faults() for _ in range(4)))"])
+    said = {}
+    for how in ("keep", "default"):
+        done = subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True,
+                              cwd=REPO, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        kept, count = done.stdout.split()
+        said[how] = (kept, int(count))
+    if said["keep"][0] != "True":
+        pytest.skip("not glibc: this malloc's thresholds cannot be set")
+    assert said["default"][1] > 100  # mapped anew, its pages faulted in, each time
+    assert said["keep"][1] < said["default"][1] / 20

@@ -102,7 +102,7 @@ def run_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from .app import Settings, create_app
-        from .compute import ComputeThread, freeze_heap
+        from .compute import ComputeThread, freeze_heap, keep_freed_buffers
         from .rankers import RankerError
         from .service import Service
     except ImportError as exc:
@@ -113,8 +113,9 @@ def run_serve(args: argparse.Namespace) -> int:
         log.warning(warning)
     _check_counts(args)
     spec = _spec(args)
-    # this process's torch work (compute.py); one thread where rankers are asked for
+    # this process's torch work and heap (compute.py); one thread where rankers are asked for
     compute = ComputeThread.for_process(1 if args.rankers else args.threads)
+    keep_freed_buffers()
     service = Service.open(spec, args.reload_interval, compute=compute, freeze_heap=True)
     topology = _topology(args, str(service.engine.index.device), compute)
     try:

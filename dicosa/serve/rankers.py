@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from .compute import freeze_heap
+from .compute import freeze_heap, keep_freed_buffers
 from .engine import Engine, SearchRequest
 from .errors import ServeError
 from .machine import cores
@@ -216,6 +216,7 @@ def _serve_batches(conn: Connection, job: _Job) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops its rankers itself
     torch.set_num_threads(job.threads)
+    keep_freed_buffers()  # a search's buffers stay for the next (compute.py)
     try:
         service = Service.open(job.spec, job.reload_interval_s, freeze_heap=True)
     except USER_ERRORS as exc:
