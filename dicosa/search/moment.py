@@ -35,6 +35,7 @@ NaN there, as it is for padded frames.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,7 +163,8 @@ def best_moments(rows: np.ndarray, spans: np.ndarray, scores: np.ndarray,
     spans = [tuple(s) for s in np.asarray(spans, np.float64).reshape(-1, 2).tolist()]
     usable = [math.isfinite(v) for v in values]
     if background is None:
-        background = _median([v for v in values if math.isfinite(v)])
+        scored = [v for v, ok in zip(values, usable, strict=True) if ok]
+        background = statistics.median(scored) if scored else 0.0
     level = JOIN_LEVEL if join is None else join
     taken = [not ok for ok in usable]  # rows already in a moment, or not scored
     picked: list[Moment] = []
@@ -181,14 +183,6 @@ def best_moments(rows: np.ndarray, spans: np.ndarray, scores: np.ndarray,
         if not overlaps(moment, picked):
             picked.append(moment)
     return picked
-
-
-def _median(values: list[float]) -> float:
-    """The median of ``values`` (0.0 for none), as numpy's: the mean of the middle two."""
-    if not values:
-        return 0.0
-    ordered, half = sorted(values), len(values) // 2
-    return ordered[half] if len(values) % 2 else (ordered[half - 1] + ordered[half]) / 2
 
 
 def _grow(seed: int, spans: list[tuple[float, float]], values: list[float],
